@@ -1,0 +1,96 @@
+"""Evaluation agent: accuracy, latency, memory and size of every model the run produces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from agents.common import accuracy_drop_points, add_notes, paths, settings, shape_of, within_budget
+from graph.context import Context
+from graph.state import State
+from tools import ops
+from tools.schemas import Metrics
+
+
+def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) -> Metrics:
+    return ops.evaluate(
+        artifact, paths(state).original, shape_of(state), dataset=state.get("dataset"),
+        split=state.get("dataset_split"), label_match=state.get("label_match"), samples=ctx.eval_samples,
+        seed=ctx.seed, batch_size=ctx.batch_size, device=ctx.device, progress=ctx.progress, desc=desc,
+    )
+
+
+def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Match the dataset's labels to the model's, then evaluate the original model."""
+    ctx = settings(runtime)
+    data = dict(state)
+    notes: list[str] = []
+    label_match = None
+    if state.get("dataset") and not state["model_info"]["untrained"]:
+        label_match = ops.match_dataset_labels(
+            paths(data).original, str(state["dataset"]), state.get("dataset_split"), ctx.eval_samples, ctx.seed
+        )
+        if label_match.get("unmatched"):
+            notes.append(
+                "dataset classes that match no model label (their samples are left out): "
+                + ", ".join(label_match["unmatched"])
+            )
+    data["label_match"] = label_match
+    metrics = _evaluate(data, ctx, paths(data).original, "baseline")
+    return {"label_match": label_match, "baseline": metrics.model_dump(), "notes": add_notes(data, *notes)}
+
+
+def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Evaluate the round just pruned and append it to ``rounds``."""
+    ctx = settings(runtime)
+    data = dict(state)
+    pending = dict(state["pending_round"] or {})
+    metrics = _evaluate(data, ctx, Path(pending["artifact"]), f"round {pending['round']}")
+    drop = accuracy_drop_points(state["baseline"].get("accuracy"), metrics.accuracy)
+    record = {
+        **{k: v for k, v in pending.items() if k != "artifact"},
+        "metrics": metrics.model_dump(),
+        "accuracy_drop_points": drop,
+        "within_budget": within_budget(drop, ctx.max_accuracy_drop),
+    }
+    rounds = [r for r in state.get("rounds") or [] if r["round"] != record["round"]] + [record]
+    return {"rounds": rounds, "pending_round": None}
+
+
+def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Evaluate the quantized best model and the quantized original (once when they are the same)."""
+    ctx = settings(runtime)
+    data = dict(state)
+    baseline_acc = state["baseline"].get("accuracy")
+    update: dict[str, Any] = {}
+    done: dict[str, dict[str, Any]] = {}
+    for key in ("quantized", "quantized_original"):
+        entry = state.get(key)  # type: ignore[misc]
+        if not entry:
+            continue
+        artifact = entry["artifact"]
+        if artifact not in done:
+            metrics = _evaluate(data, ctx, Path(artifact), key.replace("_", " "))
+            drop = accuracy_drop_points(baseline_acc, metrics.accuracy)
+            done[artifact] = {**entry, **metrics.model_dump(), "accuracy_drop_points": drop}
+        update[key] = dict(done[artifact])
+    return update
+
+
+def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Batch-1 latency of original, best pruned and quantized models, interleaved in one process."""
+    ctx = settings(runtime)
+    entries = {
+        "baseline": state.get("baseline"), "pruned": state.get("pruned"),
+        "quantized": state.get("quantized"), "quantized_original": state.get("quantized_original"),
+    }
+    artifacts = {key: Path(e["artifact"]) for key, e in entries.items() if e and e.get("artifact")}
+    unique = {str(p): p for p in artifacts.values()}
+    times = ops.compare_latency(unique, shape_of(dict(state)), repeats=ctx.latency_repeats, seed=ctx.seed)
+    update: dict[str, Any] = {}
+    for key, entry in entries.items():
+        if entry and key in artifacts:
+            update[key] = {**entry, "latency_s": times[str(artifacts[key])], "latency_measured": "interleaved"}
+    return update

@@ -1,0 +1,27 @@
+"""Profiling agent: static MACs/params (ptflops) and dynamic latency/memory (torch.profiler, hooks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from agents.common import paths, settings, shape_of
+from graph.context import Context
+from graph.state import State
+from tools import ops
+
+
+def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    ctx = settings(runtime)
+    run = paths(dict(state))
+    profile = ops.profile(run.original, shape_of(dict(state)), run.profile, device=ctx.device)
+    top = [
+        {"pattern": g.pattern, "latency_share": g.latency_share, "macs_share": g.macs_share}
+        for g in profile.groups[:5]
+    ]
+    summary = {
+        "total_params": profile.total_params, "total_macs": profile.total_macs, "latency_s": profile.latency_s,
+        "peak_memory_mb": profile.peak_memory_mb, "trace_path": profile.trace_path, "top_groups": top,
+    }
+    return {"profile_path": str(run.profile / "profile.json"), "profile_summary": summary}

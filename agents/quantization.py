@@ -1,0 +1,33 @@
+"""Quantization agent: dynamic quantization of the best pruned model, and of the original alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from agents.common import paths, settings
+from graph.context import Context
+from graph.state import State
+from tools import ops
+from tools.schemas import OptimizationPlan, QuantizationRecommendation
+
+
+def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    ctx = settings(runtime)
+    run = paths(dict(state))
+    recs = OptimizationPlan.model_validate(state["plan"]).quantization_recommendations or [
+        QuantizationRecommendation(layer="all", dtype="qint8", justification="default: every nn.Linear")
+    ]
+    pruned = state.get("pruned")
+    source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
+    original_report = ops.quantize(run.original, run.original, recs, run.quantized_original, backend=ctx.quant_backend)
+    quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original),
+                          "layers": len(original_report["layers"])}
+    if source.resolve() == run.original.resolve():
+        quantized = dict(quantized_original)
+    else:
+        report = ops.quantize(source, run.original, recs, run.quantized, backend=ctx.quant_backend)
+        quantized = {"artifact": str(run.quantized), "source": str(source), "layers": len(report["layers"])}
+    return {"quantized": quantized, "quantized_original": quantized_original}

@@ -1,0 +1,60 @@
+"""build_graph(): the ProfilingAgent state machine, not compiled.
+
+acquire → resolve shape → profile → evaluate baseline → analyze → prune → evaluate
+→ (iterate → prune → evaluate)×T → select best → quantize → evaluate quantized
+→ measure latencies (interleaved) → report
+"""
+
+from __future__ import annotations
+
+from langgraph.graph import END, START, StateGraph
+
+from agents.acquisition import acquire_model
+from agents.analysis import analyze_profile
+from agents.evaluation import evaluate_baseline, evaluate_model, evaluate_quantized, measure_latencies
+from agents.input_shape import resolve_input_shape
+from agents.iterative import iterate_pruning, select_best_model
+from agents.profiler import profile_model
+from agents.pruning import prune_model
+from agents.quantization import quantize_model
+from agents.report import write_report
+from graph.context import Context
+from graph.routing import route_after_analyze_profile, route_after_evaluate_model, route_after_select_best_model
+from graph.state import InputState, OutputState, State
+
+NODES = {
+    "acquire_model": acquire_model,
+    "resolve_input_shape": resolve_input_shape,
+    "profile_model": profile_model,
+    "evaluate_baseline": evaluate_baseline,
+    "analyze_profile": analyze_profile,
+    "prune_model": prune_model,
+    "evaluate_model": evaluate_model,
+    "iterate_pruning": iterate_pruning,
+    "select_best_model": select_best_model,
+    "quantize_model": quantize_model,
+    "evaluate_quantized": evaluate_quantized,
+    "measure_latencies": measure_latencies,
+    "write_report": write_report,
+}
+
+
+def build_graph() -> StateGraph:
+    builder = StateGraph(State, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+    for name, node in NODES.items():
+        builder.add_node(name, node)  # type: ignore[call-overload]
+    builder.add_edge(START, "acquire_model")
+    builder.add_edge("acquire_model", "resolve_input_shape")
+    builder.add_edge("resolve_input_shape", "profile_model")
+    builder.add_edge("profile_model", "evaluate_baseline")
+    builder.add_edge("evaluate_baseline", "analyze_profile")
+    builder.add_conditional_edges("analyze_profile", route_after_analyze_profile)
+    builder.add_edge("prune_model", "evaluate_model")
+    builder.add_conditional_edges("evaluate_model", route_after_evaluate_model)
+    builder.add_edge("iterate_pruning", "prune_model")
+    builder.add_conditional_edges("select_best_model", route_after_select_best_model)
+    builder.add_edge("quantize_model", "evaluate_quantized")
+    builder.add_edge("evaluate_quantized", "measure_latencies")
+    builder.add_edge("measure_latencies", "write_report")
+    builder.add_edge("write_report", END)
+    return builder

@@ -1,0 +1,194 @@
+"""``profiling-agent``: run, demo, resume and status from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from graph.context import Context
+
+logger = logging.getLogger("profiling_agent")
+
+DEMO_MODEL = "digits-vit"
+DEMO_DATASET = "digits"
+
+
+def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    defaults = Context()
+    if not demo:
+        parser.add_argument("--model", required=True,
+                            help="Hugging Face id, save_pretrained dir, or vit-b16 / deit-b16 / swin-b / resnet-101")
+        parser.add_argument("--dataset", help="hub id, image folder, save_to_disk dir, or 'digits'")
+        parser.add_argument("--split", help="dataset split (default: test, validation, val, train)")
+        parser.add_argument("--run-dir", required=True, help="directory for checkpoints, models and reports")
+        parser.add_argument("--thread-id", help="checkpoint thread id (default: random)")
+    parser.add_argument("--iterations", type=int, default=defaults.iterations, help="iterative pruning rounds T")
+    parser.add_argument("--eval-samples", type=int, default=defaults.eval_samples)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads (0: default)")
+    parser.add_argument("--device", default=defaults.device, choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--planner", default=defaults.planner, choices=["rules"])
+    parser.add_argument("--max-accuracy-drop", type=float, default=defaults.max_accuracy_drop,
+                        help="accuracy budget in points (default 1.0)")
+    parser.add_argument("--selection", default=defaults.selection, choices=["accuracy", "smallest-within-budget"])
+    parser.add_argument("--importance", default=defaults.importance, choices=["l1", "l2", "random"])
+    parser.add_argument("--round-to", type=int, default=defaults.round_to,
+                        help="round kept channel counts to a multiple of this")
+    parser.add_argument("--max-pruning-ratio", type=float, default=defaults.max_pruning_ratio)
+    parser.add_argument("--no-prune", action="store_true", help="skip pruning")
+    parser.add_argument("--no-iterate", action="store_true", help="skip the iterative rounds")
+    parser.add_argument("--no-quantize", action="store_true", help="skip quantization")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="profiling-agent",
+        description="Profiling-guided structured pruning and dynamic quantization of image classifiers.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_options(sub.add_parser("run", help="compress a model"))
+    demo = sub.add_parser("demo", help="offline demo on the bundled digits ViT")
+    demo.add_argument("--run-dir", default="runs/demo")
+    _add_run_options(demo, demo=True)
+    resume = sub.add_parser("resume", help="continue an interrupted run")
+    resume.add_argument("--run-dir", required=True)
+    resume.add_argument("--thread-id")
+    status = sub.add_parser("status", help="where a run stands")
+    status.add_argument("--run-dir", required=True)
+    status.add_argument("--thread-id")
+    return parser
+
+
+def _context(args: argparse.Namespace, run_dir: str) -> Context:
+    return Context(
+        run_dir=run_dir, iterations=args.iterations, eval_samples=args.eval_samples, batch_size=args.batch_size,
+        seed=args.seed, threads=args.threads, device=args.device, planner=args.planner,
+        max_accuracy_drop=args.max_accuracy_drop, selection=args.selection, importance=args.importance,
+        round_to=args.round_to, max_pruning_ratio=args.max_pruning_ratio, prune=not args.no_prune,
+        iterate=not args.no_iterate, quantize=not args.no_quantize, progress=not args.no_progress,
+    )
+
+
+class _Progress:
+    """One line per finished node, with its duration."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def __call__(self, node: str, update: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        extra = ""
+        if node == "evaluate_model" and update.get("rounds"):
+            r = update["rounds"][-1]
+            m = r["metrics"]
+            acc = "n/a" if m.get("accuracy") is None else f"{100 * m['accuracy']:.2f}%"
+            extra = f"  round {r['round']}: accuracy {acc}, params {m['params'] / 1e6:.3f} M"
+            extra += "" if r["within_budget"] else "  (over budget)"
+        print(f"  done {node:<20} {now - self.last:6.1f}s{extra}", file=sys.stderr, flush=True)
+        self.last = now
+
+
+def _summary(report: dict[str, Any]) -> str:
+    rows = [("model", "accuracy", "params (M)", "latency (ms)", "memory (MB)")]
+    for key in ("baseline", "pruned", "quantized", "quantized_original"):
+        m = report.get(key)
+        if not m:
+            continue
+        acc = "n/a" if m.get("accuracy") is None else f"{100 * m['accuracy']:.2f}%"
+        rows.append((key, acc, f"{m['params'] / 1e6:.3f}", f"{1000 * m['latency_s']:.2f}", f"{m['memory_mb']:.2f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+
+
+def _finish(report: dict[str, Any], run_dir: str) -> None:
+    print(_summary(report))
+    for note in report.get("notes", []):
+        print(f"note: {note}")
+    print(f"report: {Path(run_dir) / 'report.json'} and report.md")
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    from graph.runner import start_run
+
+    ctx = _context(args, args.run_dir)
+    report = start_run(args.model, dataset=args.dataset, split=args.split, ctx=ctx, thread_id=args.thread_id,
+                       on_update=_Progress())
+    _finish(report, args.run_dir)
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from graph.runner import load_settings, start_run
+
+    run_dir = Path(args.run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        try:
+            previous = load_settings(run_dir)
+        except ValueError:
+            previous = {}
+        if previous.get("command") != "demo":
+            raise ValueError(f"{run_dir} exists and is not a demo run dir: pass another --run-dir")
+        shutil.rmtree(run_dir)
+    ctx = _context(args, str(run_dir))
+    report = start_run(DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(), extra={"command": "demo"})
+    _finish(report, str(run_dir))
+
+
+def _cmd_resume(args: argparse.Namespace) -> None:
+    from graph.runner import resume_run
+
+    report = resume_run(Path(args.run_dir), thread_id=args.thread_id, on_update=_Progress())
+    _finish(report, args.run_dir)
+
+
+def _cmd_status(args: argparse.Namespace) -> None:
+    from graph.runner import run_status
+
+    print(json.dumps(run_status(Path(args.run_dir), thread_id=args.thread_id), indent=2))
+
+
+COMMANDS = {"run": _cmd_run, "demo": _cmd_demo, "resume": _cmd_resume, "status": _cmd_status}
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:
+        _quiet_libraries()
+    try:
+        COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("interrupted: continue with `profiling-agent resume --run-dir ...`", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

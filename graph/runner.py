@@ -1,0 +1,138 @@
+"""Run, resume and inspect checkpointed runs: a SQLite checkpointer in the run dir, a thread id,
+durability "sync" (so that a killed process loses no finished node), settings in ``settings.json``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from graph.builder import build_graph
+from graph.context import Context
+from graph.routing import rounds_wanted
+from tools.artifacts import RunPaths, atomic_write_json, read_json
+
+UpdateHook = Callable[[str, dict[str, Any]], None]
+
+
+class RunError(ValueError):
+    """A run that cannot be started or resumed as asked."""
+
+
+@contextlib.contextmanager
+def checkpointed_graph(run_dir: Path) -> Iterator[Any]:
+    conn = sqlite3.connect(str(RunPaths(run_dir).checkpoints), check_same_thread=False)
+    try:
+        yield build_graph().compile(checkpointer=SqliteSaver(conn))
+    finally:
+        conn.close()
+
+
+def _config(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}, "recursion_limit": 200}
+
+
+def _stream(graph: Any, payload: Any, thread_id: str, ctx: Context, on_update: UpdateHook | None) -> None:
+    for chunk in graph.stream(payload, _config(thread_id), context=ctx, stream_mode="updates", durability="sync"):
+        for node, update in chunk.items():
+            if on_update is not None and not node.startswith("__"):
+                on_update(node, update or {})
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    paths = RunPaths(run_dir)
+    if paths.report_json.exists():
+        raise RunError(f"{run_dir} already holds a finished run: choose another --run-dir")
+    if paths.settings.exists():
+        raise RunError(f"{run_dir} holds an unfinished run: continue it with `profiling-agent resume --run-dir {run_dir}`")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise RunError(f"cannot write to run dir {run_dir}: {exc.strerror or exc}; choose a writable --run-dir") from exc
+
+
+def start_run(
+    model: str, *, dataset: str | None, ctx: Context, split: str | None = None, thread_id: str | None = None,
+    on_update: UpdateHook | None = None, extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start a new checkpointed run in ``ctx.run_dir`` and run it to the end; returns report.json's content."""
+    if not ctx.run_dir:
+        raise RunError("a run needs --run-dir")
+    run_dir = Path(ctx.run_dir).resolve()
+    prepare_run_dir(run_dir)
+    ctx = replace(ctx, run_dir=str(run_dir))
+    thread_id = thread_id or uuid.uuid4().hex[:12]
+    inputs = {"model": model, "dataset": dataset, "dataset_split": split}
+    atomic_write_json(
+        RunPaths(run_dir).settings,
+        {"thread_id": thread_id, "input": inputs, "context": ctx.to_dict(), **(extra or {})},
+    )
+    with checkpointed_graph(run_dir) as graph:
+        _stream(graph, inputs, thread_id, ctx, on_update)
+    return finished_report(run_dir)
+
+
+def load_settings(run_dir: Path) -> dict[str, Any]:
+    path = RunPaths(run_dir).settings
+    if not path.is_file():
+        raise RunError(f"{run_dir} holds no run (no settings.json): start one with `profiling-agent run`")
+    data: dict[str, Any] = read_json(path)
+    return data
+
+
+def resume_run(run_dir: Path, *, thread_id: str | None = None, on_update: UpdateHook | None = None) -> dict[str, Any]:
+    """Continue an interrupted run from its last checkpoint with the settings stored in the run dir."""
+    run_dir = run_dir.resolve()
+    saved = load_settings(run_dir)
+    ctx = Context.from_dict(saved["context"])
+    thread_id = thread_id or saved["thread_id"]
+    with checkpointed_graph(run_dir) as graph:
+        snapshot = graph.get_state(_config(thread_id))
+        payload = None if snapshot.values else saved["input"]  # killed before the first checkpoint
+        if snapshot.values and not snapshot.next and RunPaths(run_dir).report_json.exists():
+            return finished_report(run_dir)
+        _stream(graph, payload, thread_id, ctx, on_update)
+    return finished_report(run_dir)
+
+
+def finished_report(run_dir: Path) -> dict[str, Any]:
+    path = RunPaths(run_dir).report_json
+    if not path.is_file():
+        raise RunError(f"the run in {run_dir} stopped before writing its report: continue it with resume")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
+    """Where a run stands: finished nodes, next node, current round, best so far."""
+    run_dir = run_dir.resolve()
+    saved = load_settings(run_dir)
+    ctx = Context.from_dict(saved["context"])
+    thread_id = thread_id or saved["thread_id"]
+    with checkpointed_graph(run_dir) as graph:
+        snapshot = graph.get_state(_config(thread_id))
+        finished = []
+        for step in reversed(list(graph.get_state_history(_config(thread_id)))):
+            writes = (step.metadata or {}).get("writes") or {}
+            finished.extend(k for k in writes if not k.startswith("__"))
+    values = snapshot.values or {}
+    rounds = values.get("rounds") or []
+    within = [r for r in rounds if r.get("within_budget")]
+    best = max(within, key=lambda r: (r["metrics"].get("accuracy") or 0, -r["metrics"]["params"]), default=None)
+    return {
+        "run_dir": str(run_dir), "thread_id": thread_id, "model": saved["input"]["model"],
+        "finished": RunPaths(run_dir).report_json.exists(), "next": list(snapshot.next),
+        "rounds_done": len(rounds), "rounds_planned": rounds_wanted(ctx) if ctx.prune else 0,
+        "best_round": None if best is None else {"round": best["round"], **best["metrics"]},
+        "steps": finished,
+    }

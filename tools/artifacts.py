@@ -1,0 +1,333 @@
+"""Run-dir layout, atomic writes, and safe save / load of original, pruned and quantized models.
+
+Every model artifact is a directory with ``model.safetensors`` (no pickle) and ``artifact.json``:
+
+* ``original``: a ``save_pretrained`` directory (config, weights, image processor).
+* ``pruned`` / ``quantized``: the weights as deployed plus a description of how the structure differs
+  from the original (per-module attributes and parameter shapes), so the model is rebuilt from the
+  original's config, resized, and loaded, without unpickling anything.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from tools.models import LoadedModel, family_of
+from tools.quantization import QuantReport, get_backend
+
+logger = logging.getLogger(__name__)
+
+META_FILE = "artifact.json"
+WEIGHTS_FILE = "model.safetensors"
+ArtifactKind = Literal["original", "pruned", "quantized"]
+_SIMPLE = (int, float, bool, str)
+
+
+# --- atomic files -----------------------------------------------------------------------------------
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def size_mb(path: Path) -> float:
+    """Size in 10^6 bytes of a file, or of every file under a directory."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+    return path.stat().st_size / 1e6
+
+
+def is_complete(artifact_dir: Path) -> bool:
+    """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
+    return (artifact_dir / META_FILE).is_file() and (artifact_dir / WEIGHTS_FILE).is_file()
+
+
+class _StagingDir:
+    """Write a directory under a temporary name and rename it into place when done."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+
+    def __enter__(self) -> Path:
+        return self.tmp
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        if self.target.exists():
+            shutil.rmtree(self.target)
+        os.replace(self.tmp, self.target)
+
+
+# --- structure of a compressed model ---------------------------------------------------------------
+
+
+def _simple_attrs(module: nn.Module) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    for key, value in vars(module).items():
+        if key.startswith("_") or key == "training":
+            continue
+        if isinstance(value, _SIMPLE):
+            attrs[key] = value
+        elif isinstance(value, tuple | list) and all(isinstance(v, _SIMPLE) for v in value):
+            attrs[key] = list(value)
+    return attrs
+
+
+def describe_structure(model: nn.Module, reference: nn.Module) -> dict[str, dict[str, Any]]:
+    """Per module: the attributes and parameter/buffer shapes that differ from ``reference``."""
+    ref_modules = dict(reference.named_modules())
+    structure: dict[str, dict[str, Any]] = {}
+    for name, module in model.named_modules():
+        ref = ref_modules.get(name)
+        if ref is None:
+            continue
+        ref_attrs = _simple_attrs(ref)
+        attrs = {k: v for k, v in _simple_attrs(module).items() if k in ref_attrs and ref_attrs[k] != v}
+        shapes = {}
+        for kind in ("_parameters", "_buffers"):
+            mine, theirs = getattr(module, kind), getattr(ref, kind)
+            for key, tensor in mine.items():
+                other = theirs.get(key)
+                if tensor is not None and other is not None and tensor.shape != other.shape:
+                    shapes[key] = list(tensor.shape)
+        if attrs or shapes:
+            structure[name] = {"attrs": attrs, "shapes": shapes}
+    return structure
+
+
+def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> None:
+    """Resize ``model`` in place to the described structure (values are placeholders: zeros)."""
+    modules = dict(model.named_modules())
+    for name, change in structure.items():
+        module = modules[name]
+        for key, value in change.get("attrs", {}).items():
+            current = getattr(module, key, None)
+            setattr(module, key, tuple(value) if isinstance(current, tuple) else value)
+        for key, shape in change.get("shapes", {}).items():
+            if key in module._parameters and module._parameters[key] is not None:
+                old = module._parameters[key]
+                assert old is not None
+                module._parameters[key] = nn.Parameter(
+                    torch.zeros(shape, dtype=old.dtype, device=old.device), requires_grad=old.requires_grad
+                )
+            elif key in module._buffers and module._buffers[key] is not None:
+                old_buf = module._buffers[key]
+                assert old_buf is not None
+                module._buffers[key] = torch.zeros(shape, dtype=old_buf.dtype, device=old_buf.device)
+
+
+# --- save -------------------------------------------------------------------------------------------
+
+
+def save_original(loaded: LoadedModel, out_dir: Path) -> Path:
+    """Save the acquired model once, so that every node starts from the same weights."""
+    if is_complete(out_dir):
+        return out_dir
+    with _StagingDir(out_dir) as tmp:
+        loaded.model.save_pretrained(tmp, safe_serialization=True)
+        if loaded.processor is not None:
+            loaded.processor.save_pretrained(tmp)
+        meta = {
+            "format": 1, "kind": "original", "spec": loaded.spec, "source": loaded.source,
+            "family": loaded.family, "untrained": loaded.untrained, "model_class": type(loaded.model).__name__,
+        }
+        atomic_write_json(tmp / "profiling_agent.json", meta)
+        atomic_write_json(tmp / META_FILE, meta)
+    return out_dir
+
+
+def _state_for_save(model: nn.Module) -> dict[str, torch.Tensor]:
+    state = {}
+    seen: dict[int, str] = {}
+    for key, tensor in model.state_dict().items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        # safetensors refuses shared storage: keep one copy of tied tensors and record the alias.
+        ident = tensor.data_ptr()
+        if ident in seen and tensor.numel() > 0:
+            continue
+        seen[ident] = key
+        state[key] = tensor.detach().cpu().contiguous()
+    return state
+
+
+def save_compressed(
+    model: nn.Module, out_dir: Path, *, base_dir: Path, kind: ArtifactKind, recipe: dict[str, Any],
+    quant_report: QuantReport | None = None, float_model: nn.Module | None = None,
+) -> Path:
+    """Save a pruned or quantized model as safetensors plus its structure and recipe.
+
+    For a quantized model pass ``float_model`` (the float model it was quantized from), whose
+    structure is the one rebuilt before quantization on load.
+    """
+    reference = load_original(base_dir).model
+    structure = describe_structure(float_model if float_model is not None else model, reference)
+    if kind == "quantized":
+        if quant_report is None:
+            raise ValueError("a quantized artifact needs its QuantReport")
+        backend = get_backend(quant_report.backend)
+        tensors = {
+            k: v.detach().cpu().contiguous()
+            for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor) and not backend.owns(k)
+        }
+        tensors.update(backend.export_tensors(model))
+    else:
+        tensors = _state_for_save(model)
+    with _StagingDir(out_dir) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        meta = {
+            "format": 1, "kind": kind, "base": os.path.relpath(base_dir.resolve(), out_dir.resolve().parent),
+            "family": family_of(reference), "model_class": type(reference).__name__, "structure": structure,
+            "recipe": recipe, "quantization": quant_report.model_dump() if quant_report else None,
+        }
+        atomic_write_json(tmp / META_FILE, meta)
+    return out_dir
+
+
+# --- load -------------------------------------------------------------------------------------------
+
+_ORIGINALS: dict[tuple[str, float], LoadedModel] = {}
+
+
+def load_original(path: Path) -> LoadedModel:
+    """The original model saved by :func:`save_original` (cached per process; a fresh copy each call)."""
+    from tools.models import acquire_model
+
+    key = (str(path.resolve()), (path / WEIGHTS_FILE).stat().st_mtime)
+    if key not in _ORIGINALS:
+        _ORIGINALS.clear()
+        loaded = acquire_model(str(path), device="cpu")
+        meta = read_json(path / META_FILE)
+        loaded.spec, loaded.source = meta.get("spec", loaded.spec), meta.get("source", loaded.source)
+        loaded.untrained = bool(meta.get("untrained", False))
+        _ORIGINALS[key] = loaded
+    cached = _ORIGINALS[key]
+    return LoadedModel(
+        model=copy.deepcopy(cached.model), processor=cached.processor, family=cached.family,
+        source=cached.source, spec=cached.spec, untrained=cached.untrained, id2label=dict(cached.id2label),
+    )
+
+
+def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module:
+    """Rebuild any model artifact (original, pruned or quantized) without unpickling, ready to run."""
+    path = Path(path)
+    if not is_complete(path):
+        raise FileNotFoundError(f"{path} is not a complete model artifact (no {META_FILE} / {WEIGHTS_FILE})")
+    meta = read_json(path / META_FILE)
+    if meta["kind"] == "original":
+        return load_original(path).model.to(device).eval()
+    base = (path.parent / meta["base"]).resolve()
+    model = load_original(base).model
+    apply_structure(model, meta["structure"])
+    tensors = load_file(str(path / WEIGHTS_FILE))
+    if meta["kind"] == "quantized":
+        report = QuantReport.model_validate(meta["quantization"])
+        backend = get_backend(report.backend)
+        model = backend.quantize(model, report.layers)
+        state = model.state_dict()
+        missing = [k for k in state if k not in tensors and not backend.owns(k)]
+        state.update({k: v for k, v in tensors.items() if k in state})  # keeps the versions metadata
+        model.load_state_dict(state)
+        backend.import_tensors(model, tensors)
+    else:
+        result = model.load_state_dict(tensors, strict=False)
+        missing = [k for k in result.missing_keys if not _is_tied(model, k, tensors)]
+    if missing:
+        raise ValueError(f"artifact {path} lacks tensors for {missing[:5]}")
+    return model.to(device).eval()
+
+
+def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bool:
+    """A key missing from the file because it shares storage with a saved one."""
+    state = model.state_dict()
+    ptr = state[key].data_ptr()
+    return any(state[k].data_ptr() == ptr for k in tensors if k in state)
+
+
+def artifact_weights(path: Path) -> Path:
+    return path / WEIGHTS_FILE
+
+
+class RunPaths:
+    """Fixed locations inside a run directory, so that a resumed node finds what it wrote before."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def settings(self) -> Path:
+        return self.root / "settings.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints.sqlite"
+
+    @property
+    def original(self) -> Path:
+        return self.root / "models" / "original"
+
+    @property
+    def profile(self) -> Path:
+        return self.root / "profile"
+
+    def round(self, index: int) -> Path:
+        return self.root / "rounds" / f"round-{index:02d}"
+
+    @property
+    def quantized(self) -> Path:
+        return self.root / "models" / "quantized"
+
+    @property
+    def quantized_original(self) -> Path:
+        return self.root / "models" / "quantized-original"
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "report.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"

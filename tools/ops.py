@@ -1,0 +1,268 @@
+"""Path-in, path-out operations: the tool calls the agents make.
+
+Each operation loads what it needs from artifacts on disk, does one job with the torch tools, writes
+its result atomically, and returns a pydantic record. They are idempotent: an operation whose output
+artifact is already complete returns the existing result instead of recomputing it. The same
+functions are exposed as LangChain tools in :mod:`tools.lc_tools`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+from torch import nn
+
+from tools.artifacts import (
+    atomic_write_json,
+    is_complete,
+    load_compressed,
+    load_original,
+    read_json,
+    save_compressed,
+    save_original,
+    size_mb,
+)
+from tools.models import LoadedModel, ModelLoadError, acquire_model, build_preprocess, logits_of, resolve_device
+from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, QuantizationRecommendation
+
+logger = logging.getLogger(__name__)
+
+
+class ModelInfo(BaseModel):
+    spec: str
+    source: str
+    family: str
+    model_class: str
+    untrained: bool
+    num_labels: int
+    params: int
+    artifact: str
+
+
+def set_threads(threads: int) -> None:
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def example_input(shape: InputShape | dict[str, Any], batch: int = 1, device: str = "cpu", seed: int = 0) -> torch.Tensor:
+    shape = InputShape.model_validate(shape)
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, *shape.as_tuple(), generator=generator).to(resolve_device(device))
+
+
+# --- acquisition and input shape --------------------------------------------------------------------
+
+
+def acquire(spec: str, out_dir: Path, device: str = "cpu") -> ModelInfo:
+    """Load a model from any source and save it as the run's original artifact."""
+    if not is_complete(out_dir):
+        loaded = acquire_model(spec, device="cpu")
+        save_original(loaded, out_dir)
+    loaded = load_original(out_dir)
+    meta = read_json(out_dir / "artifact.json")
+    return ModelInfo(
+        spec=spec, source=meta["source"], family=loaded.family, model_class=type(loaded.model).__name__,
+        untrained=loaded.untrained, num_labels=loaded.num_labels,
+        params=sum(p.numel() for p in loaded.model.parameters()), artifact=str(out_dir),
+    )
+
+
+def _shape_candidates(loaded: LoadedModel) -> list[InputShape]:
+    config = getattr(loaded.model, "config", None)
+    channels = int(getattr(config, "num_channels", 3) or 3)
+    candidates: list[InputShape] = []
+    processor = loaded.processor
+    for attr in ("crop_size", "size"):
+        size = getattr(processor, attr, None) if processor is not None else None
+        if size is None:
+            continue
+        get = size.get if isinstance(size, dict) else lambda k, s=size: getattr(s, k, None)
+        height, width = get("height"), get("width")
+        if height is None and get("shortest_edge") is not None:
+            height = width = get("shortest_edge")
+        if height and width:
+            candidates.append(InputShape(channels=channels, height=int(height), width=int(width), source=f"processor.{attr}"))
+    image_size = getattr(config, "image_size", None)
+    if image_size:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)[:2]
+        candidates.append(InputShape(channels=channels, height=int(h), width=int(w), source="config.image_size"))
+    candidates.append(InputShape(channels=channels, height=224, width=224, source="default 224x224"))
+    return candidates
+
+
+def dry_run(model: nn.Module, shape: InputShape, device: str = "cpu") -> int:
+    """Forward one input of ``shape``; return the number of logits."""
+    with torch.inference_mode():
+        return int(logits_of(model(example_input(shape, device=device))).shape[-1])
+
+
+def resolve_input_shape(original_dir: Path, device: str = "cpu") -> InputShape:
+    """(channels, height, width) from the processor, then the config, proven by a dry forward pass."""
+    loaded = load_original(original_dir)
+    model = loaded.model.to(resolve_device(device))
+    errors = []
+    for candidate in _shape_candidates(loaded):
+        try:
+            dry_run(model, candidate, device)
+            return candidate
+        except Exception as exc:  # a wrong shape raises anything from RuntimeError to ValueError
+            errors.append(f"{candidate.source} {candidate.as_tuple()}: {str(exc).splitlines()[0] if str(exc) else exc}")
+    raise ModelLoadError("no input shape runs the model: " + "; ".join(errors))
+
+
+# --- profiling --------------------------------------------------------------------------------------
+
+
+def profile(original_dir: Path, shape: InputShape, out_dir: Path, device: str = "cpu") -> ModelProfile:
+    """Static (ptflops) and dynamic (torch.profiler, hooks) profile; ``profile.json`` and a Chrome trace."""
+    from tools.profiling import profile_model
+
+    target = out_dir / "profile.json"
+    if target.is_file():
+        return ModelProfile.model_validate(read_json(target))
+    loaded = load_original(original_dir)
+    model = loaded.model.to(resolve_device(device))
+    result = profile_model(
+        model, example_input(shape, device=device), family=loaded.family, trace_path=out_dir / "trace.json"
+    )
+    atomic_write_json(target, result.model_dump())
+    return result
+
+
+def prunable(original_dir: Path, shape: InputShape, out_dir: Path) -> dict[str, Any]:
+    """What the pruner can act on (cached as ``prunable.json``): structured layers and attention heads."""
+    from tools.pruning import prunable_layers
+
+    target = out_dir / "prunable.json"
+    if target.is_file():
+        data: dict[str, Any] = read_json(target)
+        return data
+    model = load_original(original_dir).model
+    result = prunable_layers(model, example_input(shape)).model_dump()
+    atomic_write_json(target, result)
+    return result
+
+
+# --- pruning and quantization -----------------------------------------------------------------------
+
+
+def prune(
+    original_dir: Path, plan: OptimizationPlan, shape: InputShape, out_dir: Path, *,
+    importance: str = "l1", round_to: int = 0, seed: int = 0,
+) -> dict[str, Any]:
+    """Apply a plan's pruning recommendations to an intact copy of the original; save the result."""
+    from tools.pruning import apply_pruning
+
+    if is_complete(out_dir):
+        return dict(read_json(out_dir / "artifact.json")["recipe"]["report"])
+    model = load_original(original_dir).model.eval()
+    torch.manual_seed(seed)
+    report = apply_pruning(
+        model, plan.pruning_recommendations, example_input(shape), importance=importance,
+        round_to=round_to or None, seed=seed,
+    )
+    recipe = {"plan": plan.model_dump(), "importance": importance, "round_to": round_to, "seed": seed,
+              "report": report.model_dump()}
+    save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe)
+    return report.model_dump()
+
+
+def quantize(
+    source_dir: Path, original_dir: Path, recommendations: list[QuantizationRecommendation], out_dir: Path, *,
+    backend: str = "torch-ao-dynamic",
+) -> dict[str, Any]:
+    """Dynamically quantize the model at ``source_dir`` (original or pruned); save it as deployed."""
+    from tools.quantization import quantize as quantize_model
+
+    if is_complete(out_dir):
+        return dict(read_json(out_dir / "artifact.json")["quantization"])
+    float_model = load_compressed(source_dir)
+    qmodel, report = quantize_model(float_model, recommendations, backend=backend)
+    recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
+    save_compressed(
+        qmodel, out_dir, base_dir=original_dir, kind="quantized", recipe=recipe, quant_report=report,
+        float_model=float_model,
+    )
+    return report.model_dump()
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(spec: str, split: str | None, samples: int, seed: int) -> Any:
+    from tools.datasets import load_eval_dataset
+
+    return load_eval_dataset(spec, split=split, samples=samples, seed=seed)
+
+
+def match_dataset_labels(original_dir: Path, dataset: str, split: str | None, samples: int, seed: int) -> dict[str, Any]:
+    from tools.evaluation import match_labels
+
+    loaded = load_original(original_dir)
+    data = _dataset(dataset, split, samples, seed)
+    return match_labels(loaded.id2label, data.label_names).model_dump()
+
+
+def evaluate(
+    artifact_dir: Path, original_dir: Path, shape: InputShape, *, dataset: str | None, split: str | None,
+    label_match: dict[str, Any] | None, samples: int, seed: int, batch_size: int, device: str = "cpu",
+    progress: bool = True, desc: str = "evaluate",
+) -> Metrics:
+    """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
+    from tools.evaluation import LabelMatch, evaluate_accuracy, measure_latency, measure_throughput
+
+    loaded = load_original(original_dir)
+    meta = read_json(artifact_dir / "artifact.json")
+    run_device = "cpu" if meta["kind"] == "quantized" else device
+    model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
+    accuracy: float | None = None
+    counted = 0
+    batch = min(batch_size, samples)
+    if dataset is not None and label_match is not None and not loaded.untrained:
+        data = _dataset(dataset, split, samples, seed)
+        preprocess = build_preprocess(loaded.processor, shape.as_tuple())
+        accuracy, counted = evaluate_accuracy(
+            model, preprocess, data, LabelMatch.model_validate(label_match), batch_size=batch_size,
+            device=str(resolve_device(run_device)), progress=progress, desc=desc,
+        )
+    single = example_input(shape, device=run_device, seed=seed)
+    latency = measure_latency(model, single, warmup=3, repeats=10)
+    throughput = measure_throughput(model, example_input(shape, batch=batch, device=run_device, seed=seed),
+                                    warmup=1, repeats=2)
+    float_model = load_compressed(Path(meta["recipe"]["source"])) if meta["kind"] == "quantized" else model
+    return Metrics(
+        accuracy=accuracy, params=sum(p.numel() for p in float_model.parameters()),
+        macs=_macs(float_model.cpu(), shape), latency_s=latency, throughput_ips=throughput,
+        memory_mb=round(size_mb(artifact_dir / "model.safetensors"), 4), artifact=str(artifact_dir), samples=counted,
+    )
+
+
+def _macs(model: nn.Module, shape: InputShape) -> int | None:
+    """MACs of a float model by ptflops (a quantized model counts as the float model it came from)."""
+    from tools.profiling import static_profile
+
+    try:
+        macs, _, _ = static_profile(model, shape.as_tuple())
+        return int(macs)
+    except Exception as exc:  # MACs are informative; never fail an evaluation over them
+        logger.warning("MAC count failed: %s", exc)
+        return None
+
+
+def compare_latency(
+    artifacts: dict[str, Path], shape: InputShape, *, repeats: int = 20, device: str = "cpu", seed: int = 0
+) -> dict[str, float]:
+    """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds."""
+    from tools.evaluation import compare_latencies
+
+    models: dict[str, Callable[[torch.Tensor], Any]] = {}
+    for name, path in artifacts.items():
+        models[name] = load_compressed(path)
+    return compare_latencies(models, example_input(shape, seed=seed), warmup=3, repeats=repeats)

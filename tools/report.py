@@ -1,0 +1,129 @@
+"""The run's final report: ``report.json`` (machine-readable) and ``report.md`` (for people)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
+
+
+def metrics_view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The report's metrics object: the fixed keys first, then whatever else the entry carries."""
+    if entry is None:
+        return None
+    view = {key: entry.get(key) for key in METRIC_KEYS}
+    view.update({k: v for k, v in entry.items() if k not in view})
+    return view
+
+
+def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    info = state["model_info"]
+    rounds = [
+        {
+            "round": r["round"], "source": r["source"], "plan": r["plan"], "planner_state": r.get("planner_state"),
+            "metrics": metrics_view(r["metrics"]), "accuracy_drop_points": r.get("accuracy_drop_points"),
+            "within_budget": r["within_budget"], "prune_report": r.get("prune_report"),
+        }
+        for r in state.get("rounds") or []
+    ]
+    return {
+        "model": {**info, "input_shape": state.get("input_shape")},
+        "dataset": {"spec": state.get("dataset"), "split": state.get("dataset_split"),
+                    "label_match": state.get("label_match")},
+        "baseline": metrics_view(state.get("baseline")),
+        "pruned": metrics_view(state.get("pruned")),
+        "quantized": metrics_view(state.get("quantized")),
+        "quantized_original": metrics_view(state.get("quantized_original")),
+        "rounds": rounds,
+        "plan": {"source": state.get("plan_source"), **(state.get("plan") or {})},
+        "profile": {"path": state.get("profile_path"), **(state.get("profile_summary") or {})},
+        "untrained": info.get("untrained", False),
+        "notes": state.get("notes") or [],
+        "settings": settings,
+    }
+
+
+def _fmt_acc(value: float | None) -> str:
+    return "n/a (untrained)" if value is None else f"{100 * value:.2f}%"
+
+
+def _fmt_params(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.3f} M"
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{1000 * value:.2f} ms"
+
+
+def _ratio(base: float | None, other: float | None) -> str:
+    return "-" if not base or not other else f"{base / other:.2f}x"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    model = report["model"]
+    base = report["baseline"] or {}
+    lines = [
+        f"# ProfilingAgent report: {model['spec']}",
+        "",
+        f"- model class: `{model['model_class']}` (family `{model['family']}`, source {model['source']})",
+        f"- input shape: {model.get('input_shape')}",
+        f"- dataset: {report['dataset']['spec'] or 'none (latency and memory only)'}",
+    ]
+    if report["untrained"]:
+        lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
+    lines += ["", "## Summary", "",
+              "| model | accuracy | Δacc (pts) | params | MACs | latency (batch 1) | speed-up | memory (MB) | memory saved |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for key, label in (("baseline", "original"), ("pruned", "best pruned"), ("quantized", "pruned + quantized"),
+                       ("quantized_original", "original quantized")):
+        m = report.get(key)
+        if not m:
+            continue
+        drop = m.get("accuracy_drop_points")
+        saved = (1 - m["memory_mb"] / base["memory_mb"]) * 100 if base.get("memory_mb") else 0.0
+        macs = "-" if m.get("macs") is None else f"{m['macs'] / 1e6:.1f} M"
+        lines.append(
+            f"| {label} | {_fmt_acc(m.get('accuracy'))} | {'-' if drop is None else f'{-drop:+.2f}'} | "
+            f"{_fmt_params(m.get('params'))} | {macs} | {_fmt_ms(m.get('latency_s'))} | "
+            f"{_ratio(base.get('latency_s'), m.get('latency_s'))} | {m['memory_mb']:.2f} | {saved:.1f}% |"
+        )
+    pruned = report.get("pruned")
+    if pruned is not None and pruned.get("within_budget") is False:
+        lines += ["", "**No pruned candidate stayed within the accuracy budget: 'best pruned' is the original.**"]
+    lines += ["", "## Plan (analysis agent)", "", f"source: {report['plan'].get('source')}", ""]
+    for rec in report["plan"].get("pruning_recommendations", []):
+        lines.append(f"- prune `{rec['layer']}` ({rec['pruning_type']}, ratio {rec['pruning_ratio']}): "
+                     f"{rec['justification']}")
+    for rec in report["plan"].get("quantization_recommendations", []):
+        lines.append(f"- quantize `{rec['layer']}` ({rec['quantization_type']} {rec['dtype']}): {rec['justification']}")
+    if report["rounds"]:
+        lines += ["", "## Pruning rounds", "",
+                  "| round | source | accuracy | Δacc (pts) | params | latency | within budget | plan |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in report["rounds"]:
+            m = r["metrics"]
+            plan = ", ".join(f"{p['pruning_type']} {p['layer']} {p['pruning_ratio']}"
+                             for p in r["plan"].get("pruning_recommendations", []))
+            drop = r.get("accuracy_drop_points")
+            lines.append(
+                f"| {r['round']} | {r['source']} | {_fmt_acc(m.get('accuracy'))} | "
+                f"{'-' if drop is None else f'{-drop:+.2f}'} | {_fmt_params(m.get('params'))} | "
+                f"{_fmt_ms(m.get('latency_s'))} | {'yes' if r['within_budget'] else 'NO'} | {plan} |"
+            )
+    profile = report.get("profile") or {}
+    if profile.get("top_groups"):
+        lines += ["", "## Profile: most expensive layer groups", "", "| layer group | latency share | MACs share |",
+                  "|---|---|---|"]
+        for g in profile["top_groups"]:
+            lines.append(f"| `{g['pattern']}` | {100 * g['latency_share']:.1f}% | {100 * g['macs_share']:.1f}% |")
+    if report["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report_files(report: dict[str, Any], json_path: Path, md_path: Path) -> None:
+    from tools.artifacts import atomic_write_json, atomic_write_text
+
+    atomic_write_text(md_path, render_markdown(report))
+    atomic_write_json(json_path, report)  # last: a run that has a report.json has finished

@@ -1,0 +1,133 @@
+"""Pydantic structures that cross a boundary: plans, profiles, metrics, reports.
+
+Everything here serialises with ``model_dump()`` to JSON-friendly values, so graph state,
+reports and LLM structured output all speak the same schema.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PruningType = Literal["structured", "head"]
+QuantDType = Literal["qint8", "float16"]
+
+
+class PruningRecommendation(BaseModel):
+    """One pruning decision of the paper's schema: a regex over module names and a ratio."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    justification: str = Field(default="", description="Why this layer group is pruned at this ratio.")
+    layer: str = Field(description="Regular expression matched (re.search) against module names.")
+    pruning_type: PruningType = Field(
+        description="'structured' removes output channels of Conv2d/Linear; 'head' removes attention heads."
+    )
+    pruning_ratio: float = Field(ge=0.0, lt=1.0, description="Fraction of channels/heads removed, in [0, 1).")
+
+
+class QuantizationRecommendation(BaseModel):
+    """One quantization decision of the paper's schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    justification: str = Field(default="", description="Why these layers are quantized with this dtype.")
+    layer: str = Field(default="all", description="'all' for every nn.Linear, or a regex over module names.")
+    quantization_type: Literal["dynamic"] = "dynamic"
+    dtype: QuantDType = "qint8"
+
+
+class OptimizationPlan(BaseModel):
+    """The analysis agent's output: layer-wise pruning and quantization recommendations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pruning_recommendations: list[PruningRecommendation] = Field(default_factory=list)
+    quantization_recommendations: list[QuantizationRecommendation] = Field(default_factory=list)
+
+
+class InputShape(BaseModel):
+    channels: int = Field(ge=1)
+    height: int = Field(ge=1)
+    width: int = Field(ge=1)
+    source: str = Field(default="config", description="Where the shape came from: config, processor, llm ...")
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.channels, self.height, self.width)
+
+
+class LayerProfile(BaseModel):
+    """Static and dynamic figures of one leaf module (Conv2d, Linear, LayerNorm, ...)."""
+
+    name: str
+    type: str
+    params: int = 0
+    macs: int = 0
+    latency_s: float = 0.0
+    latency_share: float = 0.0
+    macs_share: float = 0.0
+    params_share: float = 0.0
+    output_shape: list[int] | None = None
+
+
+class LayerGroupProfile(BaseModel):
+    """Layers that repeat across blocks (e.g. every ``vit.layers.N.mlp.fc1``), aggregated.
+
+    ``pattern`` is a regex that selects exactly the group's modules and can be used in a plan.
+    """
+
+    pattern: str
+    type: str
+    count: int
+    params: int
+    macs: int
+    latency_s: float
+    latency_share: float
+    macs_share: float
+    params_share: float
+
+
+class OperatorProfile(BaseModel):
+    """One row of torch.profiler's key averages."""
+
+    name: str
+    count: int
+    self_cpu_time_s: float
+    cpu_time_total_s: float
+    self_cpu_memory_mb: float = 0.0
+    cpu_memory_mb: float = 0.0
+    self_device_time_s: float = 0.0
+    device_time_total_s: float = 0.0
+    input_shapes: str = ""
+
+
+class ModelProfile(BaseModel):
+    """What ``profile.json`` holds."""
+
+    model_class: str
+    family: str
+    device: str
+    input_shape: list[int]
+    total_params: int
+    total_macs: int
+    latency_s: float = Field(description="Mean forward latency at batch size 1, seconds.")
+    peak_memory_mb: float = 0.0
+    layers: list[LayerProfile] = Field(default_factory=list)
+    groups: list[LayerGroupProfile] = Field(default_factory=list)
+    operators: list[OperatorProfile] = Field(default_factory=list)
+    trace_path: str | None = None
+
+
+class Metrics(BaseModel):
+    """One evaluated model. ``accuracy`` is a fraction in [0, 1], or None when not meaningful."""
+
+    accuracy: float | None = None
+    params: int
+    macs: int | None = None
+    latency_s: float
+    throughput_ips: float | None = Field(default=None, description="Images per second at the eval batch size.")
+    memory_mb: float = Field(description="Size of the model as saved for deployment, in 10^6 bytes.")
+    artifact: str | None = None
+    samples: int = 0
+    within_budget: bool | None = None
