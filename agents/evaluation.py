@@ -16,21 +16,34 @@ from tools.schemas import Metrics
 
 def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) -> Metrics:
     return ops.evaluate(
-        artifact, paths(state).original, shape_of(state), dataset=state.get("dataset"),
-        split=state.get("dataset_split"), label_match=state.get("label_match"), samples=ctx.eval_samples,
-        seed=ctx.seed, batch_size=ctx.batch_size, device=ctx.device, progress=ctx.progress, desc=desc,
+        artifact,
+        paths(state).original,
+        shape_of(state),
+        dataset=state.get("dataset"),
+        split=state.get("dataset_split"),
+        label_match=state.get("label_match"),
+        samples=ctx.eval_samples,
+        seed=ctx.seed,
+        batch_size=ctx.batch_size,
+        device=ctx.device,
+        progress=ctx.progress,
+        desc=desc,
     )
 
 
 def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Match the dataset's labels to the model's, then evaluate the original model."""
     ctx = settings(runtime)
-    data = dict(state)
+    data: dict[str, Any] = dict(state)
     notes: list[str] = []
     label_match = None
     if state.get("dataset") and not state["model_info"]["untrained"]:
         label_match = ops.match_dataset_labels(
-            paths(data).original, str(state["dataset"]), state.get("dataset_split"), ctx.eval_samples, ctx.seed
+            paths(data).original,
+            str(state["dataset"]),
+            state.get("dataset_split"),
+            ctx.eval_samples,
+            ctx.seed,
         )
         if label_match.get("unmatched"):
             notes.append(
@@ -45,7 +58,7 @@ def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]
 def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Evaluate the round just pruned and append it to ``rounds``."""
     ctx = settings(runtime)
-    data = dict(state)
+    data: dict[str, Any] = dict(state)
     pending = dict(state["pending_round"] or {})
     metrics = _evaluate(data, ctx, Path(pending["artifact"]), f"round {pending['round']}")
     drop = accuracy_drop_points(state["baseline"].get("accuracy"), metrics.accuracy)
@@ -62,12 +75,12 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Evaluate the quantized best model and the quantized original (once when they are the same)."""
     ctx = settings(runtime)
-    data = dict(state)
+    data: dict[str, Any] = dict(state)
     baseline_acc = state["baseline"].get("accuracy")
     update: dict[str, Any] = {}
     done: dict[str, dict[str, Any]] = {}
     for key in ("quantized", "quantized_original"):
-        entry = state.get(key)  # type: ignore[misc]
+        entry = data.get(key)
         if not entry:
             continue
         artifact = entry["artifact"]
@@ -82,9 +95,9 @@ def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any
 def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """Batch-1 latency of original, best pruned and quantized models, interleaved in one process."""
     ctx = settings(runtime)
-    entries = {
-        "baseline": state.get("baseline"), "pruned": state.get("pruned"),
-        "quantized": state.get("quantized"), "quantized_original": state.get("quantized_original"),
+    data: dict[str, Any] = dict(state)
+    entries: dict[str, dict[str, Any] | None] = {
+        key: data.get(key) for key in ("baseline", "pruned", "quantized", "quantized_original")
     }
     artifacts = {key: Path(e["artifact"]) for key, e in entries.items() if e and e.get("artifact")}
     unique = {str(p): p for p in artifacts.values()}
@@ -92,5 +105,9 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     update: dict[str, Any] = {}
     for key, entry in entries.items():
         if entry and key in artifacts:
-            update[key] = {**entry, "latency_s": times[str(artifacts[key])], "latency_measured": "interleaved"}
+            update[key] = {
+                **entry,
+                "latency_s": times[str(artifacts[key])],
+                "latency_measured": "interleaved",
+            }
     return update

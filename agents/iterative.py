@@ -18,7 +18,8 @@ def iterate_pruning(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
     result = get_planner(ctx.planner).next_plan(planning_context(dict(state), ctx))
     return {
-        "current_plan": result.plan.model_dump(), "current_source": result.source,
+        "current_plan": result.plan.model_dump(),
+        "current_source": result.source,
         "current_planner_state": result.planner_state,
     }
 
@@ -54,7 +55,11 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         )
         return {"pruned": pruned, "notes": add_notes(dict(state), note)}
     pruned = {
-        **best["metrics"], "round": best["round"], "within_budget": True,
-        "accuracy_drop_points": best.get("accuracy_drop_points"), "plan": best["plan"], "source": best["source"],
+        **best["metrics"],
+        "round": best["round"],
+        "within_budget": True,
+        "accuracy_drop_points": best.get("accuracy_drop_points"),
+        "plan": best["plan"],
+        "source": best["source"],
     }
     return {"pruned": pruned}

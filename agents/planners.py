@@ -8,6 +8,7 @@ searches the pruning level across rounds: more while accuracy stays within budge
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,7 +17,6 @@ from pydantic import BaseModel, Field
 
 from tools.profiling import name_pattern
 from tools.schemas import (
-    LayerGroupProfile,
     ModelProfile,
     OptimizationPlan,
     PruningRecommendation,
@@ -66,6 +66,32 @@ class Planner(Protocol):
     def next_plan(self, ctx: PlanningContext) -> PlanResult: ...
 
 
+def exact_pattern(members: list[str], universe: list[str]) -> str:
+    """A regex selecting exactly ``members`` among ``universe``: block indices generalised where possible."""
+    wanted = set(members)
+
+    def exact(pattern: str) -> bool:
+        rx = re.compile(pattern)
+        return {n for n in universe if rx.search(n)} | wanted == wanted and all(rx.search(n) for n in wanted)
+
+    generic = name_pattern(members[0])
+    if exact(generic):
+        return generic
+    parts = [m.split(".") for m in members]
+    for i, part in enumerate(parts[0]):
+        if not part.isdigit():
+            continue
+        values = sorted({p[i] for p in parts}, key=int)
+        pieces = [
+            ("(?:" + "|".join(values) + ")") if j == i else (r"\d+" if piece.isdigit() else re.escape(piece))
+            for j, piece in enumerate(parts[0])
+        ]
+        candidate = "^" + r"\.".join(pieces) + "$"
+        if exact(candidate):
+            return candidate
+    return "^(?:" + "|".join(re.escape(m) for m in sorted(wanted)) + ")$"
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
@@ -89,65 +115,59 @@ class RulesPlanner:
     # --- what to prune --------------------------------------------------------------------------
 
     def _targets(self, ctx: PlanningContext) -> list[_Target]:
+        """Head groups and internal structured groups, weighted by their share of latency."""
         profile = ctx.profile
-        layer_group = {}
-        for g in profile.groups:
-            rx = re.compile(g.pattern)
-            for layer in profile.layers:
-                if rx.search(layer.name):
-                    layer_group[layer.name] = g
-        max_share = max((g.latency_share for g in profile.groups), default=1.0) or 1.0
-        targets: list[_Target] = []
+        layers = {layer.name: layer for layer in profile.layers}
+        raw: list[tuple[str, str, float, str]] = []  # pattern, type, latency share, justification
 
         heads: dict[str, int] = ctx.prunable.get("heads", {})
-        if heads:
-            inside = [layer for layer in profile.layers if any(layer.name.startswith(f"{h}.") for h in heads)]
-            share = sum(layer.latency_share for layer in inside)
-            macs = sum(layer.macs_share for layer in inside)
-            for pat in sorted({name_pattern(h) for h in heads}):
-                members = [h for h in heads if re.search(pat, h)]
-                counts = sorted({heads[h] for h in members})
-                targets.append(_Target(
-                    pat, "head", 0.5 + 0.5 * min(1.0, share / max_share),
-                    f"{len(members)} attention modules ({'/'.join(map(str, counts))} heads each) take "
-                    f"{_pct(share)} of latency and {_pct(macs)} of MACs; whole heads are removed with their "
-                    "q/k/v rows and output columns, so the residual width is kept.",
-                ))
+        for pat in sorted({name_pattern(h) for h in heads}):
+            members = [h for h in heads if re.search(pat, h)]
+            inside = [lp for lp in profile.layers if any(lp.name.startswith(f"{h}.") or lp.name == h for h in members)]
+            share = sum(lp.latency_share for lp in inside)
+            macs = sum(lp.macs_share for lp in inside)
+            counts = "/".join(str(c) for c in sorted({heads[h] for h in members}))
+            raw.append(
+                (
+                    pat,
+                    "head",
+                    share,
+                    f"{len(members)} attention modules ({counts} heads each) take {_pct(share)} of latency and "
+                    f"{_pct(macs)} of MACs; whole heads are removed with their q/k/v rows and output columns, "
+                    "so the residual width is kept.",
+                )
+            )
 
         coupling: dict[str, int] = ctx.prunable.get("coupling", {})
-        structured: list[str] = ctx.prunable.get("structured", [])
-        layers = {layer.name: layer for layer in profile.layers}
-        first_conv = next((layer.name for layer in profile.layers if layer.type == "Conv2d"), None)
-        chosen: dict[str, LayerGroupProfile] = {}
-        for name in structured:
-            layer = layers.get(name)
-            group = layer_group.get(name)
-            if layer is None or group is None or coupling.get(name, 1) > 1 or name == first_conv:
+        first_conv = next((lp.name for lp in profile.layers if lp.type == "Conv2d"), None)
+        by_template: dict[str, list[str]] = {}
+        for name in ctx.prunable.get("structured", []):
+            if name in layers and coupling.get(name, 1) == 1 and name != first_conv:
+                by_template.setdefault(name_pattern(name), []).append(name)
+        universe = list(layers)
+        for members in by_template.values():
+            stats = [layers[n] for n in members]
+            share = sum(lp.latency_share for lp in stats)
+            macs = sum(lp.macs_share for lp in stats)
+            params = sum(lp.params_share for lp in stats)
+            if share < 0.002 and macs < 0.002:
                 continue
-            if layer.type == "Linear" and not self._expands(layer):
-                continue  # projections back to the residual width are pruned with their expansion layer
-            if layer.type not in ("Linear", "Conv2d"):
-                continue
-            chosen[group.pattern] = group
-        for group in sorted(chosen.values(), key=lambda g: -g.latency_share):
-            if group.latency_share < 0.002 and group.macs_share < 0.002:
-                continue
-            kind = "MLP expansion layers" if group.type == "Linear" else "convolutions inside residual blocks"
-            targets.append(_Target(
-                group.pattern, "structured", 0.5 + 0.5 * min(1.0, group.latency_share / max_share),
-                f"{group.count} {kind} take {_pct(group.latency_share)} of latency, {_pct(group.macs_share)} of "
-                f"MACs and {_pct(group.params_share)} of parameters; their output channels are internal to the "
-                "block, so removing the weakest ones shrinks this layer and the next without touching the "
-                "residual stream.",
-            ))
-        return targets
+            kind = "Linear layers" if stats[0].type == "Linear" else "convolutions"
+            raw.append(
+                (
+                    exact_pattern(members, universe),
+                    "structured",
+                    share,
+                    f"{len(members)} {kind} take {_pct(share)} of latency, {_pct(macs)} of MACs and "
+                    f"{_pct(params)} of parameters; their output channels are internal to their block (the "
+                    "dependency graph couples them to no other layer's outputs), so removing the weakest ones "
+                    "shrinks this layer and the next without touching a residual stream.",
+                )
+            )
 
-    @staticmethod
-    def _expands(layer: Any) -> bool:
-        if not layer.output_shape:
-            return False
-        out = int(layer.output_shape[-1])
-        return out > 0 and out > layer.params // out  # params = in*out (+ out): in < out
+        top = max((share for _, _, share, _ in raw), default=0.0) or 1.0
+        raw.sort(key=lambda t: -t[2])
+        return [_Target(p, kind, 0.5 + 0.5 * min(1.0, share / top), why) for p, kind, share, why in raw]
 
     # --- how much -------------------------------------------------------------------------------
 
@@ -157,14 +177,19 @@ class RulesPlanner:
             ratio = round(min(ctx.max_ratio, level * target.weight), 2)
             if ratio <= 0:
                 continue
-            recs.append(PruningRecommendation(
-                layer=target.pattern, pruning_type=target.pruning_type,  # type: ignore[arg-type]
-                pruning_ratio=ratio, justification=f"{target.why} {note}",
-            ))
+            recs.append(
+                PruningRecommendation(
+                    layer=target.pattern,
+                    pruning_type=target.pruning_type,  # type: ignore[arg-type]
+                    pruning_ratio=ratio,
+                    justification=f"{target.why} {note}",
+                )
+            )
         quant = self._quantization(ctx.profile)
         return PlanResult(
             plan=OptimizationPlan(pruning_recommendations=recs, quantization_recommendations=quant),
-            source=self.name, planner_state={"level": round(level, 4)},
+            source=self.name,
+            planner_state={"level": round(level, 4)},
         )
 
     @staticmethod
@@ -184,7 +209,7 @@ class RulesPlanner:
     @staticmethod
     def _widest_gap(levels: list[float], upper: float) -> float:
         points = [lvl for lvl in levels if lvl < upper] + [upper]
-        gaps = [(b - a, (a + b) / 2) for a, b in zip(points, points[1:], strict=False)]
+        gaps = [(b - a, (a + b) / 2) for a, b in itertools.pairwise(points)]
         return max(gaps)[1] if gaps else upper / 2
 
     def analyze(self, ctx: PlanningContext) -> PlanResult:

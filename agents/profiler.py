@@ -17,11 +17,14 @@ def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     run = paths(dict(state))
     profile = ops.profile(run.original, shape_of(dict(state)), run.profile, device=ctx.device)
     top = [
-        {"pattern": g.pattern, "latency_share": g.latency_share, "macs_share": g.macs_share}
-        for g in profile.groups[:5]
+        {"pattern": g.pattern, "latency_share": g.latency_share, "macs_share": g.macs_share} for g in profile.groups[:5]
     ]
     summary = {
-        "total_params": profile.total_params, "total_macs": profile.total_macs, "latency_s": profile.latency_s,
-        "peak_memory_mb": profile.peak_memory_mb, "trace_path": profile.trace_path, "top_groups": top,
+        "total_params": profile.total_params,
+        "total_macs": profile.total_macs,
+        "latency_s": profile.latency_s,
+        "peak_memory_mb": profile.peak_memory_mb,
+        "trace_path": profile.trace_path,
+        "top_groups": top,
     }
     return {"profile_path": str(run.profile / "profile.json"), "profile_summary": summary}

@@ -23,8 +23,11 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     pruned = state.get("pruned")
     source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
     original_report = ops.quantize(run.original, run.original, recs, run.quantized_original, backend=ctx.quant_backend)
-    quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original),
-                          "layers": len(original_report["layers"])}
+    quantized_original = {
+        "artifact": str(run.quantized_original),
+        "source": str(run.original),
+        "layers": len(original_report["layers"]),
+    }
     if source.resolve() == run.original.resolve():
         quantized = dict(quantized_original)
     else:

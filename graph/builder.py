@@ -7,6 +7,8 @@ acquire → resolve shape → profile → evaluate baseline → analyze → prun
 
 from __future__ import annotations
 
+from typing import Any
+
 from langgraph.graph import END, START, StateGraph
 
 from agents.acquisition import acquire_model
@@ -19,7 +21,11 @@ from agents.pruning import prune_model
 from agents.quantization import quantize_model
 from agents.report import write_report
 from graph.context import Context
-from graph.routing import route_after_analyze_profile, route_after_evaluate_model, route_after_select_best_model
+from graph.routing import (
+    route_after_analyze_profile,
+    route_after_evaluate_model,
+    route_after_select_best_model,
+)
 from graph.state import InputState, OutputState, State
 
 NODES = {
@@ -39,7 +45,7 @@ NODES = {
 }
 
 
-def build_graph() -> StateGraph:
+def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder = StateGraph(State, context_schema=Context, input_schema=InputState, output_schema=OutputState)
     for name, node in NODES.items():
         builder.add_node(name, node)  # type: ignore[call-overload]

@@ -23,8 +23,11 @@ DEMO_DATASET = "digits"
 def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
     defaults = Context()
     if not demo:
-        parser.add_argument("--model", required=True,
-                            help="Hugging Face id, save_pretrained dir, or vit-b16 / deit-b16 / swin-b / resnet-101")
+        parser.add_argument(
+            "--model",
+            required=True,
+            help="Hugging Face id, save_pretrained dir, or vit-b16 / deit-b16 / swin-b / resnet-101",
+        )
         parser.add_argument("--dataset", help="hub id, image folder, save_to_disk dir, or 'digits'")
         parser.add_argument("--split", help="dataset split (default: test, validation, val, train)")
         parser.add_argument("--run-dir", required=True, help="directory for checkpoints, models and reports")
@@ -36,12 +39,20 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads (0: default)")
     parser.add_argument("--device", default=defaults.device, choices=["cpu", "cuda", "auto"])
     parser.add_argument("--planner", default=defaults.planner, choices=["rules"])
-    parser.add_argument("--max-accuracy-drop", type=float, default=defaults.max_accuracy_drop,
-                        help="accuracy budget in points (default 1.0)")
+    parser.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=defaults.max_accuracy_drop,
+        help="accuracy budget in points (default 1.0)",
+    )
     parser.add_argument("--selection", default=defaults.selection, choices=["accuracy", "smallest-within-budget"])
     parser.add_argument("--importance", default=defaults.importance, choices=["l1", "l2", "random"])
-    parser.add_argument("--round-to", type=int, default=defaults.round_to,
-                        help="round kept channel counts to a multiple of this")
+    parser.add_argument(
+        "--round-to",
+        type=int,
+        default=defaults.round_to,
+        help="round kept channel counts to a multiple of this",
+    )
     parser.add_argument("--max-pruning-ratio", type=float, default=defaults.max_pruning_ratio)
     parser.add_argument("--no-prune", action="store_true", help="skip pruning")
     parser.add_argument("--no-iterate", action="store_true", help="skip the iterative rounds")
@@ -72,11 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _context(args: argparse.Namespace, run_dir: str) -> Context:
     return Context(
-        run_dir=run_dir, iterations=args.iterations, eval_samples=args.eval_samples, batch_size=args.batch_size,
-        seed=args.seed, threads=args.threads, device=args.device, planner=args.planner,
-        max_accuracy_drop=args.max_accuracy_drop, selection=args.selection, importance=args.importance,
-        round_to=args.round_to, max_pruning_ratio=args.max_pruning_ratio, prune=not args.no_prune,
-        iterate=not args.no_iterate, quantize=not args.no_quantize, progress=not args.no_progress,
+        run_dir=run_dir,
+        iterations=args.iterations,
+        eval_samples=args.eval_samples,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        threads=args.threads,
+        device=args.device,
+        planner=args.planner,
+        max_accuracy_drop=args.max_accuracy_drop,
+        selection=args.selection,
+        importance=args.importance,
+        round_to=args.round_to,
+        max_pruning_ratio=args.max_pruning_ratio,
+        prune=not args.no_prune,
+        iterate=not args.no_iterate,
+        quantize=not args.no_quantize,
+        progress=not args.no_progress,
     )
 
 
@@ -122,8 +145,14 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from graph.runner import start_run
 
     ctx = _context(args, args.run_dir)
-    report = start_run(args.model, dataset=args.dataset, split=args.split, ctx=ctx, thread_id=args.thread_id,
-                       on_update=_Progress())
+    report = start_run(
+        args.model,
+        dataset=args.dataset,
+        split=args.split,
+        ctx=ctx,
+        thread_id=args.thread_id,
+        on_update=_Progress(),
+    )
     _finish(report, args.run_dir)
 
 
@@ -172,8 +201,9 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not args.debug:
         _quiet_libraries()
     try:

@@ -13,56 +13,52 @@ from typing import Any, Literal
 Selection = Literal["accuracy", "smallest-within-budget"]
 
 
-def _env(name: str, default: Any, kind: type = str) -> Any:
+def _setting(description: str, name: str, default: Any, kind: type = str) -> Any:
+    """A field whose default comes from ``PROFILING_AGENT_<name>`` when set, else ``default``."""
+    env = f"PROFILING_AGENT_{name}"
+
     def factory() -> Any:
-        raw = os.environ.get(f"PROFILING_AGENT_{name}")
+        raw = os.environ.get(env)
         if raw is None:
             return default
         if kind is bool:
             return raw.strip().lower() in {"1", "true", "yes", "on"}
         return kind(raw)
 
-    return field(default_factory=factory, metadata={"env": f"PROFILING_AGENT_{name}"})
-
-
-def _described(description: str, spec: Any) -> Any:
-    spec.metadata = {**spec.metadata, "description": description}
-    return spec
+    return field(default_factory=factory, metadata={"env": env, "description": description})
 
 
 @dataclass(kw_only=True)
 class Context:
     """Everything that configures a run. Each field falls back to ``PROFILING_AGENT_<NAME>``."""
 
-    run_dir: str = _described(
-        "Directory for checkpoints, artifacts and reports. Empty: runs/<thread id>.", _env("RUN_DIR", "")
+    run_dir: str = _setting("Directory for checkpoints, artifacts and reports. Empty: runs/<thread id>.", "RUN_DIR", "")
+    iterations: int = _setting("Iterative pruning rounds T after the first plan.", "ITERATIONS", 5, int)
+    eval_samples: int = _setting("Evaluation samples (seeded random subset).", "EVAL_SAMPLES", 500, int)
+    batch_size: int = _setting("Evaluation batch size.", "BATCH_SIZE", 32, int)
+    seed: int = _setting("Seed for subsets, random importance and built-in weights.", "SEED", 0, int)
+    threads: int = _setting("torch CPU threads; 0 keeps torch's default.", "THREADS", 0, int)
+    device: str = _setting("cpu, cuda or auto.", "DEVICE", "cpu")
+    planner: str = _setting("Planner that writes plans: rules (offline).", "PLANNER", "rules")
+    max_accuracy_drop: float = _setting(
+        "Accuracy budget in points: a candidate losing more is never selected.", "MAX_ACCURACY_DROP", 1.0, float
     )
-    iterations: int = _described("Iterative pruning rounds T after the first plan.", _env("ITERATIONS", 5, int))
-    eval_samples: int = _described("Evaluation samples (seeded random subset).", _env("EVAL_SAMPLES", 500, int))
-    batch_size: int = _described("Evaluation batch size.", _env("BATCH_SIZE", 32, int))
-    seed: int = _described("Seed for subsets, random importance and built-in weights.", _env("SEED", 0, int))
-    threads: int = _described("torch CPU threads; 0 keeps torch's default.", _env("THREADS", 0, int))
-    device: str = _described("cpu, cuda or auto.", _env("DEVICE", "cpu"))
-    planner: str = _described("Planner that writes plans: rules (offline).", _env("PLANNER", "rules"))
-    max_accuracy_drop: float = _described(
-        "Accuracy budget in points: a candidate losing more is never selected.", _env("MAX_ACCURACY_DROP", 1.0, float)
+    selection: Selection = _setting(  # noqa: RUF009
+        "accuracy (accuracy, then params, then latency) or smallest-within-budget.", "SELECTION", "accuracy"
     )
-    selection: Selection = _described(
-        "accuracy (accuracy, then params, then latency) or smallest-within-budget.",
-        _env("SELECTION", "accuracy"),
+    importance: str = _setting("Channel/head importance: l1, l2 or random.", "IMPORTANCE", "l1")
+    round_to: int = _setting("Round kept channel counts to a multiple of this (0: off).", "ROUND_TO", 0, int)
+    max_pruning_ratio: float = _setting(
+        "Highest per-layer pruning ratio a planner may use.", "MAX_PRUNING_RATIO", 0.6, float
     )
-    importance: str = _described("Channel/head importance: l1, l2 or random.", _env("IMPORTANCE", "l1"))
-    round_to: int = _described("Round kept channel counts to a multiple of this (0: off).", _env("ROUND_TO", 0, int))
-    max_pruning_ratio: float = _described(
-        "Highest per-layer pruning ratio a planner may use.", _env("MAX_PRUNING_RATIO", 0.6, float)
+    prune: bool = _setting("Run structured/head pruning.", "PRUNE", True, bool)
+    iterate: bool = _setting("Run the iterative pruning rounds.", "ITERATE", True, bool)
+    quantize: bool = _setting("Run dynamic quantization.", "QUANTIZE", True, bool)
+    quant_backend: str = _setting("Quantization backend.", "QUANT_BACKEND", "torch-ao-dynamic")
+    latency_repeats: int = _setting(
+        "Repetitions of the final interleaved latency comparison.", "LATENCY_REPEATS", 20, int
     )
-    prune: bool = _described("Run structured/head pruning.", _env("PRUNE", True, bool))
-    iterate: bool = _described("Run the iterative pruning rounds.", _env("ITERATE", True, bool))
-    quantize: bool = _described("Run dynamic quantization.", _env("QUANTIZE", True, bool))
-    quant_backend: str = _described("Quantization backend.", _env("QUANT_BACKEND", "torch-ao-dynamic"))
-    latency_repeats: int = _described("Repetitions of the final interleaved latency comparison.",
-                                      _env("LATENCY_REPEATS", 20, int))
-    progress: bool = _described("Show progress bars.", _env("PROGRESS", True, bool))
+    progress: bool = _setting("Show progress bars.", "PROGRESS", True, bool)
 
     def __post_init__(self) -> None:
         errors = []

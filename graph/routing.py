@@ -39,5 +39,3 @@ def route_after_select_best_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["quantize_model", "measure_latencies"]:
     return after_pruning_stage(settings(runtime))
-
-

@@ -51,19 +51,29 @@ def prepare_run_dir(run_dir: Path) -> None:
     if paths.report_json.exists():
         raise RunError(f"{run_dir} already holds a finished run: choose another --run-dir")
     if paths.settings.exists():
-        raise RunError(f"{run_dir} holds an unfinished run: continue it with `profiling-agent resume --run-dir {run_dir}`")
+        raise RunError(
+            f"{run_dir} holds an unfinished run: continue it with `profiling-agent resume --run-dir {run_dir}`"
+        )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise RunError(f"cannot write to run dir {run_dir}: {exc.strerror or exc}; choose a writable --run-dir") from exc
+        raise RunError(
+            f"cannot write to run dir {run_dir}: {exc.strerror or exc}; choose a writable --run-dir"
+        ) from exc
 
 
 def start_run(
-    model: str, *, dataset: str | None, ctx: Context, split: str | None = None, thread_id: str | None = None,
-    on_update: UpdateHook | None = None, extra: dict[str, Any] | None = None,
+    model: str,
+    *,
+    dataset: str | None,
+    ctx: Context,
+    split: str | None = None,
+    thread_id: str | None = None,
+    on_update: UpdateHook | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start a new checkpointed run in ``ctx.run_dir`` and run it to the end; returns report.json's content."""
     if not ctx.run_dir:
@@ -121,7 +131,7 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
     thread_id = thread_id or saved["thread_id"]
     with checkpointed_graph(run_dir) as graph:
         snapshot = graph.get_state(_config(thread_id))
-        finished = []
+        finished: list[str] = []
         for step in reversed(list(graph.get_state_history(_config(thread_id)))):
             writes = (step.metadata or {}).get("writes") or {}
             finished.extend(k for k in writes if not k.startswith("__"))
@@ -130,9 +140,13 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
     within = [r for r in rounds if r.get("within_budget")]
     best = max(within, key=lambda r: (r["metrics"].get("accuracy") or 0, -r["metrics"]["params"]), default=None)
     return {
-        "run_dir": str(run_dir), "thread_id": thread_id, "model": saved["input"]["model"],
-        "finished": RunPaths(run_dir).report_json.exists(), "next": list(snapshot.next),
-        "rounds_done": len(rounds), "rounds_planned": rounds_wanted(ctx) if ctx.prune else 0,
+        "run_dir": str(run_dir),
+        "thread_id": thread_id,
+        "model": saved["input"]["model"],
+        "finished": RunPaths(run_dir).report_json.exists(),
+        "next": list(snapshot.next),
+        "rounds_done": len(rounds),
+        "rounds_planned": rounds_wanted(ctx) if ctx.prune else 0,
         "best_round": None if best is None else {"round": best["round"], **best["metrics"]},
         "steps": finished,
     }

@@ -75,21 +75,21 @@ def labels_maps() -> tuple[dict[int, str], dict[str, int]]:
     return id2label, {name: i for i, name in id2label.items()}
 
 
-def build_vit() -> tuple[nn.Module, Any]:
-    """A small ViT on 32x32 inputs, patch 4, and its (non-resizing) image processor."""
+def build_vit(hidden_size: int = 64, patch_size: int = 8, hidden_dropout: float = 0.1) -> tuple[nn.Module, Any]:
+    """A small ViT on 32x32 inputs (patch 8: 16 tokens + CLS) and its (non-resizing) image processor."""
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
 
     id2label, label2id = labels_maps()
     config = ViTConfig(
         image_size=IMAGE_SIZE,
-        patch_size=4,
+        patch_size=patch_size,
         num_channels=3,
-        hidden_size=64,
+        hidden_size=hidden_size,
         num_hidden_layers=4,
         num_attention_heads=4,
-        intermediate_size=256,
+        intermediate_size=4 * hidden_size,
         hidden_act="gelu",
-        hidden_dropout_prob=0.1,
+        hidden_dropout_prob=hidden_dropout,
         attention_probs_dropout_prob=0.0,
         qkv_bias=True,
         num_labels=len(DIGIT_NAMES),
@@ -108,15 +108,15 @@ def build_vit() -> tuple[nn.Module, Any]:
     return model, processor
 
 
-def build_cnn() -> tuple[nn.Module, Any]:
+def build_cnn(embedding_size: int = 32, hidden_sizes: Sequence[int] = (32, 64)) -> tuple[nn.Module, Any]:
     """A small basic-block ResNet on 32x32 inputs and its (non-resizing) image processor."""
     from transformers import ConvNextImageProcessorPil, ResNetConfig, ResNetForImageClassification
 
     id2label, label2id = labels_maps()
     config = ResNetConfig(
         num_channels=3,
-        embedding_size=32,
-        hidden_sizes=[32, 64],
+        embedding_size=embedding_size,
+        hidden_sizes=list(hidden_sizes),
         depths=[1, 1],
         layer_type="basic",
         hidden_act="relu",
@@ -263,7 +263,9 @@ def prune_vit_heads(model: nn.Module, heads_per_layer: int) -> nn.Module:
         attn = layer.attention
         d = attn.head_dim
         n_heads = attn.q_proj.out_features // d
-        score = sum(getattr(attn, p).weight.abs().view(n_heads, d, -1).sum((1, 2)) for p in ("q_proj", "k_proj", "v_proj"))
+        score = sum(
+            getattr(attn, p).weight.abs().view(n_heads, d, -1).sum((1, 2)) for p in ("q_proj", "k_proj", "v_proj")
+        )
         score = score + attn.o_proj.weight.abs().view(-1, n_heads, d).sum((0, 2))
         heads = torch.sort(torch.topk(score, n_heads - heads_per_layer).indices).values
         keep = (heads[:, None] * d + torch.arange(d)[None, :]).reshape(-1)
@@ -333,8 +335,14 @@ def train_one(kind: str, out: Path, epochs: int | None, seed: int, threads: int)
 
     def on_epoch(epoch: int, loss: float) -> None:
         if (epoch + 1) % 10 == 0 or epoch + 1 == settings.epochs:
-            log.info("%s epoch %d/%d loss %.4f test acc %.4f", name, epoch + 1, settings.epochs, loss,
-                     accuracy(model, test_x, test_y))
+            log.info(
+                "%s epoch %d/%d loss %.4f test acc %.4f",
+                name,
+                epoch + 1,
+                settings.epochs,
+                loss,
+                accuracy(model, test_x, test_y),
+            )
 
     started = time.perf_counter()
     train(model, train_x, train_y, settings, seed, on_epoch)
@@ -376,7 +384,9 @@ def train_one(kind: str, out: Path, epochs: int | None, seed: int, threads: int)
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / "tools" / "assets", help="folder for digits-vit/ and digits-cnn/")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "tools" / "assets", help="folder for digits-vit/ and digits-cnn/"
+    )
     parser.add_argument("--epochs", type=int, default=None, help="override the per-model default epochs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (fix it for bit-exact reruns)")

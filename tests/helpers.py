@@ -7,16 +7,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-DIGIT_LABELS = {i: n for i, n in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])}
+DIGIT_LABELS = {
+    i: n for i, n in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
+}
 
 
 def tiny_vit(num_labels: int = 10) -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, num_labels=num_labels, id2label=DIGIT_LABELS,
-                       label2id={v: k for k, v in DIGIT_LABELS.items()})
+    config = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=num_labels,
+        id2label=DIGIT_LABELS,
+        label2id={v: k for k, v in DIGIT_LABELS.items()},
+    )
     return ViTForImageClassification(config).eval()
 
 
@@ -24,8 +34,15 @@ def tiny_resnet(num_labels: int = 10) -> nn.Module:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(0)
-    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
-                          num_labels=num_labels, id2label=DIGIT_LABELS, label2id={v: k for k, v in DIGIT_LABELS.items()})
+    config = ResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        layer_type="basic",
+        num_labels=num_labels,
+        id2label=DIGIT_LABELS,
+        label2id={v: k for k, v in DIGIT_LABELS.items()},
+    )
     return ResNetForImageClassification(config).eval()
 
 
@@ -34,5 +51,7 @@ def save_tiny(model: nn.Module, out: Path, size: int) -> Path:
     from transformers import ViTImageProcessor
 
     model.save_pretrained(out)
-    ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(out)
+    ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
+        out
+    )
     return out

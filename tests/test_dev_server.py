@@ -37,7 +37,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with log.open("w") as out:
         proc = subprocess.Popen(
             [exe, "dev", "--no-browser", "--no-reload", "--port", str(port), "--host", "127.0.0.1"],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -73,10 +76,16 @@ def test_run_through_the_http_api(server: str, tmp_path: Path) -> None:
     thread = client.threads.create()
     nodes: list[str] = []
     for part in client.runs.stream(
-        thread["thread_id"], "profiling_agent",
+        thread["thread_id"],
+        "profiling_agent",
         input={"model": str(model_dir), "dataset": "digits"},
-        context={"run_dir": str(run_dir), "iterations": 1, "eval_samples": 30, "latency_repeats": 2,
-                 "progress": False},
+        context={
+            "run_dir": str(run_dir),
+            "iterations": 1,
+            "eval_samples": 30,
+            "latency_repeats": 2,
+            "progress": False,
+        },
         stream_mode="updates",
     ):
         if part.event == "updates" and isinstance(part.data, dict):

@@ -23,8 +23,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(model: str, run_dir: Path, **settings: Any) -> dict[str, Any]:
-    ctx = Context(run_dir=str(run_dir), eval_samples=40, batch_size=20, latency_repeats=3, progress=False,
-                  **settings)
+    ctx = Context(run_dir=str(run_dir), eval_samples=40, batch_size=20, latency_repeats=3, progress=False, **settings)
     graph = build_graph().compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
     out = graph.invoke({"model": model, "dataset": "digits"}, config, context=ctx, durability="sync")
@@ -35,17 +34,25 @@ def _run(model: str, run_dir: Path, **settings: Any) -> dict[str, Any]:
 def test_node_ids_are_the_papers_agents() -> None:
     graph = build_graph().compile()
     names = set(graph.get_graph().nodes)
-    for node in ("acquire_model", "resolve_input_shape", "profile_model", "analyze_profile", "prune_model",
-                 "evaluate_model", "iterate_pruning", "quantize_model"):
+    for node in (
+        "acquire_model",
+        "resolve_input_shape",
+        "profile_model",
+        "analyze_profile",
+        "prune_model",
+        "evaluate_model",
+        "iterate_pruning",
+        "quantize_model",
+    ):
         assert node in names
     assert set(NODES) <= names
 
 
 def test_full_run_prunes_iterates_and_quantizes(tiny_model_dir: Path, tmp_path: Path) -> None:
     report = _run(str(tiny_model_dir), tmp_path / "run", iterations=2, max_accuracy_drop=100.0)
-    assert REPORT_KEYS <= set(report)
+    assert set(report) >= REPORT_KEYS
     for key in ("baseline", "pruned", "quantized", "quantized_original"):
-        assert METRIC_KEYS <= set(report[key]), key
+        assert set(report[key]) >= METRIC_KEYS, key
         assert Path(report[key]["artifact"]).is_dir()
     assert len(report["rounds"]) == 3
     assert {r["source"] for r in report["rounds"]} == {"rules"}

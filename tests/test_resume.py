@@ -40,8 +40,12 @@ def _checkpointed_rounds(run_dir: Path) -> list[dict[str, Any]]:
 def test_sigkill_mid_round_then_resume_finishes_without_recomputing(model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PROFILING_AGENT_LATENCY_REPEATS": "3"}
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(_cli("run", "--model", str(model_dir), "--dataset", "digits", "--run-dir", str(run_dir),
-                                 *SETTINGS), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cli("run", "--model", str(model_dir), "--dataset", "digits", "--run-dir", str(run_dir), *SETTINGS),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     marker = run_dir / "rounds" / "round-02" / "model" / "artifact.json"  # round 2 pruned, being evaluated
     deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -67,8 +71,9 @@ def test_sigkill_mid_round_then_resume_finishes_without_recomputing(model_dir: P
     assert run_status(run_dir)["finished"]
 
 
-def test_fault_in_a_node_keeps_work_and_resumes(model_dir: Path, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fault_in_a_node_keeps_work_and_resumes(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = {"evaluate": 0}
     real_quantize, real_evaluate = ops.quantize, ops.evaluate
 

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -166,12 +166,17 @@ def save_original(loaded: LoadedModel, out_dir: Path) -> Path:
     if is_complete(out_dir):
         return out_dir
     with _StagingDir(out_dir) as tmp:
-        loaded.model.save_pretrained(tmp, safe_serialization=True)
+        cast(Any, loaded.model).save_pretrained(tmp, safe_serialization=True)
         if loaded.processor is not None:
             loaded.processor.save_pretrained(tmp)
         meta = {
-            "format": 1, "kind": "original", "spec": loaded.spec, "source": loaded.source,
-            "family": loaded.family, "untrained": loaded.untrained, "model_class": type(loaded.model).__name__,
+            "format": 1,
+            "kind": "original",
+            "spec": loaded.spec,
+            "source": loaded.source,
+            "family": loaded.family,
+            "untrained": loaded.untrained,
+            "model_class": type(loaded.model).__name__,
         }
         atomic_write_json(tmp / "profiling_agent.json", meta)
         atomic_write_json(tmp / META_FILE, meta)
@@ -194,8 +199,14 @@ def _state_for_save(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_compressed(
-    model: nn.Module, out_dir: Path, *, base_dir: Path, kind: ArtifactKind, recipe: dict[str, Any],
-    quant_report: QuantReport | None = None, float_model: nn.Module | None = None,
+    model: nn.Module,
+    out_dir: Path,
+    *,
+    base_dir: Path,
+    kind: ArtifactKind,
+    recipe: dict[str, Any],
+    quant_report: QuantReport | None = None,
+    float_model: nn.Module | None = None,
 ) -> Path:
     """Save a pruned or quantized model as safetensors plus its structure and recipe.
 
@@ -219,9 +230,14 @@ def save_compressed(
     with _StagingDir(out_dir) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         meta = {
-            "format": 1, "kind": kind, "base": os.path.relpath(base_dir.resolve(), out_dir.resolve().parent),
-            "family": family_of(reference), "model_class": type(reference).__name__, "structure": structure,
-            "recipe": recipe, "quantization": quant_report.model_dump() if quant_report else None,
+            "format": 1,
+            "kind": kind,
+            "base": os.path.relpath(base_dir.resolve(), out_dir.resolve().parent),
+            "family": family_of(reference),
+            "model_class": type(reference).__name__,
+            "structure": structure,
+            "recipe": recipe,
+            "quantization": quant_report.model_dump() if quant_report else None,
         }
         atomic_write_json(tmp / META_FILE, meta)
     return out_dir
@@ -246,8 +262,13 @@ def load_original(path: Path) -> LoadedModel:
         _ORIGINALS[key] = loaded
     cached = _ORIGINALS[key]
     return LoadedModel(
-        model=copy.deepcopy(cached.model), processor=cached.processor, family=cached.family,
-        source=cached.source, spec=cached.spec, untrained=cached.untrained, id2label=dict(cached.id2label),
+        model=copy.deepcopy(cached.model),
+        processor=cached.processor,
+        family=cached.family,
+        source=cached.source,
+        spec=cached.spec,
+        untrained=cached.untrained,
+        id2label=dict(cached.id2label),
     )
 
 

@@ -32,14 +32,29 @@ logger = logging.getLogger(__name__)
 SPLIT_PREFERENCE: tuple[str, ...] = ("test", "validation", "val", "train")
 IMAGE_COLUMN_NAMES: tuple[str, ...] = ("image", "img", "pixel_values", "picture", "photo", "images")
 LABEL_COLUMN_NAMES: tuple[str, ...] = (
-    "label", "labels", "fine_label", "fine_labels", "class", "class_label", "target", "category",
-    "coarse_label", "y",
+    "label",
+    "labels",
+    "fine_label",
+    "fine_labels",
+    "class",
+    "class_label",
+    "target",
+    "category",
+    "coarse_label",
+    "y",
 )
 # Split directory names that ``load_dataset("imagefolder")`` recognises, mapped to the canonical split.
 SPLIT_ALIASES: dict[str, str] = {
-    "train": "train", "training": "train",
-    "validation": "validation", "valid": "validation", "val": "validation", "dev": "validation",
-    "test": "test", "testing": "test", "eval": "test", "evaluation": "test",
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "test": "test",
+    "testing": "test",
+    "eval": "test",
+    "evaluation": "test",
 }
 METADATA_FILENAMES: frozenset[str] = frozenset({"metadata.csv", "metadata.jsonl", "metadata.parquet"})
 DATA_FILE_SUFFIXES: frozenset[str] = frozenset({".parquet", ".arrow", ".csv", ".json", ".jsonl"})
@@ -301,8 +316,7 @@ def _load_hub(spec: str, split: str | None) -> tuple[Any, str | None]:
         available = list(get_dataset_split_names(repo, config_name))
     except Exception as exc:
         raise DatasetError(
-            f"{spec!r} is not a local path and could not be loaded from the Hugging Face Hub: "
-            f"{_first_line(exc)}"
+            f"{spec!r} is not a local path and could not be loaded from the Hugging Face Hub: {_first_line(exc)}"
         ) from exc
     chosen = choose_split(available, split)
     try:
@@ -314,22 +328,27 @@ def _load_hub(spec: str, split: str | None) -> tuple[Any, str | None]:
 
 
 DATASET_SOURCES: dict[str, DatasetSource] = {
-    "builtin": DatasetSource(
-        "builtin", lambda s: s in BUILTIN_DATASETS, _load_builtin, "a built-in dataset name"
-    ),
+    "builtin": DatasetSource("builtin", lambda s: s in BUILTIN_DATASETS, _load_builtin, "a built-in dataset name"),
     "disk": DatasetSource(
         "disk", lambda s: _is_saved_dataset(Path(s).expanduser()), _load_saved, "a save_to_disk directory"
     ),
     "imagefolder": DatasetSource(
-        "imagefolder", lambda s: _folder_has_images(Path(s).expanduser()), _load_imagefolder,
+        "imagefolder",
+        lambda s: _folder_has_images(Path(s).expanduser()),
+        _load_imagefolder,
         "a folder of <class>/<image> files",
     ),
     "localrepo": DatasetSource(
-        "localrepo", lambda s: _folder_has_data_files(Path(s).expanduser()), _load_local_repo,
+        "localrepo",
+        lambda s: _folder_has_data_files(Path(s).expanduser()),
+        _load_local_repo,
         "a folder of parquet/arrow/csv/json files",
     ),
     "hub": DatasetSource(
-        "hub", _is_hub_id, _load_hub, "a Hugging Face Hub dataset id",
+        "hub",
+        _is_hub_id,
+        _load_hub,
+        "a Hugging Face Hub dataset id",
     ),
 }
 
@@ -372,8 +391,7 @@ def find_label_column(features: Any, columns: list[str], exclude: str | None = N
 
     lowered = {c.lower(): c for c in columns if c != exclude}
     class_labels = [
-        c for c in columns
-        if c != exclude and isinstance(features.get(c) if features is not None else None, ClassLabel)
+        c for c in columns if c != exclude and isinstance(features.get(c) if features is not None else None, ClassLabel)
     ]
     for candidate in LABEL_COLUMN_NAMES:
         if candidate in lowered and lowered[candidate] in class_labels:
@@ -462,9 +480,7 @@ def subset_indices(total: int, samples: int | None, seed: int) -> list[int]:
     return [int(i) for i in permutation[:count]]
 
 
-def load_eval_dataset(
-    spec: str, *, split: str | None = None, samples: int | None = 500, seed: int = 0
-) -> EvalDataset:
+def load_eval_dataset(spec: str, *, split: str | None = None, samples: int | None = 500, seed: int = 0) -> EvalDataset:
     """Load ``spec`` (see module doc), pick a split, and decode a seeded random subset of ``samples`` rows.
 
     ``samples=None`` keeps every row; fewer rows are returned when the split is smaller.
@@ -487,15 +503,20 @@ def load_eval_dataset(
     images = [to_pil(value) for value in chosen[image_column]]
     labels = [encode(value) for value in chosen[label_column]]
     if any(label < 0 for label in labels):
-        raise DatasetError(
-            f"split {used_split!r} of {spec} has unlabelled rows (label < 0): choose a labelled split"
-        )
+        raise DatasetError(f"split {used_split!r} of {spec} has unlabelled rows (label < 0): choose a labelled split")
     bad = [label for label in labels if label >= len(names)]
     if bad:
         raise DatasetError(f"label {bad[0]} exceeds the {len(names)} class names of column {label_column!r}")
     logger.info(
         "loaded %d/%d rows of %s (source=%s, split=%s, image=%r, label=%r, %d classes)",
-        len(images), total, spec, source.name, used_split, image_column, label_column, len(names),
+        len(images),
+        total,
+        spec,
+        source.name,
+        used_split,
+        image_column,
+        label_column,
+        len(names),
     )
     return EvalDataset(
         images=images,

@@ -21,7 +21,16 @@ from datasets import Image as ImageFeature
 from PIL import Image
 
 DIGIT_NAMES: tuple[str, ...] = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
 )
 NATIVE_SIZE = 8
 UPSCALE = 4

@@ -166,9 +166,7 @@ def _loose_hit(tier: str, d: _Name, m: _Name) -> bool:
     return any(_contains_word_end(am, ad) or _contains_word_end(ad, am) for am in m.alts for ad in d.alts)
 
 
-def _candidates(
-    tier: str, d: _Name, models: dict[int, _Name], index: dict[str, dict[int, bool]]
-) -> dict[int, bool]:
+def _candidates(tier: str, d: _Name, models: dict[int, _Name], index: dict[str, dict[int, bool]]) -> dict[int, bool]:
     """Model classes that ``d`` matches in ``tier`` -> whether the model's primary name took part."""
     if tier in ("exact", "variant"):
         hits: dict[int, bool] = {}
@@ -193,9 +191,7 @@ def _build_index(tier: str, models: dict[int, _Name]) -> dict[str, dict[int, boo
     return index
 
 
-def match_labels(
-    model_id2label: Mapping[int, str] | Mapping[str, str], dataset_labels: Sequence[str]
-) -> LabelMatch:
+def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_labels: Sequence[str]) -> LabelMatch:
     """Match dataset class names to model classes (rules in the module docstring).
 
     Raises :class:`LabelMatchError` when no dataset class matches any model class.
@@ -248,14 +244,14 @@ def match_labels(
         unmatched=[str(n) for i, n in enumerate(dataset_labels) if i not in mapping],
         matched_names={str(dataset_labels[d]): model_names[m] for d, m in sorted(mapping.items())},
         match_kinds={str(dataset_labels[d]): kinds[d] for d in sorted(mapping)},
-        ambiguous={
-            str(dataset_labels[d]): [model_names[m] for m in ms] for d, ms in sorted(ambiguous.items())
-        },
+        ambiguous={str(dataset_labels[d]): [model_names[m] for m in ms] for d, ms in sorted(ambiguous.items())},
     )
     if result.unmatched:
         logger.warning(
             "%d/%d dataset classes match no model class and are left out: %s",
-            len(result.unmatched), len(dataset_labels), _preview(result.unmatched),
+            len(result.unmatched),
+            len(dataset_labels),
+            _preview(result.unmatched),
         )
     loose = {d: k for d, k in result.match_kinds.items() if k != "exact"}
     if loose:
@@ -334,11 +330,13 @@ def iter_logits(
         raise EvaluationError(f"batch_size must be >= 1, not {batch_size}")
     target = torch.device(device)
     dtype = _float_dtype(model)
-    with _eval_mode([model]), torch.inference_mode(), tqdm(
-        total=len(images), desc=desc, unit="img", disable=not progress, leave=False
-    ) as bar:
+    with (
+        _eval_mode([model]),
+        torch.inference_mode(),
+        tqdm(total=len(images), desc=desc, unit="img", disable=not progress, leave=False) as bar,
+    ):
         for start in range(0, len(images), batch_size):
-            chunk = list(images[start:start + batch_size])
+            chunk = list(images[start : start + batch_size])
             batch = _as_batch(preprocess(chunk)).to(target)
             if dtype is not None and batch.is_floating_point() and batch.dtype != dtype:
                 batch = batch.to(dtype)
@@ -365,9 +363,7 @@ def predict_logits(
     """All logits as one (N, classes) CPU float tensor; N = 0 gives an empty (0, 0) tensor."""
     items = images.images if isinstance(images, EvalDataset) else images
     chunks = list(
-        iter_logits(
-            model, preprocess, items, batch_size=batch_size, device=device, progress=progress, desc=desc
-        )
+        iter_logits(model, preprocess, items, batch_size=batch_size, device=device, progress=progress, desc=desc)
     )
     return torch.cat(chunks) if chunks else torch.empty(0, 0)
 
@@ -415,8 +411,11 @@ def evaluate_accuracy(
     """
     keep = [i for i, label in enumerate(dataset.labels) if label in match.mapping]
     if len(keep) < len(dataset.labels):
-        logger.info("%d of %d samples belong to unmatched classes and are left out",
-                    len(dataset.labels) - len(keep), len(dataset.labels))
+        logger.info(
+            "%d of %d samples belong to unmatched classes and are left out",
+            len(dataset.labels) - len(keep),
+            len(dataset.labels),
+        )
     images = [dataset.images[i] for i in keep]
     labels = [dataset.labels[i] for i in keep]
     predictions: list[int] = []
@@ -498,16 +497,12 @@ def compare_latencies(
     return {name: float(statistics.median(values)) for name, values in times.items()}
 
 
-def measure_latency(
-    model: Callable[..., Any], example_input: Any, *, warmup: int = 3, repeats: int = 10
-) -> float:
+def measure_latency(model: Callable[..., Any], example_input: Any, *, warmup: int = 3, repeats: int = 10) -> float:
     """Median seconds per call at the batch of ``example_input`` (give a batch of 1 for per-image latency)."""
     return compare_latencies({"model": model}, example_input, warmup=warmup, repeats=repeats)["model"]
 
 
-def measure_throughput(
-    model: Callable[..., Any], example_batch: Any, *, warmup: int = 1, repeats: int = 3
-) -> float:
+def measure_throughput(model: Callable[..., Any], example_batch: Any, *, warmup: int = 1, repeats: int = 3) -> float:
     """Images per second at the batch size of ``example_batch`` (batch / median seconds per call)."""
     batch = _batch_size_of(example_batch)
     seconds = measure_latency(model, example_batch, warmup=warmup, repeats=repeats)

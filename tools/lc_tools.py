@@ -50,20 +50,36 @@ def quantize_model_tool(
 
 @tool
 def evaluate_model_tool(
-    model_dir: str, original_dir: str, input_shape: InputShape, dataset: str | None = None,
-    samples: int = 500, seed: int = 0,
+    model_dir: str,
+    original_dir: str,
+    input_shape: InputShape,
+    dataset: str | None = None,
+    samples: int = 500,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Accuracy (when a dataset is given), batch-1 latency, memory and parameters of a saved model."""
     label_match = (
         ops.match_dataset_labels(Path(original_dir), dataset, None, samples, seed) if dataset is not None else None
     )
     return ops.evaluate(
-        Path(model_dir), Path(original_dir), input_shape, dataset=dataset, split=None, label_match=label_match,
-        samples=samples, seed=seed, batch_size=32, progress=False,
+        Path(model_dir),
+        Path(original_dir),
+        input_shape,
+        dataset=dataset,
+        split=None,
+        label_match=label_match,
+        samples=samples,
+        seed=seed,
+        batch_size=32,
+        progress=False,
     ).model_dump()
 
 
 TOOLS: list[BaseTool] = [
-    acquire_model_tool, resolve_input_shape_tool, profile_model_tool, prune_model_tool, quantize_model_tool,
+    acquire_model_tool,
+    resolve_input_shape_tool,
+    profile_model_tool,
+    prune_model_tool,
+    quantize_model_tool,
     evaluate_model_tool,
 ]

@@ -57,20 +57,39 @@ def _builtin_configs() -> dict[str, Callable[[], Any]]:
 
     return {
         "vit-b16": lambda: ViTConfig(
-            image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-            intermediate_size=3072, **labels(),
+            image_size=224,
+            patch_size=16,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            **labels(),
         ),
         "deit-b16": lambda: DeiTConfig(
-            image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-            intermediate_size=3072, **labels(),
+            image_size=224,
+            patch_size=16,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            **labels(),
         ),
         "swin-b": lambda: SwinConfig(
-            image_size=224, patch_size=4, embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32],
-            window_size=7, **labels(),
+            image_size=224,
+            patch_size=4,
+            embed_dim=128,
+            depths=[2, 2, 18, 2],
+            num_heads=[4, 8, 16, 32],
+            window_size=7,
+            **labels(),
         ),
         "resnet-101": lambda: ResNetConfig(
-            embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 23, 3],
-            layer_type="bottleneck", downsample_in_first_stage=False, **labels(),
+            embedding_size=64,
+            hidden_sizes=[256, 512, 1024, 2048],
+            depths=[3, 4, 23, 3],
+            layer_type="bottleneck",
+            downsample_in_first_stage=False,
+            **labels(),
         ),
     }
 
@@ -102,12 +121,15 @@ def _load_builtin(spec: str) -> LoadedModel:
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = AutoModelForImageClassification.from_config(config)
-    processor = ViTImageProcessor(
-        size={"height": 224, "width": 224}, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD
-    )
+    processor = ViTImageProcessor(size={"height": 224, "width": 224}, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
     return LoadedModel(
-        model=model.eval(), processor=processor, family=family_of(model), source="builtin", spec=spec,
-        untrained=True, id2label=_id2label(model),
+        model=model.eval(),
+        processor=processor,
+        family=family_of(model),
+        source="builtin",
+        spec=spec,
+        untrained=True,
+        id2label=_id2label(model),
     )
 
 
@@ -138,8 +160,13 @@ def _load_pretrained(spec: str, source: str) -> LoadedModel:
 
         untrained = bool(json.loads(marker.read_text()).get("untrained", False))
     return LoadedModel(
-        model=model.eval(), processor=processor, family=family_of(model), source=source, spec=spec,
-        untrained=untrained, id2label=_id2label(model),
+        model=model.eval(),
+        processor=processor,
+        family=family_of(model),
+        source=source,
+        spec=spec,
+        untrained=untrained,
+        id2label=_id2label(model),
     )
 
 
@@ -192,7 +219,9 @@ def acquire_model(spec: str, device: str = "cpu") -> LoadedModel:
 
 
 def build_preprocess(
-    processor: Any | None, shape: tuple[int, int, int], mean: list[float] | None = None,
+    processor: Any | None,
+    shape: tuple[int, int, int],
+    mean: list[float] | None = None,
     std: list[float] | None = None,
 ) -> Callable[[list[Image.Image]], torch.Tensor]:
     """Images -> ``pixel_values`` batch: the HF processor when there is one, else resize + normalise."""

@@ -28,7 +28,14 @@ from tools.artifacts import (
     save_original,
     size_mb,
 )
-from tools.models import LoadedModel, ModelLoadError, acquire_model, build_preprocess, logits_of, resolve_device
+from tools.models import (
+    LoadedModel,
+    ModelLoadError,
+    acquire_model,
+    build_preprocess,
+    logits_of,
+    resolve_device,
+)
 from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, QuantizationRecommendation
 
 logger = logging.getLogger(__name__)
@@ -50,7 +57,9 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def example_input(shape: InputShape | dict[str, Any], batch: int = 1, device: str = "cpu", seed: int = 0) -> torch.Tensor:
+def example_input(
+    shape: InputShape | dict[str, Any], batch: int = 1, device: str = "cpu", seed: int = 0
+) -> torch.Tensor:
     shape = InputShape.model_validate(shape)
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, *shape.as_tuple(), generator=generator).to(resolve_device(device))
@@ -67,9 +76,14 @@ def acquire(spec: str, out_dir: Path, device: str = "cpu") -> ModelInfo:
     loaded = load_original(out_dir)
     meta = read_json(out_dir / "artifact.json")
     return ModelInfo(
-        spec=spec, source=meta["source"], family=loaded.family, model_class=type(loaded.model).__name__,
-        untrained=loaded.untrained, num_labels=loaded.num_labels,
-        params=sum(p.numel() for p in loaded.model.parameters()), artifact=str(out_dir),
+        spec=spec,
+        source=meta["source"],
+        family=loaded.family,
+        model_class=type(loaded.model).__name__,
+        untrained=loaded.untrained,
+        num_labels=loaded.num_labels,
+        params=sum(p.numel() for p in loaded.model.parameters()),
+        artifact=str(out_dir),
     )
 
 
@@ -87,7 +101,9 @@ def _shape_candidates(loaded: LoadedModel) -> list[InputShape]:
         if height is None and get("shortest_edge") is not None:
             height = width = get("shortest_edge")
         if height and width:
-            candidates.append(InputShape(channels=channels, height=int(height), width=int(width), source=f"processor.{attr}"))
+            candidates.append(
+                InputShape(channels=channels, height=int(height), width=int(width), source=f"processor.{attr}")
+            )
     image_size = getattr(config, "image_size", None)
     if image_size:
         h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)[:2]
@@ -153,8 +169,14 @@ def prunable(original_dir: Path, shape: InputShape, out_dir: Path) -> dict[str, 
 
 
 def prune(
-    original_dir: Path, plan: OptimizationPlan, shape: InputShape, out_dir: Path, *,
-    importance: str = "l1", round_to: int = 0, seed: int = 0,
+    original_dir: Path,
+    plan: OptimizationPlan,
+    shape: InputShape,
+    out_dir: Path,
+    *,
+    importance: str = "l1",
+    round_to: int = 0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Apply a plan's pruning recommendations to an intact copy of the original; save the result."""
     from tools.pruning import apply_pruning
@@ -164,17 +186,30 @@ def prune(
     model = load_original(original_dir).model.eval()
     torch.manual_seed(seed)
     report = apply_pruning(
-        model, plan.pruning_recommendations, example_input(shape), importance=importance,
-        round_to=round_to or None, seed=seed,
+        model,
+        plan.pruning_recommendations,
+        example_input(shape),
+        importance=importance,
+        round_to=round_to or None,
+        seed=seed,
     )
-    recipe = {"plan": plan.model_dump(), "importance": importance, "round_to": round_to, "seed": seed,
-              "report": report.model_dump()}
+    recipe = {
+        "plan": plan.model_dump(),
+        "importance": importance,
+        "round_to": round_to,
+        "seed": seed,
+        "report": report.model_dump(),
+    }
     save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe)
     return report.model_dump()
 
 
 def quantize(
-    source_dir: Path, original_dir: Path, recommendations: list[QuantizationRecommendation], out_dir: Path, *,
+    source_dir: Path,
+    original_dir: Path,
+    recommendations: list[QuantizationRecommendation],
+    out_dir: Path,
+    *,
     backend: str = "torch-ao-dynamic",
 ) -> dict[str, Any]:
     """Dynamically quantize the model at ``source_dir`` (original or pruned); save it as deployed."""
@@ -186,7 +221,12 @@ def quantize(
     qmodel, report = quantize_model(float_model, recommendations, backend=backend)
     recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
     save_compressed(
-        qmodel, out_dir, base_dir=original_dir, kind="quantized", recipe=recipe, quant_report=report,
+        qmodel,
+        out_dir,
+        base_dir=original_dir,
+        kind="quantized",
+        recipe=recipe,
+        quant_report=report,
         float_model=float_model,
     )
     return report.model_dump()
@@ -202,7 +242,9 @@ def _dataset(spec: str, split: str | None, samples: int, seed: int) -> Any:
     return load_eval_dataset(spec, split=split, samples=samples, seed=seed)
 
 
-def match_dataset_labels(original_dir: Path, dataset: str, split: str | None, samples: int, seed: int) -> dict[str, Any]:
+def match_dataset_labels(
+    original_dir: Path, dataset: str, split: str | None, samples: int, seed: int
+) -> dict[str, Any]:
     from tools.evaluation import match_labels
 
     loaded = load_original(original_dir)
@@ -211,9 +253,19 @@ def match_dataset_labels(original_dir: Path, dataset: str, split: str | None, sa
 
 
 def evaluate(
-    artifact_dir: Path, original_dir: Path, shape: InputShape, *, dataset: str | None, split: str | None,
-    label_match: dict[str, Any] | None, samples: int, seed: int, batch_size: int, device: str = "cpu",
-    progress: bool = True, desc: str = "evaluate",
+    artifact_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    *,
+    dataset: str | None,
+    split: str | None,
+    label_match: dict[str, Any] | None,
+    samples: int,
+    seed: int,
+    batch_size: int,
+    device: str = "cpu",
+    progress: bool = True,
+    desc: str = "evaluate",
 ) -> Metrics:
     """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
     from tools.evaluation import LabelMatch, evaluate_accuracy, measure_latency, measure_throughput
@@ -229,18 +281,31 @@ def evaluate(
         data = _dataset(dataset, split, samples, seed)
         preprocess = build_preprocess(loaded.processor, shape.as_tuple())
         accuracy, counted = evaluate_accuracy(
-            model, preprocess, data, LabelMatch.model_validate(label_match), batch_size=batch_size,
-            device=str(resolve_device(run_device)), progress=progress, desc=desc,
+            model,
+            preprocess,
+            data,
+            LabelMatch.model_validate(label_match),
+            batch_size=batch_size,
+            device=str(resolve_device(run_device)),
+            progress=progress,
+            desc=desc,
         )
     single = example_input(shape, device=run_device, seed=seed)
     latency = measure_latency(model, single, warmup=3, repeats=10)
-    throughput = measure_throughput(model, example_input(shape, batch=batch, device=run_device, seed=seed),
-                                    warmup=1, repeats=2)
+    # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up
+    throughput = measure_throughput(
+        model, example_input(shape, batch=batch, device=run_device, seed=seed), warmup=0, repeats=1
+    )
     float_model = load_compressed(Path(meta["recipe"]["source"])) if meta["kind"] == "quantized" else model
     return Metrics(
-        accuracy=accuracy, params=sum(p.numel() for p in float_model.parameters()),
-        macs=_macs(float_model.cpu(), shape), latency_s=latency, throughput_ips=throughput,
-        memory_mb=round(size_mb(artifact_dir / "model.safetensors"), 4), artifact=str(artifact_dir), samples=counted,
+        accuracy=accuracy,
+        params=sum(p.numel() for p in float_model.parameters()),
+        macs=_macs(float_model.cpu(), shape),
+        latency_s=latency,
+        throughput_ips=throughput,
+        memory_mb=round(size_mb(artifact_dir / "model.safetensors"), 4),
+        artifact=str(artifact_dir),
+        samples=counted,
     )
 
 

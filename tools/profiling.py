@@ -56,8 +56,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "group_layers",
     "layer_names",
-    "name_pattern",
     "module_latencies",
+    "name_pattern",
     "operator_profile",
     "profile_model",
     "static_profile",
@@ -87,9 +87,7 @@ def _is_quantized(module: nn.Module) -> bool:
     return type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized"))
 
 
-def _flops_hook_for(
-    module: nn.Module, mapping: Mapping[type, Callable[..., Any]]
-) -> Callable[..., Any] | None:
+def _flops_hook_for(module: nn.Module, mapping: Mapping[type, Callable[..., Any]]) -> Callable[..., Any] | None:
     """The ptflops hook that counts ``module``: its type's, else the nearest base class's."""
     if _is_quantized(module):
         return _quantized_linear_hook if _is_quantized_linear(module) else None
@@ -493,9 +491,7 @@ def _static_details(model: nn.Module, input_shape: tuple[int, ...]) -> _StaticDe
                 handle.remove()
     text = captured.getvalue().strip()
     if ptflops_macs is None:
-        logger.warning(
-            "ptflops could not count %s; MACs are 0. Output: %s", type(model).__name__, text[-2000:]
-        )
+        logger.warning("ptflops could not count %s; MACs are 0. Output: %s", type(model).__name__, text[-2000:])
     elif text:
         logger.debug("ptflops output: %s", text[-2000:])
 
@@ -518,9 +514,7 @@ def _static_details(model: nn.Module, input_shape: tuple[int, ...]) -> _StaticDe
     )
 
 
-def static_profile(
-    model: nn.Module, input_shape: tuple[int, int, int]
-) -> tuple[int, int, dict[str, tuple[int, int]]]:
+def static_profile(model: nn.Module, input_shape: tuple[int, int, int]) -> tuple[int, int, dict[str, tuple[int, int]]]:
     """MACs and parameters of one forward pass at batch size 1.
 
     Returns ``(total_macs, total_params, {layer_name: (macs, params)})`` where the layers are the
@@ -530,9 +524,7 @@ def static_profile(
     attention matmuls it misses. MACs are 0 (with a warning) when the forward pass fails.
     """
     details = _static_details(model, tuple(input_shape))
-    per_layer = {
-        name: (details.macs.get(name, 0), details.params.get(name, 0)) for name in details.layer_names()
-    }
+    per_layer = {name: (details.macs.get(name, 0), details.params.get(name, 0)) for name in details.layer_names()}
     return details.total_macs, details.total_params, per_layer
 
 
@@ -651,6 +643,25 @@ def _export_trace(prof: Any, trace_path: Path) -> None:
             tmp.unlink()
 
 
+@contextlib.contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Kineto prints 'USDT: ... profiler_start/stop' from C++ on every profile: send fd 2 to /dev/null meanwhile."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def operator_profile(
     model: nn.Module,
     example_inputs: torch.Tensor,
@@ -680,7 +691,7 @@ def operator_profile(
         _sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        with _native_stderr_muted(), profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
             for _ in range(n):
                 with record_function("ProfilingAgent::forward"):
                     _forward(model, example_inputs)

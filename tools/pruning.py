@@ -83,9 +83,7 @@ def get_importance(name: str) -> Any:
     try:
         factory = IMPORTANCE[name]
     except KeyError:
-        raise ValueError(
-            f"unknown importance {name!r}; valid names: {', '.join(sorted(IMPORTANCE))}"
-        ) from None
+        raise ValueError(f"unknown importance {name!r}; valid names: {', '.join(sorted(IMPORTANCE))}") from None
     return factory()
 
 
@@ -130,6 +128,11 @@ class PrunableLayers(BaseModel):
     structured: list[str] = Field(default_factory=list)
     heads: dict[str, int] = Field(default_factory=dict)
     blocked: dict[str, str] = Field(default_factory=dict)
+    coupling: dict[str, int] = Field(
+        default_factory=dict,
+        description="structured name -> Conv2d/Linear layers whose outputs are pruned with it (1: internal "
+        "to its block; more: coupled, e.g. through a residual add).",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,9 +192,7 @@ def _attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, Attention
 
 
 def _has_attention(model: nn.Module) -> bool:
-    return any(
-        type(m).__name__ in ATTENTION_SPECS or isinstance(m, nn.MultiheadAttention) for m in model.modules()
-    )
+    return any(type(m).__name__ in ATTENTION_SPECS or isinstance(m, nn.MultiheadAttention) for m in model.modules())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,10 +263,7 @@ _Snapshot = list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]
 
 def _snapshot(model: nn.Module) -> _Snapshot:
     """References to every module's state; valid because pruning replaces tensors instead of editing them."""
-    return [
-        (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
-        for m in model.modules()
-    ]
+    return [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in model.modules()]
 
 
 def _restore(snapshot: _Snapshot) -> None:
@@ -466,18 +464,20 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     for name in _prunable_names(ctx):
         module = ctx.model.get_submodule(name)
         issue = _static_issue(ctx, module)
+        group = None
         if issue is None:
             try:
-                issue = _group_issue(ctx, module, _full_group(ctx, module))
+                group = _full_group(ctx, module)
+                issue = _group_issue(ctx, module, group)
             except Exception as exc:
                 issue = f"dependency graph cannot group it: {_one_line(exc)}"
         if issue is None:
             result.structured.append(name)
+            result.coupling[name] = sum(isinstance(m, _PRUNABLE_TYPES) for m in _group_out_modules(ctx, group))
         else:
             result.blocked[name] = issue
     result.heads = {
-        name: int(getattr(module, spec.heads_attr))
-        for name, (module, spec) in _attention_modules(model).items()
+        name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in _attention_modules(model).items()
     }
     return result
 
@@ -551,9 +551,7 @@ def _apply_structured(
     for name in [n for n in _prunable_names(ctx) if regex.search(n)]:
         module = ctx.model.get_submodule(name)
         if module in claimed:
-            skipped.append(
-                SkippedPruning(target=name, reason=f"output channels already pruned with {claimed[module]}")
-            )
+            skipped.append(SkippedPruning(target=name, reason=f"output channels already pruned with {claimed[module]}"))
             continue
         snap = _snapshot(ctx.model)
         try:
@@ -597,9 +595,7 @@ def _apply_structured(
 # --------------------------------------------------------------------------------------------------
 
 
-def _head_scores(
-    module: nn.Module, spec: AttentionSpec, heads: int, importance: str, gen: torch.Generator
-) -> Any:
+def _head_scores(module: nn.Module, spec: AttentionSpec, heads: int, importance: str, gen: torch.Generator) -> Any:
     if importance not in HEAD_NORM_P:
         return torch.rand(heads, generator=gen)
     p = HEAD_NORM_P[importance]
@@ -767,14 +763,10 @@ def apply_pruning(
             else:
                 ctx.ensure_graph()
                 if not any(regex.search(n) for n in _prunable_names(ctx)):
-                    report.skipped.append(
-                        SkippedPruning(target=rec.layer, reason="no Conv2d/Linear module matches")
-                    )
+                    report.skipped.append(SkippedPruning(target=rec.layer, reason="no Conv2d/Linear module matches"))
                     continue
                 snap, claimed_before = _snapshot(model), dict(claimed)
-                applied, skipped = _apply_structured(
-                    ctx, rec, regex, round_to, imp, claimed, verify_each=False
-                )
+                applied, skipped = _apply_structured(ctx, rec, regex, round_to, imp, claimed, verify_each=False)
                 problem = _check_forward(model, example_inputs, ctx.num_classes) if applied else None
                 if problem:
                     logger.warning(
@@ -784,9 +776,7 @@ def apply_pruning(
                     claimed.clear()
                     claimed.update(claimed_before)
                     ctx.rebuild()
-                    applied, skipped = _apply_structured(
-                        ctx, rec, regex, round_to, imp, claimed, verify_each=True
-                    )
+                    applied, skipped = _apply_structured(ctx, rec, regex, round_to, imp, claimed, verify_each=True)
             if applied:
                 report.applied.append(applied)
             report.skipped.extend(skipped)

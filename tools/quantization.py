@@ -13,7 +13,7 @@ import logging
 import re
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, Field
@@ -98,7 +98,7 @@ class TorchAODynamicBackend:
             return quantize_dynamic(model.cpu().eval(), qconfig_spec=spec, inplace=False)
 
     @staticmethod
-    def _dynamic_linears(qmodel: nn.Module) -> Iterable[tuple[str, nn.Module]]:
+    def _dynamic_linears(qmodel: nn.Module) -> Iterable[tuple[str, Any]]:
         from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
         return ((name, m) for name, m in qmodel.named_modules() if isinstance(m, DynamicLinear))

@@ -21,16 +21,24 @@ def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
     info = state["model_info"]
     rounds = [
         {
-            "round": r["round"], "source": r["source"], "plan": r["plan"], "planner_state": r.get("planner_state"),
-            "metrics": metrics_view(r["metrics"]), "accuracy_drop_points": r.get("accuracy_drop_points"),
-            "within_budget": r["within_budget"], "prune_report": r.get("prune_report"),
+            "round": r["round"],
+            "source": r["source"],
+            "plan": r["plan"],
+            "planner_state": r.get("planner_state"),
+            "metrics": metrics_view(r["metrics"]),
+            "accuracy_drop_points": r.get("accuracy_drop_points"),
+            "within_budget": r["within_budget"],
+            "prune_report": r.get("prune_report"),
         }
         for r in state.get("rounds") or []
     ]
     return {
         "model": {**info, "input_shape": state.get("input_shape")},
-        "dataset": {"spec": state.get("dataset"), "split": state.get("dataset_split"),
-                    "label_match": state.get("label_match")},
+        "dataset": {
+            "spec": state.get("dataset"),
+            "split": state.get("dataset_split"),
+            "label_match": state.get("label_match"),
+        },
         "baseline": metrics_view(state.get("baseline")),
         "pruned": metrics_view(state.get("pruned")),
         "quantized": metrics_view(state.get("quantized")),
@@ -72,11 +80,19 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     if report["untrained"]:
         lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
-    lines += ["", "## Summary", "",
-              "| model | accuracy | Δacc (pts) | params | MACs | latency (batch 1) | speed-up | memory (MB) | memory saved |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for key, label in (("baseline", "original"), ("pruned", "best pruned"), ("quantized", "pruned + quantized"),
-                       ("quantized_original", "original quantized")):
+    lines += [
+        "",
+        "## Summary",
+        "",
+        "| model | accuracy | Δacc (pts) | params | MACs | latency (batch 1) | speed-up | memory (MB) | memory saved |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, label in (
+        ("baseline", "original"),
+        ("pruned", "best pruned"),
+        ("quantized", "pruned + quantized"),
+        ("quantized_original", "original quantized"),
+    ):
         m = report.get(key)
         if not m:
             continue
@@ -90,21 +106,31 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     pruned = report.get("pruned")
     if pruned is not None and pruned.get("within_budget") is False:
-        lines += ["", "**No pruned candidate stayed within the accuracy budget: 'best pruned' is the original.**"]
+        lines += [
+            "",
+            "**No pruned candidate stayed within the accuracy budget: 'best pruned' is the original.**",
+        ]
     lines += ["", "## Plan (analysis agent)", "", f"source: {report['plan'].get('source')}", ""]
     for rec in report["plan"].get("pruning_recommendations", []):
-        lines.append(f"- prune `{rec['layer']}` ({rec['pruning_type']}, ratio {rec['pruning_ratio']}): "
-                     f"{rec['justification']}")
+        lines.append(
+            f"- prune `{rec['layer']}` ({rec['pruning_type']}, ratio {rec['pruning_ratio']}): {rec['justification']}"
+        )
     for rec in report["plan"].get("quantization_recommendations", []):
         lines.append(f"- quantize `{rec['layer']}` ({rec['quantization_type']} {rec['dtype']}): {rec['justification']}")
     if report["rounds"]:
-        lines += ["", "## Pruning rounds", "",
-                  "| round | source | accuracy | Δacc (pts) | params | latency | within budget | plan |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Pruning rounds",
+            "",
+            "| round | source | accuracy | Δacc (pts) | params | latency | within budget | plan |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in report["rounds"]:
             m = r["metrics"]
-            plan = ", ".join(f"{p['pruning_type']} {p['layer']} {p['pruning_ratio']}"
-                             for p in r["plan"].get("pruning_recommendations", []))
+            plan = ", ".join(
+                f"{p['pruning_type']} {p['layer']} {p['pruning_ratio']}"
+                for p in r["plan"].get("pruning_recommendations", [])
+            )
             drop = r.get("accuracy_drop_points")
             lines.append(
                 f"| {r['round']} | {r['source']} | {_fmt_acc(m.get('accuracy'))} | "
@@ -113,8 +139,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
     profile = report.get("profile") or {}
     if profile.get("top_groups"):
-        lines += ["", "## Profile: most expensive layer groups", "", "| layer group | latency share | MACs share |",
-                  "|---|---|---|"]
+        lines += [
+            "",
+            "## Profile: most expensive layer groups",
+            "",
+            "| layer group | latency share | MACs share |",
+            "|---|---|---|",
+        ]
         for g in profile["top_groups"]:
             lines.append(f"| `{g['pattern']}` | {100 * g['latency_share']:.1f}% | {100 * g['macs_share']:.1f}% |")
     if report["notes"]:

@@ -46,8 +46,10 @@ def _x() -> torch.Tensor:
 
 def test_pruned_vit_reloads_with_identical_outputs(vit_original: Path, tmp_path: Path) -> None:
     model = load_original(vit_original).model
-    recs = [PruningRecommendation(layer=r"attention$", pruning_type="head", pruning_ratio=0.5),
-            PruningRecommendation(layer=r"mlp\.fc1$", pruning_type="structured", pruning_ratio=0.5)]
+    recs = [
+        PruningRecommendation(layer=r"attention$", pruning_type="head", pruning_ratio=0.5),
+        PruningRecommendation(layer=r"mlp\.fc1$", pruning_type="structured", pruning_ratio=0.5),
+    ]
     report = apply_pruning(model, recs, _x())
     assert report.params_after < report.params_before
     out = save_compressed(model, tmp_path / "pruned", base_dir=vit_original, kind="pruned", recipe={})
@@ -60,10 +62,21 @@ def test_pruned_vit_reloads_with_identical_outputs(vit_original: Path, tmp_path:
 
 def test_pruned_then_quantized_reloads_as_deployed(vit_original: Path, tmp_path: Path) -> None:
     model = load_original(vit_original).model
-    apply_pruning(model, [PruningRecommendation(layer=r"mlp\.fc1$", pruning_type="structured", pruning_ratio=0.25)], _x())
+    apply_pruning(
+        model,
+        [PruningRecommendation(layer=r"mlp\.fc1$", pruning_type="structured", pruning_ratio=0.25)],
+        _x(),
+    )
     qmodel, report = quantize(model, [QuantizationRecommendation(layer="all")])
-    out = save_compressed(qmodel, tmp_path / "q", base_dir=vit_original, kind="quantized", recipe={},
-                          quant_report=report, float_model=model)
+    out = save_compressed(
+        qmodel,
+        tmp_path / "q",
+        base_dir=vit_original,
+        kind="quantized",
+        recipe={},
+        quant_report=report,
+        float_model=model,
+    )
     reloaded = load_compressed(out)
     with torch.inference_mode():
         assert torch.equal(reloaded(_x()).logits, qmodel(_x()).logits)
@@ -76,8 +89,9 @@ def test_pruned_resnet_reloads(tmp_path: Path) -> None:
     original = save_original(acquire_model(str(src)), tmp_path / "original")
     model = load_original(original).model
     x = torch.randn(1, 3, 32, 32)
-    report = apply_pruning(model, [PruningRecommendation(layer=r"convolution$", pruning_type="structured",
-                                                         pruning_ratio=0.5)], x)
+    report = apply_pruning(
+        model, [PruningRecommendation(layer=r"convolution$", pruning_type="structured", pruning_ratio=0.5)], x
+    )
     assert report.applied
     out = save_compressed(model, tmp_path / "pruned", base_dir=original, kind="pruned", recipe={})
     with torch.inference_mode():

@@ -182,9 +182,7 @@ def test_missing_image_column(tmp_path: Path) -> None:
     path = tmp_path / "no_image"
     datasets.Dataset.from_dict(
         {"text": ["a", "b"], "label": [0, 1]},
-        features=datasets.Features(
-            {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["x", "y"])}
-        ),
+        features=datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["x", "y"])}),
     ).save_to_disk(str(path))
     with pytest.raises(DatasetError, match="no image column"):
         load_eval_dataset(str(path))

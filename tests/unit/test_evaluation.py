@@ -76,9 +76,7 @@ def known() -> tuple[EvalDataset, LabelMatch]:
 @pytest.mark.parametrize("batch_size", [1, 3, 8, 100])
 def test_accuracy_known_and_batch_independent(known: tuple[EvalDataset, LabelMatch], batch_size: int) -> None:
     data, match = known
-    accuracy, counted = evaluate_accuracy(
-        MeanColour(), preprocess, data, match, batch_size=batch_size, progress=False
-    )
+    accuracy, counted = evaluate_accuracy(MeanColour(), preprocess, data, match, batch_size=batch_size, progress=False)
     assert counted == 8
     assert accuracy == pytest.approx(0.75)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from agents.planners import PlanningContext, RoundRecord, RulesPlanner, get_planner, name_pattern
+from agents.planners import PlanningContext, RoundRecord, RulesPlanner, exact_pattern, get_planner, name_pattern
 from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile, OptimizationPlan
 
 
@@ -12,27 +12,67 @@ def _vit_profile() -> tuple[ModelProfile, dict]:
     layers, groups = [], []
     for i in range(2):
         for name, out, params, share in (
-            ("attention.q_proj", 32, 32 * 32 + 32, 0.05), ("attention.o_proj", 32, 32 * 32 + 32, 0.05),
-            ("mlp.fc1", 128, 32 * 128 + 128, 0.2), ("mlp.fc2", 32, 128 * 32 + 32, 0.15),
+            ("attention.q_proj", 32, 32 * 32 + 32, 0.05),
+            ("attention.o_proj", 32, 32 * 32 + 32, 0.05),
+            ("mlp.fc1", 128, 32 * 128 + 128, 0.2),
+            ("mlp.fc2", 32, 128 * 32 + 32, 0.15),
         ):
-            layers.append(LayerProfile(name=f"vit.layers.{i}.{name}", type="Linear", params=params,
-                                       latency_share=share, output_shape=[1, 17, out]))
-    for name, share in (("attention.q_proj", 0.1), ("attention.o_proj", 0.1), ("mlp.fc1", 0.4), ("mlp.fc2", 0.3)):
-        groups.append(LayerGroupProfile(pattern=name_pattern(f"vit.layers.0.{name}"), type="Linear", count=2,
-                                        params=100, macs=100, latency_s=share, latency_share=share,
-                                        macs_share=share, params_share=share))
-    profile = ModelProfile(model_class="ViTForImageClassification", family="vit", device="cpu",
-                           input_shape=[3, 16, 16], total_params=1000, total_macs=1000, latency_s=0.01,
-                           layers=layers, groups=groups)
-    prunable = {"structured": [layer.name for layer in layers], "heads": {"vit.layers.0.attention": 4,
-                                                                       "vit.layers.1.attention": 4}}
+            layers.append(
+                LayerProfile(
+                    name=f"vit.layers.{i}.{name}",
+                    type="Linear",
+                    params=params,
+                    latency_share=share,
+                    output_shape=[1, 17, out],
+                )
+            )
+    for name, share in (
+        ("attention.q_proj", 0.1),
+        ("attention.o_proj", 0.1),
+        ("mlp.fc1", 0.4),
+        ("mlp.fc2", 0.3),
+    ):
+        groups.append(
+            LayerGroupProfile(
+                pattern=name_pattern(f"vit.layers.0.{name}"),
+                type="Linear",
+                count=2,
+                params=100,
+                macs=100,
+                latency_s=share,
+                latency_share=share,
+                macs_share=share,
+                params_share=share,
+            )
+        )
+    profile = ModelProfile(
+        model_class="ViTForImageClassification",
+        family="vit",
+        device="cpu",
+        input_shape=[3, 16, 16],
+        total_params=1000,
+        total_macs=1000,
+        latency_s=0.01,
+        layers=layers,
+        groups=groups,
+    )
+    prunable = {
+        "structured": [layer.name for layer in layers if layer.name.endswith("fc1")],
+        "coupling": {layer.name: 1 for layer in layers if layer.name.endswith("fc1")},
+        "heads": {"vit.layers.0.attention": 4, "vit.layers.1.attention": 4},
+    }
     return profile, prunable
 
 
 def _ctx(history: list[RoundRecord] | None = None) -> PlanningContext:
     profile, prunable = _vit_profile()
-    return PlanningContext(profile=profile, prunable=prunable, baseline_accuracy=0.9, max_accuracy_drop=1.0,
-                           history=history or [])
+    return PlanningContext(
+        profile=profile,
+        prunable=prunable,
+        baseline_accuracy=0.9,
+        max_accuracy_drop=1.0,
+        history=history or [],
+    )
 
 
 def test_name_pattern_selects_siblings_only() -> None:
@@ -57,8 +97,16 @@ def test_plans_are_deterministic() -> None:
 
 
 def _record(i: int, level: float, ok: bool) -> RoundRecord:
-    return RoundRecord(round=i, plan=OptimizationPlan(), source="rules", accuracy=0.9 if ok else 0.5, params=10,
-                       latency_s=0.1, within_budget=ok, planner_state={"level": level})
+    return RoundRecord(
+        round=i,
+        plan=OptimizationPlan(),
+        source="rules",
+        accuracy=0.9 if ok else 0.5,
+        params=10,
+        latency_s=0.1,
+        within_budget=ok,
+        planner_state={"level": level},
+    )
 
 
 def _level(history: list[RoundRecord]) -> float:
@@ -79,3 +127,18 @@ def test_prunes_more_while_within_budget_and_backs_off_after_a_drop() -> None:
 
 def test_registry() -> None:
     assert get_planner("rules").name == "rules"
+
+
+def test_exact_pattern_separates_internal_from_residual_convolutions() -> None:
+    universe = [
+        f"resnet.encoder.stages.{s}.layers.{b}.layer.{i}.convolution"
+        for s in range(2)
+        for b in range(3)
+        for i in range(3)
+    ]
+    internal = [n for n in universe if not n.endswith("layer.2.convolution")]
+    pattern = exact_pattern(internal, universe)
+    assert {n for n in universe if re.search(pattern, n)} == set(internal)
+    assert "(?:0|1)" in pattern
+    odd = universe[:2] + universe[7:8]
+    assert {n for n in universe if re.search(exact_pattern(odd, universe), n)} == set(odd)

@@ -72,9 +72,7 @@ def _tiny_resnet() -> nn.Module:
 def _tiny_swin() -> nn.Module:
     from transformers import SwinConfig, SwinForImageClassification
 
-    config = SwinConfig(
-        image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4
-    )
+    config = SwinConfig(image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)
     config.num_labels = 10
     return SwinForImageClassification(config).eval()
 
@@ -94,9 +92,7 @@ def x() -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def vit_profile(
-    models: dict[str, nn.Module], x: torch.Tensor, tmp_path_factory: pytest.TempPathFactory
-) -> Any:
+def vit_profile(models: dict[str, nn.Module], x: torch.Tensor, tmp_path_factory: pytest.TempPathFactory) -> Any:
     trace = tmp_path_factory.mktemp("trace") / "sub" / "trace.json"
     return profile_model(models["vit"], x, family="vit", warmup=1, iters=2, trace_path=trace), trace
 
@@ -291,9 +287,7 @@ def test_profile_model_vit(vit_profile: Any, models: dict[str, nn.Module]) -> No
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
-def test_profile_model_leaves_model_unchanged(
-    models: dict[str, nn.Module], x: torch.Tensor, name: str
-) -> None:
+def test_profile_model_leaves_model_unchanged(models: dict[str, nn.Module], x: torch.Tensor, name: str) -> None:
     model = models[name]
     model.train()  # the training flag must survive
     model.eval()

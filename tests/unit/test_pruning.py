@@ -222,9 +222,7 @@ def test_coupled_group_is_pruned_once(x: torch.Tensor) -> None:
 def test_structured_resnet_convs(layer_type: str, x: torch.Tensor) -> None:
     model = resnet(layer_type)
     before = logits(model, x).shape
-    report = apply_pruning(
-        model, [rec(r"encoder\.stages\.\d+\.layers\.\d+\.layer\.\d+\.convolution", 0.5)], x
-    )
+    report = apply_pruning(model, [rec(r"encoder\.stages\.\d+\.layers\.\d+\.layer\.\d+\.convolution", 0.5)], x)
     check_runs(model, x, report)
     assert logits(model, x).shape == before
     assert report.params_after < report.params_before
@@ -413,9 +411,7 @@ def test_head_pruning_keeps_one_head_and_ranks_by_norm(x: torch.Tensor) -> None:
 
 def test_heads_then_structured_in_one_call(x: torch.Tensor) -> None:
     model = swin()
-    report = apply_pruning(
-        model, [rec("attention", 0.5, "head"), rec(r"fc1", 0.5), rec("classifier", 0.5)], x
-    )
+    report = apply_pruning(model, [rec("attention", 0.5, "head"), rec(r"fc1", 0.5), rec("classifier", 0.5)], x)
     check_runs(model, x, report)
     assert [a.pruning_type for a in report.applied] == ["head", "structured"]
     assert report.skipped[-1].target == "classifier"

@@ -20,9 +20,11 @@ def test_all_selects_every_linear_classifier_included() -> None:
 
 def test_regex_and_override_order() -> None:
     model = tiny_vit()
-    recs = [QuantizationRecommendation(layer="all", dtype="qint8"),
-            QuantizationRecommendation(layer=r"mlp\.fc\d", dtype="float16"),
-            QuantizationRecommendation(layer="nothing-matches")]
+    recs = [
+        QuantizationRecommendation(layer="all", dtype="qint8"),
+        QuantizationRecommendation(layer=r"mlp\.fc\d", dtype="float16"),
+        QuantizationRecommendation(layer="nothing-matches"),
+    ]
     targets, unmatched = resolve_targets(model, recs)
     assert targets["vit.layers.0.mlp.fc1"] == "float16"
     assert targets["vit.layers.0.attention.q_proj"] == "qint8"
