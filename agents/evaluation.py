@@ -11,6 +11,7 @@ from agents.common import accuracy_drop_points, add_notes, paths, settings, shap
 from graph.context import Context
 from graph.state import State
 from tools import ops
+from tools.artifacts import atomic_write_json
 from tools.schemas import Metrics
 
 
@@ -68,6 +69,7 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "accuracy_drop_points": drop,
         "within_budget": within_budget(drop, ctx.max_accuracy_drop),
     }
+    atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log
     rounds = [r for r in state.get("rounds") or [] if r["round"] != record["round"]] + [record]
     return {"rounds": rounds, "pending_round": None}
 

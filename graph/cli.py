@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.debug:
         _quiet_libraries()
+    if not args.verbose:
+        for name in ("huggingface_hub", "transformers", "datasets", "httpx"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -215,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not isinstance(exc, ValueError | OSError):  # not a known bad input: say where to look
+            message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0

@@ -87,9 +87,22 @@ def start_run(
         RunPaths(run_dir).settings,
         {"thread_id": thread_id, "input": inputs, "context": ctx.to_dict(), **(extra or {})},
     )
-    with checkpointed_graph(run_dir) as graph:
-        _stream(graph, inputs, thread_id, ctx, on_update)
+    try:
+        with checkpointed_graph(run_dir) as graph:
+            _stream(graph, inputs, thread_id, ctx, on_update)
+    except BaseException:
+        if not RunPaths(run_dir).original.exists():
+            _forget_run(run_dir)  # nothing was computed: leave the dir free for a corrected command
+        raise
     return finished_report(run_dir)
+
+
+def _forget_run(run_dir: Path) -> None:
+    paths = RunPaths(run_dir)
+    for path in (paths.settings, *run_dir.glob(f"{paths.checkpoints.name}*")):
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()  # only if empty
 
 
 def load_settings(run_dir: Path) -> dict[str, Any]:

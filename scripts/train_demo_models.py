@@ -64,6 +64,9 @@ class TrainSettings:
     max_rotation_deg: float = 10.0
     max_scale: float = 0.1
     max_shift_px: float = 3.0
+    head_drop: float = 0.0
+    channel_drop: float = 0.0
+    group_l1: float = 0.0
 
 
 VIT_SETTINGS = TrainSettings(epochs=60, lr=2e-3, weight_decay=0.05)
@@ -203,6 +206,32 @@ def train(
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    handles = install_structured_dropout(model, settings.head_drop, settings.channel_drop)
+    groups = prunable_groups(model)
+    # CPU SDPA backward is slow for these shapes; eager attention is the same maths.
+    attn_implementation = getattr(model.config, "_attn_implementation", None)
+    if hasattr(model, "vit"):
+        model.set_attn_implementation("eager")
+    try:
+        _epochs(model, pixels, labels, settings, generator, optimizer, scheduler, groups, on_epoch)
+    finally:
+        for handle in handles:
+            handle.remove()
+        if hasattr(model, "vit") and attn_implementation is not None:
+            model.set_attn_implementation(attn_implementation)
+
+
+def _epochs(
+    model: nn.Module,
+    pixels: torch.Tensor,
+    labels: torch.Tensor,
+    settings: TrainSettings,
+    generator: torch.Generator,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    groups: list[torch.Tensor],
+    on_epoch: Callable[[int, float], None] | None,
+) -> None:
     for epoch in range(settings.epochs):
         model.train()
         order = torch.randperm(len(labels), generator=generator)
@@ -211,14 +240,75 @@ def train(
             idx = order[start : start + settings.batch_size]
             x = augment(pixels[idx], settings, generator)
             loss = F.cross_entropy(logits_of(model, x), labels[idx], label_smoothing=settings.label_smoothing)
+            running += float(loss.detach()) * len(idx)
+            if settings.group_l1 > 0:
+                loss = loss + settings.group_l1 * sum(g.norm(dim=1).sum() for g in group_views(groups))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            running += float(loss) * len(idx)
         if on_epoch is not None:
             on_epoch(epoch, running / len(labels))
+
+
+# --- regularisers towards prunable structure (training only; nothing of them is saved) ----------
+
+
+def _drop_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
+    return (torch.rand(shape) >= p).float() / (1 - p)
+
+
+def install_structured_dropout(model: nn.Module, head_drop: float, channel_drop: float) -> list[Any]:
+    """Hooks that, in training mode, drop whole attention heads / MLP hidden channels / inner conv channels."""
+    handles: list[Any] = []
+
+    def drop_heads(head_dim: int) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], Any]:
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+            if not module.training or head_drop <= 0:
+                return None
+            x = args[0]
+            n_heads = x.shape[-1] // head_dim
+            mask = _drop_mask((x.shape[0], 1, n_heads, 1), head_drop)
+            return (x.view(*x.shape[:-1], n_heads, head_dim).mul(mask).view_as(x), *args[1:])
+
+        return hook
+
+    def drop_channels(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+        if not module.training or channel_drop <= 0:
+            return None
+        x = args[0]
+        shape = (x.shape[0], *([1] * (x.ndim - 2)), x.shape[-1]) if x.ndim == 3 else (*x.shape[:2], 1, 1)
+        return (x * _drop_mask(shape, channel_drop), *args[1:])
+
+    if hasattr(model, "vit"):
+        for layer in model.vit.layers:
+            hook = drop_heads(layer.attention.head_dim)
+            handles.append(layer.attention.o_proj.register_forward_pre_hook(hook))
+            handles.append(layer.mlp.fc2.register_forward_pre_hook(drop_channels))
+    else:
+        for stage in model.resnet.encoder.stages:
+            for block in stage.layers:
+                handles.append(block.layer[1].register_forward_pre_hook(drop_channels))
+    return handles
+
+
+def prunable_groups(model: nn.Module) -> list[torch.Tensor]:
+    """Weights whose rows a structured pruner removes together (for a group-lasso penalty)."""
+    groups: list[torch.Tensor] = []
+    if hasattr(model, "vit"):
+        for layer in model.vit.layers:
+            groups.append(layer.mlp.fc1.weight)
+            groups.extend(layer.attention.get_submodule(p).weight for p in ("q_proj", "k_proj", "v_proj"))
+    else:
+        for stage in model.resnet.encoder.stages:
+            for block in stage.layers:
+                groups.append(block.layer[0].convolution.weight)
+    return groups
+
+
+def group_views(groups: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [g.reshape(g.shape[0], -1) for g in groups]
 
 
 # --- robustness probes (on copies) -------------------------------------------------------------

@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Tiny test models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP barriers
+# make every op wait for a descheduled thread: one thread keeps the suite fast and steady.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("PROFILING_AGENT_PROGRESS", "false")
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PROFILING_AGENT_SHARED", REPO.parent / "shared"))

@@ -18,7 +18,7 @@ from graph.runner import RunError, checkpointed_graph, resume_run, run_status, s
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
 
-SETTINGS = ["--iterations", "3", "--eval-samples", "40", "--batch-size", "20", "--no-progress"]
+SETTINGS = ["--iterations", "3", "--eval-samples", "300", "--batch-size", "20", "--no-progress"]
 
 
 @pytest.fixture(scope="module")

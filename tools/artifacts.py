@@ -68,13 +68,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def size_mb(path: Path) -> float:
-    """Size in 10^6 bytes of a file, or of every file under a directory."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
-    return path.stat().st_size / 1e6
-
-
 def is_complete(artifact_dir: Path) -> bool:
     """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
     return (artifact_dir / META_FILE).is_file() and (artifact_dir / WEIGHTS_FILE).is_file()

@@ -43,6 +43,7 @@ from torch import nn
 from tqdm import tqdm
 
 from tools.datasets import EvalDataset
+from tools.models import logits_of
 
 logger = logging.getLogger(__name__)
 
@@ -268,16 +269,10 @@ def _preview(names: Sequence[str], limit: int = 5) -> str:
 
 
 def _logits_of(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
-        return output["logits"]
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise EvaluationError(f"cannot find logits in a model output of type {type(output).__name__}")
+    try:
+        return logits_of(output)
+    except TypeError as exc:
+        raise EvaluationError(str(exc)) from exc
 
 
 def _as_batch(prepared: Any) -> torch.Tensor:

@@ -12,7 +12,7 @@ Sources (tried in order, first that ``accepts`` the spec wins):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,14 +133,46 @@ def _load_builtin(spec: str) -> LoadedModel:
     )
 
 
-def _load_pretrained(spec: str, source: str) -> LoadedModel:
-    from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (no retries, no long waits)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _read_config(spec: str, source: str) -> Any:
+    """The model's config: local files first, then the hub if it can be reached (failing fast if not)."""
+    from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(spec)
+        return AutoConfig.from_pretrained(spec, local_files_only=True)
     except Exception as exc:  # transformers raises OSError/ValueError/HF errors here
-        where = "directory" if Path(spec).exists() else "model id (hub unreachable or id unknown)"
-        raise ModelLoadError(f"cannot read a model config from {where} {spec!r}: {_first_line(exc)}") from exc
+        if source != "hub":
+            raise ModelLoadError(f"cannot read a model config from directory {spec!r}: {_first_line(exc)}") from exc
+    if not hub_reachable():
+        raise ModelLoadError(
+            f"model {spec!r} is not a local directory, not in the Hugging Face cache, and the hub cannot be "
+            "reached: pass a save_pretrained directory or check the network"
+        )
+    try:
+        return AutoConfig.from_pretrained(spec)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load {spec!r} from the Hugging Face hub: {_first_line(exc)}") from exc
+
+
+def _load_pretrained(spec: str, source: str) -> LoadedModel:
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    config = _read_config(spec, source)
     try:
         model = AutoModelForImageClassification.from_pretrained(spec, config=config)
     except ValueError as exc:
@@ -252,12 +284,14 @@ def build_preprocess(
 
 
 def logits_of(output: Any) -> torch.Tensor:
-    """Logits from a model output: a tensor, a HF ModelOutput, or a tuple."""
+    """Logits from a model output: a tensor, a HF ModelOutput, a dict with ``logits``, or a tuple."""
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
     if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise TypeError(f"cannot find logits in a model output of type {type(output).__name__}")

@@ -26,7 +26,6 @@ from tools.artifacts import (
     read_json,
     save_compressed,
     save_original,
-    size_mb,
 )
 from tools.models import (
     LoadedModel,
@@ -268,7 +267,13 @@ def evaluate(
     desc: str = "evaluate",
 ) -> Metrics:
     """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
-    from tools.evaluation import LabelMatch, evaluate_accuracy, measure_latency, measure_throughput
+    from tools.evaluation import (
+        LabelMatch,
+        evaluate_accuracy,
+        file_size_mb,
+        measure_latency,
+        measure_throughput,
+    )
 
     loaded = load_original(original_dir)
     meta = read_json(artifact_dir / "artifact.json")
@@ -303,7 +308,7 @@ def evaluate(
         macs=_macs(float_model.cpu(), shape),
         latency_s=latency,
         throughput_ips=throughput,
-        memory_mb=round(size_mb(artifact_dir / "model.safetensors"), 4),
+        memory_mb=round(file_size_mb(artifact_dir / "model.safetensors"), 4),
         artifact=str(artifact_dir),
         samples=counted,
     )

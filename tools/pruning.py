@@ -56,6 +56,7 @@ import torch_pruning as tp
 from pydantic import BaseModel, Field
 from torch import nn
 
+from tools.models import logits_of
 from tools.schemas import PruningRecommendation
 
 logger = logging.getLogger(__name__)
@@ -208,21 +209,8 @@ def _call(model: nn.Module, inputs: Any) -> Any:
     return model(*inputs)
 
 
-def _logits(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
-        return output["logits"]
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(f"cannot find logits in a model output of type {type(output).__name__}")
-
-
 def _forward_logits(model: nn.Module, inputs: Any) -> torch.Tensor:
-    return _logits(_call(model, inputs))
+    return logits_of(_call(model, inputs))
 
 
 def _input_tensors(inputs: Any) -> list[torch.Tensor]:

@@ -1,0 +1,241 @@
+"""Check a plan against what the pruner and quantizer can act on, before running it.
+
+:func:`validate_plan` returns precise, self-contained messages (empty list: valid), meant to be sent back
+to an LLM that wrote the plan. :func:`repair_plan` makes a plan valid without asking anyone: it clamps
+ratios and drops the recommendations that cannot be applied.
+
+What is checked:
+
+* every pruning regex compiles and selects at least one prunable module of its type: for ``structured``
+  a name in ``prunable["structured"]``; for ``head`` an attention module of ``prunable["heads"]`` or one of
+  its q/k/v/o projections (as ``tools.pruning`` matches them);
+* ``head`` only where the model has head-prunable attention modules;
+* ``pruning_ratio`` in ``[0, ctx.max_ratio]``;
+* no pruning regex selects the classifier (a ``prunable["blocked"]`` module whose reason names the
+  classifier / output head);
+* no module is selected by two recommendations of the same type (the pruner would skip the second for
+  structured pruning, and compound the ratios for heads);
+* quantization: ``layer`` is ``all`` or a regex that compiles and selects at least one module name
+  (``model_layer_names``, else the profile's ``nn.Linear`` layers);
+* optionally (``require_pruning``), that the plan prunes something when something is prunable.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agents.planners import PlanningContext
+from agents.prompts import is_classifier_reason
+from tools.profiling import name_pattern
+from tools.pruning import ATTENTION_SPECS
+from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["repair_plan", "validate_plan"]
+
+_PROJECTIONS = sorted({p for spec in ATTENTION_SPECS.values() for p in spec.projections})
+_MAX_LISTED = 4
+
+
+def _listing(items: Sequence[str], limit: int = _MAX_LISTED) -> str:
+    shown = ", ".join(repr(i) for i in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+@dataclass
+class _Universe:
+    """Names a plan may select, from the planning context."""
+
+    model_class: str
+    structured: list[str]
+    heads: dict[str, int]
+    blocked: dict[str, str]
+    classifier: list[str]
+    quant_names: list[str]
+    head_candidates: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ctx: PlanningContext, model_layer_names: Sequence[str] | None) -> _Universe:
+        prunable = ctx.prunable
+        heads: dict[str, int] = dict(prunable.get("heads") or {})
+        blocked: dict[str, str] = dict(prunable.get("blocked") or {})
+        names = (
+            list(model_layer_names)
+            if model_layer_names is not None
+            else [lp.name for lp in ctx.profile.layers if lp.type == "Linear"]
+        )
+        return cls(
+            model_class=ctx.profile.model_class,
+            structured=list(prunable.get("structured") or []),
+            heads=heads,
+            blocked=blocked,
+            classifier=[n for n, reason in blocked.items() if is_classifier_reason(reason)],
+            quant_names=names,
+            head_candidates={h: [h, *(f"{h}.{p}" for p in _PROJECTIONS)] for h in heads},
+        )
+
+    def structured_patterns(self) -> list[str]:
+        return sorted({name_pattern(n) for n in self.structured})
+
+    def head_patterns(self) -> list[str]:
+        return sorted({name_pattern(n) for n in self.heads})
+
+
+def _compile(pattern: str) -> tuple[re.Pattern[str] | None, str | None]:
+    try:
+        return re.compile(pattern), None
+    except re.error as exc:
+        return None, str(exc)
+
+
+def _selected(rec: PruningRecommendation, rx: re.Pattern[str], u: _Universe) -> list[str]:
+    if rec.pruning_type == "head":
+        return [h for h, cands in u.head_candidates.items() if any(rx.search(c) for c in cands)]
+    return [n for n in u.structured if rx.search(n)]
+
+
+def _pruning_errors(
+    i: int, rec: PruningRecommendation, ctx: PlanningContext, u: _Universe, claimed: dict[tuple[str, str], int]
+) -> tuple[list[str], bool]:
+    """(errors, fatal): fatal errors make the recommendation unusable; the others (ratio) can be clamped."""
+    where = f"pruning_recommendations[{i}] ({rec.pruning_type}, layer {rec.layer!r})"
+    rx, problem = _compile(rec.layer)
+    if rx is None:
+        return [f"{where}: invalid regular expression: {problem}"], True
+    errors: list[str] = []
+    fatal = False
+    hits_classifier = [n for n in u.classifier if rx.search(n)]
+    if hits_classifier:
+        errors.append(
+            f"{where}: selects the classifier {_listing(hits_classifier)}, whose outputs are the logits and are "
+            "never pruned; anchor the pattern (^...$) so that it selects only the layers you mean"
+        )
+        fatal = True
+    if rec.pruning_type == "head" and not u.heads:
+        alternatives = u.structured_patterns()
+        hint = f"; use pruning_type 'structured' on {_listing(alternatives)}" if alternatives else ""
+        errors.append(f"{where}: {u.model_class} has no head-prunable attention modules{hint}")
+        return errors, True
+    selected = _selected(rec, rx, u)
+    if not selected:
+        fatal = True
+        if rec.pruning_type == "head":
+            errors.append(
+                f"{where}: matches no head-prunable attention module; head-prunable patterns: "
+                f"{_listing(u.head_patterns())}"
+            )
+        else:
+            blocked_hits = [n for n in u.blocked if rx.search(n) and n not in hits_classifier]
+            head_hits = [h for h, cands in u.head_candidates.items() if any(rx.search(c) for c in cands)]
+            if blocked_hits:
+                reasons = "; ".join(f"{n}: {u.blocked[n]}" for n in blocked_hits[:2])
+                more = f" (and {len(blocked_hits) - 2} more)" if len(blocked_hits) > 2 else ""
+                msg = f"{where}: selects only modules whose output channels cannot be pruned — {reasons}{more}"
+                if head_hits:
+                    msg += "; for attention use pruning_type 'head'"
+                errors.append(msg)
+            elif not hits_classifier:
+                patterns = u.structured_patterns()
+                listed = _listing(patterns) if patterns else "none (nothing is structured-prunable)"
+                errors.append(f"{where}: matches no structured-prunable module; structured-prunable patterns: {listed}")
+    else:
+        overlap = sorted({claimed[(rec.pruning_type, n)] for n in selected if (rec.pruning_type, n) in claimed})
+        if overlap:
+            errors.append(
+                f"{where}: selects modules already selected by pruning_recommendations[{overlap[0]}]; give each "
+                "module one recommendation per pruning type"
+            )
+            fatal = True
+        elif not fatal:
+            for n in selected:
+                claimed[(rec.pruning_type, n)] = i
+    if rec.pruning_ratio > ctx.max_ratio + 1e-9:
+        errors.append(f"{where}: pruning_ratio {rec.pruning_ratio:g} exceeds the maximum {ctx.max_ratio:g}")
+    elif rec.pruning_ratio < 0:
+        errors.append(f"{where}: pruning_ratio {rec.pruning_ratio:g} is negative")
+    return errors, fatal
+
+
+def _quantization_errors(i: int, rec: QuantizationRecommendation, u: _Universe) -> list[str]:
+    where = f"quantization_recommendations[{i}] (layer {rec.layer!r})"
+    errors = []
+    if rec.quantization_type != "dynamic":
+        errors.append(f"{where}: quantization_type must be 'dynamic'")
+    if rec.dtype not in ("qint8", "float16"):
+        errors.append(f"{where}: dtype must be 'qint8' or 'float16'")
+    if rec.layer == "all":
+        return errors
+    rx, problem = _compile(rec.layer)
+    if rx is None:
+        return [*errors, f"{where}: invalid regular expression: {problem}"]
+    if u.quant_names and not any(rx.search(n) for n in u.quant_names):
+        patterns = sorted({name_pattern(n) for n in u.quant_names})
+        errors.append(f"{where}: matches no nn.Linear module; use 'all' or a pattern such as {_listing(patterns)}")
+    return errors
+
+
+def _prunes_anything(ctx: PlanningContext) -> bool:
+    return bool(ctx.prunable.get("structured") or ctx.prunable.get("heads"))
+
+
+def validate_plan(
+    plan: OptimizationPlan,
+    ctx: PlanningContext,
+    model_layer_names: list[str] | None = None,
+    *,
+    require_pruning: bool = False,
+) -> list[str]:
+    """Every reason ``plan`` cannot be applied as written to the model of ``ctx``; empty when valid.
+
+    ``model_layer_names``: module names for the quantization check (default: the profile's Linear layers).
+    ``require_pruning``: a plan without pruning recommendations is an error when something is prunable.
+    """
+    u = _Universe.of(ctx, model_layer_names)
+    errors: list[str] = []
+    claimed: dict[tuple[str, str], int] = {}
+    for i, rec in enumerate(plan.pruning_recommendations):
+        errors.extend(_pruning_errors(i, rec, ctx, u, claimed)[0])
+    for i, qrec in enumerate(plan.quantization_recommendations):
+        errors.extend(_quantization_errors(i, qrec, u))
+    if require_pruning and not plan.pruning_recommendations and _prunes_anything(ctx):
+        errors.append(
+            "the plan has no pruning_recommendations; prune at least one of the head-prunable or "
+            "structured-prunable groups"
+        )
+    return errors
+
+
+def repair_plan(
+    plan: OptimizationPlan, ctx: PlanningContext, model_layer_names: list[str] | None = None
+) -> tuple[OptimizationPlan, list[str]]:
+    """A valid version of ``plan``: ratios clamped to ``ctx.max_ratio``, unusable recommendations dropped.
+
+    Returns the repaired plan and what was changed (empty when ``plan`` was valid).
+    """
+    u = _Universe.of(ctx, model_layer_names)
+    changes: list[str] = []
+    claimed: dict[tuple[str, str], int] = {}
+    pruning: list[PruningRecommendation] = []
+    for i, rec in enumerate(plan.pruning_recommendations):
+        errors, fatal = _pruning_errors(i, rec, ctx, u, claimed)
+        if fatal:
+            changes.append(f"dropped pruning_recommendations[{i}]: " + "; ".join(errors))
+            continue
+        if rec.pruning_ratio > ctx.max_ratio:
+            changes.append(f"clamped pruning_recommendations[{i}] ratio {rec.pruning_ratio:g} to {ctx.max_ratio:g}")
+            rec = rec.model_copy(update={"pruning_ratio": ctx.max_ratio})
+        pruning.append(rec)
+    quant: list[QuantizationRecommendation] = []
+    for i, qrec in enumerate(plan.quantization_recommendations):
+        errors = _quantization_errors(i, qrec, u)
+        if errors:
+            changes.append(f"dropped quantization_recommendations[{i}]: " + "; ".join(errors))
+            continue
+        quant.append(qrec)
+    if changes:
+        logger.info("repaired plan: %s", " | ".join(changes))
+    return OptimizationPlan(pruning_recommendations=pruning, quantization_recommendations=quant), changes

@@ -1,0 +1,488 @@
+"""Prompts of the LLM planner: pure functions from a profile (and earlier rounds) to strings.
+
+* :func:`analysis_messages` — the analysis agent: the profile summary P, what can be pruned and how,
+  the budget, the plan schema and the rules; the LLM answers with an ``OptimizationPlan``.
+* :func:`iteration_messages` — the paper's Algorithm 1: P, every earlier round (plan A_i and
+  evaluation E_i), and the request for the next pruning plan.
+* :func:`input_shape_messages` — the input-shape resolver: architectural metadata to ``{channels, height,
+  width}``.
+* :func:`retry_message` — the follow-up that sends validation errors back.
+
+Everything here is deterministic text built from the inputs; nothing calls a model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agents.planners import PlanningContext, RoundRecord, exact_pattern
+from tools.profiling import name_pattern
+from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
+
+__all__ = [
+    "ANALYSIS_SYSTEM",
+    "INPUT_SHAPE_SYSTEM",
+    "ITERATION_SYSTEM",
+    "analysis_messages",
+    "analysis_prompt",
+    "blocked_summary",
+    "input_shape_messages",
+    "input_shape_prompt",
+    "is_classifier_reason",
+    "iteration_messages",
+    "iteration_prompt",
+    "next_round",
+    "plan_schema_json",
+    "profile_summary",
+    "retry_message",
+]
+
+ANALYSIS_SYSTEM = (
+    "You are the analysis agent of ProfilingAgent, which compresses image classifiers. You read a model's "
+    "profile (per-layer latency, MACs and parameters, and what the pruner can act on) and write a layer-wise "
+    "optimization plan: structured channel pruning, attention-head pruning and post-training dynamic "
+    "quantization. Target what costs the most latency and can be removed safely. Answer with one JSON object "
+    "that matches the given schema and nothing else."
+)
+ITERATION_SYSTEM = (
+    "You are the iterative pruning agent of ProfilingAgent. Each round you read the model's profile, every "
+    "earlier pruning plan and its measured result, and write the next pruning plan: prune more while accuracy "
+    "stays within the budget, back off when a round breaks it, and never repeat a plan already tried. Answer "
+    "with one JSON object that matches the given schema and nothing else."
+)
+INPUT_SHAPE_SYSTEM = (
+    "You determine the input tensor shape of an image classifier from its architectural metadata. Answer with "
+    'one JSON object {"channels": int, "height": int, "width": int} and nothing else.'
+)
+
+_CLASSIFIER_WORDS = ("classifier", "output head")
+#: Config / processor fields that tell the input shape, shown first in the input-shape prompt.
+SHAPE_CONFIG_FIELDS = (
+    "model_type",
+    "architectures",
+    "image_size",
+    "input_size",
+    "num_channels",
+    "in_channels",
+    "patch_size",
+    "embed_dim",
+    "hidden_size",
+    "window_size",
+)
+SHAPE_PROCESSOR_FIELDS = (
+    "image_processor_type",
+    "size",
+    "crop_size",
+    "do_resize",
+    "do_center_crop",
+    "resample",
+    "image_mean",
+    "image_std",
+    "rescale_factor",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Formatting helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _int(value: int) -> str:
+    return f"{value:,}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.3f} ms"
+
+
+def is_classifier_reason(reason: str) -> bool:
+    """Whether a ``prunable["blocked"]`` reason says the module is (or feeds) the classifier's logits."""
+    text = reason.lower()
+    return any(word in text for word in _CLASSIFIER_WORDS)
+
+
+def _reason_category(reason: str) -> str:
+    """The reason without the module names: 'coupled to the residual stream / embedding channels', ..."""
+    head = re.split(r" \(| through | of |: prune", reason, maxsplit=1)[0].strip()
+    return head or reason
+
+
+def blocked_summary(blocked: Mapping[str, str]) -> list[tuple[str, int, str]]:
+    """(pattern, count, reason category) for the blocked modules, grouped like the profile's groups."""
+    grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for name, reason in blocked.items():
+        grouped[(name_pattern(name), _reason_category(reason))].append(name)
+    return sorted(
+        ((p, len(m), r) for (p, r), m in grouped.items()), key=lambda t: (not is_classifier_reason(t[2]), t[0])
+    )
+
+
+def _members(group: LayerGroupProfile, names: Iterable[str]) -> list[str]:
+    try:
+        rx = re.compile(group.pattern)
+    except re.error:
+        return []
+    return [n for n in names if rx.search(n)]
+
+
+def _group_status(group: LayerGroupProfile, profile: ModelProfile, prunable: Mapping[str, Any]) -> str:
+    names = [lp.name for lp in profile.layers if lp.type == group.type]
+    members = _members(group, names) or _members(group, [lp.name for lp in profile.layers])
+    heads: dict[str, int] = prunable.get("heads") or {}
+    structured = set(prunable.get("structured") or [])
+    blocked: dict[str, str] = prunable.get("blocked") or {}
+    coupling: dict[str, int] = prunable.get("coupling") or {}
+    head_members = [m for m in members if m in heads]
+    if head_members:
+        counts = "/".join(str(c) for c in sorted({heads[m] for m in head_members}))
+        return f"head-prunable ({counts} heads each; pruning_type 'head')"
+    parts = []
+    internal = [m for m in members if m in structured and coupling.get(m, 1) == 1]
+    coupled = [m for m in members if m in structured and coupling.get(m, 1) > 1]
+    if internal:
+        parts.append(f"structured-prunable, internal to its block ({len(internal)} modules)")
+    if coupled:
+        width = max(coupling[m] for m in coupled)
+        parts.append(f"structured-prunable but coupled with up to {width} layers ({len(coupled)} modules)")
+    reasons = sorted({_reason_category(blocked[m]) for m in members if m in blocked})
+    if reasons:
+        parts.append("not prunable: " + "; ".join(reasons))
+    if not parts:
+        owner = next((h for h in heads if any(m.startswith(f"{h}.") for m in members)), None)
+        if owner is not None:
+            return "inside a head-prunable attention module (shrinks with head pruning)"
+        return "no prunable output channels"
+    return "; ".join(parts)
+
+
+def plan_schema_json() -> str:
+    """The exact JSON schema of :class:`OptimizationPlan`, compact."""
+    return json.dumps(OptimizationPlan.model_json_schema(), separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Profile summary P
+# --------------------------------------------------------------------------------------------------
+
+
+def _head_lines(ctx: PlanningContext) -> list[str]:
+    heads: dict[str, int] = ctx.prunable.get("heads") or {}
+    lines = []
+    for pattern in sorted({name_pattern(h) for h in heads}):
+        members = [h for h in heads if re.search(pattern, h)]
+        inside = [lp for lp in ctx.profile.layers if any(lp.name == h or lp.name.startswith(f"{h}.") for h in members)]
+        counts = "/".join(str(c) for c in sorted({heads[h] for h in members}))
+        lines.append(
+            f"- {pattern} : {len(members)} attention modules with {counts} heads each; with their q/k/v/o "
+            f"projections {_pct(sum(lp.latency_share for lp in inside))} of latency, "
+            f"{_pct(sum(lp.macs_share for lp in inside))} of MACs, {_pct(sum(lp.params_share for lp in inside))} "
+            "of parameters"
+        )
+    return lines
+
+
+def _structured_lines(ctx: PlanningContext) -> tuple[list[str], list[str]]:
+    layers = {lp.name: lp for lp in ctx.profile.layers}
+    universe = list(layers)
+    coupling: dict[str, int] = ctx.prunable.get("coupling") or {}
+    internal: dict[str, list[str]] = defaultdict(list)
+    coupled: dict[str, list[str]] = defaultdict(list)
+    for name in ctx.prunable.get("structured") or []:
+        target = internal if coupling.get(name, 1) == 1 else coupled
+        target[name_pattern(name)].append(name)
+
+    def describe(groups: dict[str, list[str]], suffix: str) -> list[str]:
+        rows = []
+        for members in groups.values():
+            stats = [layers[n] for n in members if n in layers]
+            pattern = (
+                exact_pattern(members, universe) if all(n in layers for n in members) else name_pattern(members[0])
+            )
+            kind = stats[0].type if stats else "layer"
+            latency = sum(lp.latency_share for lp in stats)
+            rows.append(
+                (
+                    latency,
+                    f"- {pattern} : {len(members)} {kind}, {_pct(latency)} of latency, "
+                    f"{_pct(sum(lp.macs_share for lp in stats))} of MACs, "
+                    f"{_pct(sum(lp.params_share for lp in stats))} of parameters{suffix}",
+                )
+            )
+        return [text for _, text in sorted(rows, key=lambda r: -r[0])]
+
+    coupled_suffix = "; coupled: pruning them also prunes the layers tied to them (e.g. through residual adds)"
+    return describe(internal, ""), describe(coupled, coupled_suffix)
+
+
+def profile_summary(ctx: PlanningContext, top_k: int = 12) -> str:
+    """The static profile P as text: model, top layer groups, prunable layers, quantizable layers."""
+    profile = ctx.profile
+    shown = [g for g in profile.groups if max(g.latency_share, g.macs_share, g.params_share) >= 0.001][:top_k]
+    out = [
+        f"Model: {profile.model_class} (family: {profile.family or 'unknown'}), input "
+        f"{'x'.join(str(d) for d in profile.input_shape)}, {_int(profile.total_params)} parameters, "
+        f"{_int(profile.total_macs)} MACs, {_ms(profile.latency_s)} per image (batch 1, {profile.device}).",
+        "",
+        f"Top layer groups by share of latency (a group is the same layer repeated across blocks; the regex "
+        f"selects exactly its modules) — {len(shown)} of {len(profile.groups)}:",
+    ]
+    for g in shown:
+        out.append(
+            f"- {g.pattern} : {g.count} x {g.type}; latency {_pct(g.latency_share)}, MACs {_pct(g.macs_share)}, "
+            f"params {_pct(g.params_share)} — {_group_status(g, profile, ctx.prunable)}"
+        )
+
+    out += ["", "Head pruning (pruning_type 'head'; the regex may select the attention module or its projections):"]
+    out += _head_lines(ctx) or ["- none: this model has no head-prunable attention modules; do not use 'head'"]
+
+    internal, coupled = _structured_lines(ctx)
+    out += ["", "Structured pruning, layers internal to their block (pruning_type 'structured'; safest):"]
+    out += internal or ["- none"]
+    if coupled:
+        out += ["", "Structured pruning, coupled layers (allowed; each prunes its whole coupled group once):"]
+        out += coupled
+
+    blocked = ctx.prunable.get("blocked") or {}
+    if blocked:
+        out += ["", "Not prunable (never select these with a pruning regex):"]
+        out += [f"- {p} ({n}): {reason}" for p, n, reason in blocked_summary(blocked)]
+
+    linear = [g for g in profile.groups if g.type == "Linear"]
+    n_linear = sum(g.count for g in linear)
+    out += [
+        "",
+        f"Quantizable (dynamic quantization of nn.Linear): {n_linear} Linear layers holding "
+        f"{_pct(sum(g.params_share for g in linear))} of parameters and "
+        f"{_pct(sum(g.latency_share for g in linear))} of latency; layer 'all' selects every one of them.",
+    ]
+    return "\n".join(out)
+
+
+def _budget(ctx: PlanningContext) -> str:
+    base = "unknown (untrained model: accuracy is not measured)"
+    if ctx.baseline_accuracy is not None:
+        base = f"{ctx.baseline_accuracy:.4f} ({_pct(ctx.baseline_accuracy)})"
+    return (
+        f"Budget: baseline accuracy {base}; a candidate may lose at most {ctx.max_accuracy_drop:g} accuracy points; "
+        f"every pruning_ratio must be between 0 and {ctx.max_ratio:g}."
+    )
+
+
+def _rules(ctx: PlanningContext, *, iteration: bool) -> list[str]:
+    rules = [
+        "Rules:",
+        "1. 'layer' is a Python regular expression matched with re.search against module names. Copy the "
+        "patterns listed above (or narrow them); a pattern must select at least one prunable module of its type.",
+        "2. pruning_type 'head' only for the head-prunable attention modules; 'structured' only for the "
+        "structured-prunable layers. q/k/v projections are pruned through 'head', never 'structured'.",
+        "3. Never select the classifier or any module listed as not prunable.",
+        f"4. pruning_ratio is the fraction of channels/heads removed, in [0, {ctx.max_ratio:g}]. Higher ratios "
+        "on layers with a large latency share save the most, and cost the most accuracy.",
+        "5. Each recommendation needs a short justification citing the profile numbers.",
+    ]
+    if iteration:
+        rules.append(
+            "6. This loop only prunes: 'quantization_recommendations' may be omitted (the analysis plan's "
+            "quantization is kept)."
+        )
+    else:
+        rules.append(
+            "6. quantization_recommendations: layer 'all' (every nn.Linear) or a regex over nn.Linear names; "
+            "quantization_type 'dynamic'; dtype 'qint8' or 'float16'."
+        )
+    rules.append("7. Output exactly one JSON object matching the schema: no prose, no comments, no code fences.")
+    return rules
+
+
+# --------------------------------------------------------------------------------------------------
+# Analysis
+# --------------------------------------------------------------------------------------------------
+
+
+def analysis_prompt(ctx: PlanningContext) -> str:
+    return "\n".join(
+        [
+            "Write the optimization plan for this model.",
+            "",
+            profile_summary(ctx),
+            "",
+            _budget(ctx),
+            "",
+            *_rules(ctx, iteration=False),
+            "",
+            "JSON schema of the answer (OptimizationPlan):",
+            plan_schema_json(),
+        ]
+    )
+
+
+def analysis_messages(ctx: PlanningContext) -> list[dict[str, str]]:
+    return [{"role": "system", "content": ANALYSIS_SYSTEM}, {"role": "user", "content": analysis_prompt(ctx)}]
+
+
+# --------------------------------------------------------------------------------------------------
+# Iteration (Algorithm 1)
+# --------------------------------------------------------------------------------------------------
+
+
+def _plan_line(plan: OptimizationPlan) -> str:
+    recs = [f"{r.pruning_type} {r.layer} @ {r.pruning_ratio:g}" for r in plan.pruning_recommendations]
+    return "; ".join(recs) if recs else "(no pruning)"
+
+
+def _result_line(record: RoundRecord, ctx: PlanningContext) -> str:
+    total = ctx.profile.total_params
+    params = f"params {_int(record.params)}"
+    if total:
+        params += f" ({_pct(record.params / total)} of the original {_int(total)})"
+    if record.accuracy is None:
+        acc = "accuracy n/a"
+    else:
+        acc = f"accuracy {record.accuracy:.4f}"
+        if record.accuracy_drop_points is not None:
+            acc += f" (drop {record.accuracy_drop_points:.2f} points)"
+    budget = "within budget" if record.within_budget else "OVER BUDGET"
+    return f"{acc}, {params}, latency {_ms(record.latency_s)}; {budget}"
+
+
+def _over_budget_line(record: RoundRecord, ctx: PlanningContext) -> str | None:
+    if record.within_budget:
+        return None
+    if record.accuracy_drop_points is None:
+        return f"  Round {record.round} broke the accuracy budget."
+    over = record.accuracy_drop_points - ctx.max_accuracy_drop
+    return (
+        f"  Round {record.round} broke the accuracy budget by {over:.2f} points: it lost "
+        f"{record.accuracy_drop_points:.2f} points, the budget is {ctx.max_accuracy_drop:g}."
+    )
+
+
+def _best(history: list[RoundRecord]) -> RoundRecord | None:
+    ok = [r for r in history if r.within_budget]
+    if not ok:
+        return None
+    return min(ok, key=lambda r: (-(r.accuracy if r.accuracy is not None else -1.0), r.params, r.latency_s, r.round))
+
+
+def next_round(ctx: PlanningContext) -> int:
+    return max((r.round for r in ctx.history), default=-1) + 1
+
+
+def iteration_prompt(ctx: PlanningContext) -> str:
+    history = sorted(ctx.history, key=lambda r: r.round)
+    out = [f"Write the pruning plan for round {next_round(ctx)}.", "", profile_summary(ctx), "", _budget(ctx), ""]
+    if history:
+        out.append("Earlier rounds (plan A_i, then its evaluation E_i):")
+        for record in history:
+            out.append(f"Round {record.round} [{record.source}]: {_plan_line(record.plan)}")
+            out.append(f"  -> {_result_line(record, ctx)}")
+            line = _over_budget_line(record, ctx)
+            if line:
+                out.append(line)
+        best = _best(history)
+        if best is None:
+            out.append("No round has stayed within the budget yet: prune less than every round so far.")
+        else:
+            out.append(f"Best round within budget so far: round {best.round} ({_result_line(best, ctx)}).")
+        last = history[-1]
+        if last.within_budget:
+            out.append(
+                f"The last round (round {last.round}) stayed within budget: prune more (higher ratios or more "
+                "groups) to save more latency and parameters."
+            )
+        else:
+            out.append(
+                f"The last round (round {last.round}) broke the budget: back off, between the best within-budget "
+                "round and the failed one."
+            )
+    else:
+        out.append("No round has been evaluated yet.")
+    out += [
+        "",
+        *_rules(ctx, iteration=True),
+        "",
+        "JSON schema of the answer (OptimizationPlan):",
+        plan_schema_json(),
+    ]
+    return "\n".join(out)
+
+
+def iteration_messages(ctx: PlanningContext) -> list[dict[str, str]]:
+    return [{"role": "system", "content": ITERATION_SYSTEM}, {"role": "user", "content": iteration_prompt(ctx)}]
+
+
+# --------------------------------------------------------------------------------------------------
+# Retry
+# --------------------------------------------------------------------------------------------------
+
+
+def retry_message(errors: Iterable[str]) -> str:
+    """The follow-up that sends the reasons of a rejection back to the model."""
+    lines = ["Your answer was rejected:"]
+    lines += [f"- {e}" for e in errors]
+    lines.append(
+        "Fix every point and answer again with the complete corrected plan as one JSON object matching the "
+        "schema, nothing else."
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Input shape
+# --------------------------------------------------------------------------------------------------
+
+
+def _compact(value: Any, limit: int = 300) -> str:
+    text = json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SHAPE_NOISE = {"id2label", "label2id", "label_names", "task_specific_params", "transformers_version"}
+
+
+def _fields(data: Mapping[str, Any], first: tuple[str, ...], limit: int = 25) -> list[str]:
+    """``first`` keys, then the others sorted; label maps, private keys and empty values left out."""
+    useful = {
+        k: v
+        for k, v in data.items()
+        if k not in _SHAPE_NOISE and not str(k).startswith("_") and v is not None and v != "" and v != {} and v != []
+    }
+    keys = [k for k in first if k in useful] + sorted(k for k in useful if k not in first)
+    data = useful
+    return [f"- {k}: {_compact(data[k])}" for k in keys[:limit]]
+
+
+def input_shape_prompt(metadata: Mapping[str, Any]) -> str:
+    """``metadata``: ``model_class``, ``config`` (dict) and ``processor`` (dict); other keys are shown too."""
+    out = ["What input tensor does this image classifier take (one image, without the batch dimension)?", ""]
+    out.append(f"Model class: {metadata.get('model_class', 'unknown')}")
+    config = metadata.get("config")
+    if isinstance(config, Mapping) and config:
+        out += ["Model config fields:", *_fields(config, SHAPE_CONFIG_FIELDS)]
+    processor = metadata.get("processor")
+    if isinstance(processor, Mapping) and processor:
+        out += ["Image processor fields:", *_fields(processor, SHAPE_PROCESSOR_FIELDS)]
+    others = {k: v for k, v in metadata.items() if k not in {"model_class", "config", "processor"}}
+    if others:
+        out += ["Other metadata:", *_fields(others, ())]
+    out += [
+        "",
+        "The processor's crop_size (else size) is what the model sees; image_mean has one value per channel.",
+        'Answer with one JSON object: {"channels": <int>, "height": <int>, "width": <int>}.',
+    ]
+    return "\n".join(out)
+
+
+def input_shape_messages(metadata: Mapping[str, Any]) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": INPUT_SHAPE_SYSTEM},
+        {"role": "user", "content": input_shape_prompt(metadata)},
+    ]
