@@ -8,7 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
-from agents.planners import PlanningContext, RoundRecord, get_planner
+from agents.planners import Planner, PlanningContext, RoundRecord, get_planner
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -45,15 +45,34 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
     )
 
 
+def planner_for(ctx: Context, run_dir: Path) -> Planner:
+    """The run's planner: the LLM planner (exchanges logged in ``RUN/llm``) or one from the registry."""
+    if ctx.planner == "llm":
+        from agents.llm_planner import llm_planner_for_run
+
+        return llm_planner_for_run(
+            run_dir,
+            model=ctx.llm_model,
+            base_url=ctx.llm_base_url,
+            timeout_s=ctx.llm_timeout,
+            max_attempts=ctx.llm_max_attempts,
+        )
+    return get_planner(ctx.planner)
+
+
 def analyze_profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
-    result = get_planner(ctx.planner).analyze(planning_context(data, ctx))
+    result = planner_for(ctx, paths(data).root).analyze(planning_context(data, ctx))
     plan = result.plan.model_dump()
-    atomic_write_json(paths(data).root / "plan.json", {"source": result.source, "plan": plan})
+    atomic_write_json(
+        paths(data).root / "plan.json",
+        {"source": result.source, "plan": plan, "planner_state": result.planner_state},
+    )
     return {
         "plan": plan,
         "plan_source": result.source,
+        "plan_planner_state": result.planner_state,
         "current_plan": plan,
         "current_source": result.source,
         "current_planner_state": result.planner_state,

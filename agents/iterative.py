@@ -7,16 +7,16 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.analysis import planning_context
-from agents.common import add_notes, settings
-from agents.planners import get_planner
+from agents.analysis import planner_for, planning_context
+from agents.common import add_notes, paths, settings
 from graph.context import Context, Selection
 from graph.state import State
 
 
 def iterate_pruning(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
-    result = get_planner(ctx.planner).next_plan(planning_context(dict(state), ctx))
+    data: dict[str, Any] = dict(state)
+    result = planner_for(ctx, paths(data).root).next_plan(planning_context(data, ctx))
     return {
         "current_plan": result.plan.model_dump(),
         "current_source": result.source,

@@ -38,7 +38,13 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads (0: default)")
     parser.add_argument("--device", default=defaults.device, choices=["cpu", "cuda", "auto"])
-    parser.add_argument("--planner", default=defaults.planner, choices=["rules"])
+    parser.add_argument(
+        "--planner",
+        default=defaults.planner,
+        choices=["rules", "llm"],
+        help="rules: offline (default); llm: an OpenAI-compatible chat model writes the plans",
+    )
+    _add_llm_options(parser, defaults)
     parser.add_argument(
         "--max-accuracy-drop",
         type=float,
@@ -60,6 +66,22 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _add_llm_options(parser: argparse.ArgumentParser, defaults: Context) -> None:
+    parser.add_argument("--llm-model", default=defaults.llm_model, help="chat model (default gpt-4o-mini)")
+    parser.add_argument(
+        "--llm-base-url",
+        default=defaults.llm_base_url,
+        help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama, llama.cpp)",
+    )
+    parser.add_argument("--llm-timeout", type=float, default=defaults.llm_timeout, help="seconds per LLM request")
+    parser.add_argument(
+        "--llm-max-attempts",
+        type=int,
+        default=defaults.llm_max_attempts,
+        help="attempts per plan before falling back to the rules planner",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="profiling-agent",
@@ -72,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="offline demo on the bundled digits ViT")
     demo.add_argument("--run-dir", default="runs/demo")
     _add_run_options(demo, demo=True)
+    compare = sub.add_parser("compare-llms", help="iterative pruning planned by each LLM, side by side")
+    compare.add_argument("--model", required=True)
+    compare.add_argument("--dataset")
+    compare.add_argument("--split")
+    compare.add_argument("--out", required=True, help="directory for one run per LLM and compare.{json,md}")
+    compare.add_argument("--llm", action="append", required=True, dest="llms", help="a chat model; repeat")
+    _add_run_options(compare, demo=True)
     resume = sub.add_parser("resume", help="continue an interrupted run")
     resume.add_argument("--run-dir", required=True)
     resume.add_argument("--thread-id")
@@ -95,6 +124,10 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         selection=args.selection,
         importance=args.importance,
         round_to=args.round_to,
+        llm_model=args.llm_model,
+        llm_base_url=args.llm_base_url,
+        llm_timeout=args.llm_timeout,
+        llm_max_attempts=args.llm_max_attempts,
         max_pruning_ratio=args.max_pruning_ratio,
         prune=not args.no_prune,
         iterate=not args.no_iterate,
@@ -173,6 +206,25 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     _finish(report, str(run_dir))
 
 
+def _cmd_compare_llms(args: argparse.Namespace) -> None:
+    from graph.runner import compare_llms
+
+    args.planner = "llm"
+    result = compare_llms(
+        args.model,
+        dataset=args.dataset,
+        split=args.split,
+        llms=args.llms,
+        out_dir=Path(args.out),
+        ctx=_context(args, args.out),
+        on_update=_Progress(),
+    )
+    from tools.report import render_llm_comparison
+
+    print(render_llm_comparison(result))
+    print(f"table: {Path(args.out) / 'compare.md'}")
+
+
 def _cmd_resume(args: argparse.Namespace) -> None:
     from graph.runner import resume_run
 
@@ -186,7 +238,13 @@ def _cmd_status(args: argparse.Namespace) -> None:
     print(json.dumps(run_status(Path(args.run_dir), thread_id=args.thread_id), indent=2))
 
 
-COMMANDS = {"run": _cmd_run, "demo": _cmd_demo, "resume": _cmd_resume, "status": _cmd_status}
+COMMANDS = {
+    "run": _cmd_run,
+    "demo": _cmd_demo,
+    "compare-llms": _cmd_compare_llms,
+    "resume": _cmd_resume,
+    "status": _cmd_status,
+}
 
 
 def _quiet_libraries() -> None:

@@ -39,7 +39,20 @@ class Context:
     seed: int = _setting("Seed for subsets, random importance and built-in weights.", "SEED", 0, int)
     threads: int = _setting("torch CPU threads; 0 keeps torch's default.", "THREADS", 0, int)
     device: str = _setting("cpu, cuda or auto.", "DEVICE", "cpu")
-    planner: str = _setting("Planner that writes plans: rules (offline).", "PLANNER", "rules")
+    planner: str = _setting("Planner that writes plans: rules (offline, default) or llm.", "PLANNER", "rules")
+    llm_model: str = _setting("Chat model name for --planner llm (default gpt-4o-mini).", "LLM_MODEL", "")
+    llm_base_url: str = _setting(
+        "OpenAI-compatible endpoint for --planner llm (vLLM, Ollama, llama.cpp, LiteLLM); empty: OpenAI.",
+        "LLM_BASE_URL",
+        "",
+    )
+    llm_timeout: float = _setting("Seconds before an LLM request is abandoned.", "LLM_TIMEOUT", 60.0, float)
+    llm_max_attempts: int = _setting(
+        "LLM attempts per plan (invalid plans go back with their errors) before the rules fallback.",
+        "LLM_MAX_ATTEMPTS",
+        3,
+        int,
+    )
     max_accuracy_drop: float = _setting(
         "Accuracy budget in points: a candidate losing more is never selected.", "MAX_ACCURACY_DROP", 1.0, float
     )
@@ -72,6 +85,10 @@ class Context:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
         if not 0 < self.max_pruning_ratio < 1:
             errors.append("--max-pruning-ratio must be in (0, 1)")
+        if self.planner not in ("rules", "llm"):
+            errors.append("--planner must be rules or llm")
+        if self.llm_max_attempts < 1:
+            errors.append("--llm-max-attempts must be at least 1")
         if self.selection not in ("accuracy", "smallest-within-budget"):
             errors.append("--selection must be accuracy or smallest-within-budget")
         if errors:

@@ -46,6 +46,19 @@ def _stream(graph: Any, payload: Any, thread_id: str, ctx: Context, on_update: U
                 on_update(node, update or {})
 
 
+def check_planner(ctx: Context) -> None:
+    """With --planner llm: one cheap request to the endpoint before anything starts (fails in one line)."""
+    if ctx.planner != "llm":
+        return
+    from tools.llm import LLMSettings, check_endpoint
+
+    check_endpoint(
+        LLMSettings.from_env(
+            model=ctx.llm_model or None, base_url=ctx.llm_base_url or None, timeout_s=min(ctx.llm_timeout, 10.0)
+        )
+    )
+
+
 def prepare_run_dir(run_dir: Path) -> None:
     paths = RunPaths(run_dir)
     if paths.report_json.exists():
@@ -79,6 +92,7 @@ def start_run(
     if not ctx.run_dir:
         raise RunError("a run needs --run-dir")
     run_dir = Path(ctx.run_dir).resolve()
+    check_planner(ctx)
     prepare_run_dir(run_dir)
     ctx = replace(ctx, run_dir=str(run_dir))
     thread_id = thread_id or uuid.uuid4().hex[:12]
@@ -119,6 +133,8 @@ def resume_run(run_dir: Path, *, thread_id: str | None = None, on_update: Update
     saved = load_settings(run_dir)
     ctx = Context.from_dict(saved["context"])
     thread_id = thread_id or saved["thread_id"]
+    if not RunPaths(run_dir).report_json.exists():
+        check_planner(ctx)
     with checkpointed_graph(run_dir) as graph:
         snapshot = graph.get_state(_config(thread_id))
         payload = None if snapshot.values else saved["input"]  # killed before the first checkpoint
@@ -163,3 +179,43 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
         "best_round": None if best is None else {"round": best["round"], **best["metrics"]},
         "steps": finished,
     }
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name).strip("-") or "llm"
+
+
+def compare_llms(
+    model: str,
+    *,
+    dataset: str | None,
+    llms: list[str],
+    out_dir: Path,
+    ctx: Context,
+    split: str | None = None,
+    on_update: UpdateHook | None = None,
+) -> dict[str, Any]:
+    """The paper's Table 5: iterative pruning planned by each LLM on the same model, data and settings.
+
+    One run per LLM in ``out_dir/<llm>`` (resumed when it exists), then ``compare.json`` and ``compare.md``.
+    """
+    from tools.report import llm_comparison_rows, render_llm_comparison
+
+    out_dir = out_dir.resolve()
+    reports: dict[str, dict[str, Any]] = {}
+    for name in llms:
+        run_dir = out_dir / _slug(name)
+        run_ctx = replace(ctx, run_dir=str(run_dir), planner="llm", llm_model=name, quantize=False)
+        if RunPaths(run_dir).report_json.exists():
+            reports[name] = finished_report(run_dir)
+        elif RunPaths(run_dir).settings.exists():
+            reports[name] = resume_run(run_dir, on_update=on_update)
+        else:
+            reports[name] = start_run(model, dataset=dataset, split=split, ctx=run_ctx, on_update=on_update)
+    rows = llm_comparison_rows(reports)
+    result = {"model": model, "dataset": dataset, "rows": rows}
+    atomic_write_json(out_dir / "compare.json", result)
+    from tools.artifacts import atomic_write_text
+
+    atomic_write_text(out_dir / "compare.md", render_llm_comparison(result))
+    return result

@@ -33,6 +33,7 @@ class State(InputState, OutputState, total=False):
     baseline: dict[str, Any]
     plan: dict[str, Any]
     plan_source: str
+    plan_planner_state: dict[str, Any]
     current_plan: dict[str, Any]
     current_source: str
     current_planner_state: dict[str, Any]

@@ -67,6 +67,7 @@ class TrainSettings:
     head_drop: float = 0.0
     channel_drop: float = 0.0
     group_l1: float = 0.0
+    drop_rescale: bool = True
 
 
 VIT_SETTINGS = TrainSettings(epochs=60, lr=2e-3, weight_decay=0.05)
@@ -206,14 +207,15 @@ def train(
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    handles = install_structured_dropout(model, settings.head_drop, settings.channel_drop)
-    groups = prunable_groups(model)
+    handles = install_structured_dropout(
+        model, settings.head_drop, settings.channel_drop, settings.drop_rescale
+    )
     # CPU SDPA backward is slow for these shapes; eager attention is the same maths.
     attn_implementation = getattr(model.config, "_attn_implementation", None)
     if hasattr(model, "vit"):
         model.set_attn_implementation("eager")
     try:
-        _epochs(model, pixels, labels, settings, generator, optimizer, scheduler, groups, on_epoch)
+        _epochs(model, pixels, labels, settings, generator, optimizer, scheduler, on_epoch)
     finally:
         for handle in handles:
             handle.remove()
@@ -229,7 +231,6 @@ def _epochs(
     generator: torch.Generator,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    groups: list[torch.Tensor],
     on_epoch: Callable[[int, float], None] | None,
 ) -> None:
     for epoch in range(settings.epochs):
@@ -242,7 +243,7 @@ def _epochs(
             loss = F.cross_entropy(logits_of(model, x), labels[idx], label_smoothing=settings.label_smoothing)
             running += float(loss.detach()) * len(idx)
             if settings.group_l1 > 0:
-                loss = loss + settings.group_l1 * sum(g.norm(dim=1).sum() for g in group_views(groups))
+                loss = loss + settings.group_l1 * group_norms(model)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -255,13 +256,15 @@ def _epochs(
 # --- regularisers towards prunable structure (training only; nothing of them is saved) ----------
 
 
-def _drop_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
-    return (torch.rand(shape) >= p).float() / (1 - p)
-
-
-def install_structured_dropout(model: nn.Module, head_drop: float, channel_drop: float) -> list[Any]:
+def install_structured_dropout(
+    model: nn.Module, head_drop: float, channel_drop: float, rescale: bool = True
+) -> list[Any]:
     """Hooks that, in training mode, drop whole attention heads / MLP hidden channels / inner conv channels."""
     handles: list[Any] = []
+
+    def _drop_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
+        keep = (torch.rand(shape) >= p).float()
+        return keep / (1 - p) if rescale else keep
 
     def drop_heads(head_dim: int) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], Any]:
         def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
@@ -293,22 +296,28 @@ def install_structured_dropout(model: nn.Module, head_drop: float, channel_drop:
     return handles
 
 
-def prunable_groups(model: nn.Module) -> list[torch.Tensor]:
-    """Weights whose rows a structured pruner removes together (for a group-lasso penalty)."""
-    groups: list[torch.Tensor] = []
+def group_norms(model: nn.Module) -> torch.Tensor:
+    """Sum of L2 norms of the weight groups a structured pruner removes together (group lasso).
+
+    ViT: each MLP hidden channel (fc1 row + fc2 column) and each attention head (its q, k, v rows
+    and o_proj columns); ResNet: each inner channel of a basic block (conv1 filter + conv2 inputs).
+    """
+    total = torch.zeros(())
     if hasattr(model, "vit"):
         for layer in model.vit.layers:
-            groups.append(layer.mlp.fc1.weight)
-            groups.extend(layer.attention.get_submodule(p).weight for p in ("q_proj", "k_proj", "v_proj"))
+            mlp, attn = layer.mlp, layer.attention
+            total = total + torch.cat([mlp.fc1.weight, mlp.fc2.weight.t()], dim=1).norm(dim=1).sum()
+            d = attn.head_dim
+            parts = [attn.get_submodule(n).weight.reshape(-1, d * attn.q_proj.in_features) for n in ("q_proj", "k_proj", "v_proj")]
+            o = attn.o_proj.weight.reshape(attn.o_proj.out_features, -1, d).transpose(0, 1).reshape(len(parts[0]), -1)
+            total = total + torch.cat([*parts, o], dim=1).norm(dim=1).sum()
     else:
         for stage in model.resnet.encoder.stages:
             for block in stage.layers:
-                groups.append(block.layer[0].convolution.weight)
-    return groups
-
-
-def group_views(groups: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [g.reshape(g.shape[0], -1) for g in groups]
+                w1 = block.layer[0].convolution.weight
+                w2 = block.layer[1].convolution.weight.transpose(0, 1)
+                total = total + torch.cat([w1.flatten(1), w2.flatten(1)], dim=1).norm(dim=1).sum()
+    return total
 
 
 # --- robustness probes (on copies) -------------------------------------------------------------

@@ -850,7 +850,7 @@ def invoke_structured(
             )
             logger.warning("LLM %s request failed: %s", purpose, exchange.errors[-1])
             break
-    exchange.latency_s = round_s(time.perf_counter() - started)
+    exchange.latency_s = float(f"{time.perf_counter() - started:.4f}")
     if message is None:
         if exchange.failure is None:  # pragma: no cover - defensive
             exchange.failure = "error"
@@ -868,7 +868,3 @@ def invoke_structured(
     exchange.parsed = value.model_dump(mode="json")
     exchange.ok = True
     return value, exchange
-
-
-def round_s(value: float) -> float:
-    return float(f"{value:.4f}")

@@ -117,17 +117,26 @@ def dry_run(model: nn.Module, shape: InputShape, device: str = "cpu") -> int:
         return int(logits_of(model(example_input(shape, device=device))).shape[-1])
 
 
+def shape_problem(original_dir: Path, shape: InputShape, device: str = "cpu") -> str | None:
+    """Why ``shape`` does not run the model (None: it runs and gives the model's number of logits)."""
+    loaded = load_original(original_dir)
+    try:
+        logits = dry_run(loaded.model.to(resolve_device(device)), shape, device)
+    except Exception as exc:  # a wrong shape raises anything from RuntimeError to ValueError
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if loaded.num_labels and logits != loaded.num_labels:
+        return f"the model gave {logits} logits instead of {loaded.num_labels}"
+    return None
+
+
 def resolve_input_shape(original_dir: Path, device: str = "cpu") -> InputShape:
     """(channels, height, width) from the processor, then the config, proven by a dry forward pass."""
-    loaded = load_original(original_dir)
-    model = loaded.model.to(resolve_device(device))
     errors = []
-    for candidate in _shape_candidates(loaded):
-        try:
-            dry_run(model, candidate, device)
+    for candidate in _shape_candidates(load_original(original_dir)):
+        problem = shape_problem(original_dir, candidate, device)
+        if problem is None:
             return candidate
-        except Exception as exc:  # a wrong shape raises anything from RuntimeError to ValueError
-            errors.append(f"{candidate.source} {candidate.as_tuple()}: {str(exc).splitlines()[0] if str(exc) else exc}")
+        errors.append(f"{candidate.source} {candidate.as_tuple()}: {problem}")
     raise ModelLoadError("no input shape runs the model: " + "; ".join(errors))
 
 

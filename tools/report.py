@@ -44,7 +44,11 @@ def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
         "quantized": metrics_view(state.get("quantized")),
         "quantized_original": metrics_view(state.get("quantized_original")),
         "rounds": rounds,
-        "plan": {"source": state.get("plan_source"), **(state.get("plan") or {})},
+        "plan": {
+            "source": state.get("plan_source"),
+            **(state.get("plan") or {}),
+            "planner_state": state.get("plan_planner_state"),
+        },
         "profile": {"path": state.get("profile_path"), **(state.get("profile_summary") or {})},
         "untrained": info.get("untrained", False),
         "notes": state.get("notes") or [],
@@ -137,6 +141,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{'-' if drop is None else f'{-drop:+.2f}'} | {_fmt_params(m.get('params'))} | "
                 f"{_fmt_ms(m.get('latency_s'))} | {'yes' if r['within_budget'] else 'NO'} | {plan} |"
             )
+    lines += _planner_decisions(report)
     profile = report.get("profile") or {}
     if profile.get("top_groups"):
         lines += [
@@ -153,8 +158,68 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _planner_decisions(report: dict[str, Any]) -> list[str]:
+    """Which planner wrote each plan, and every rejected plan with its reasons (LLM planner)."""
+    steps = [("analysis", report["plan"].get("source"), report["plan"].get("planner_state") or {})]
+    steps += [(f"round {r['round']}", r["source"], r.get("planner_state") or {}) for r in report["rounds"]]
+    if all(source in (None, "rules") for _, source, _ in steps):
+        return []
+    lines = ["", "## Planner decisions", ""]
+    for step, source, state in steps:
+        extra = f", fallback because: {state['fallback_reason']}" if state.get("fallback_reason") else ""
+        lines.append(f"- {step}: `{source}` after {state.get('attempts', 1)} attempt(s){extra}")
+        for rejected in state.get("rejected", []):
+            reasons = "; ".join(rejected.get("reasons") or [rejected.get("failure") or "unparsable answer"])
+            lines.append(f"  - rejected: {reasons}")
+    return lines
+
+
 def write_report_files(report: dict[str, Any], json_path: Path, md_path: Path) -> None:
     from tools.artifacts import atomic_write_json, atomic_write_text
 
     atomic_write_text(md_path, render_markdown(report))
     atomic_write_json(json_path, report)  # last: a run that has a report.json has finished
+
+
+def llm_comparison_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per LLM: ΔAccuracy of its best pruned model, original and pruned parameters, plan sources."""
+    rows = []
+    for name, report in reports.items():
+        base, pruned = report["baseline"], report.get("pruned") or report["baseline"]
+        sources: dict[str, int] = {}
+        rejected = 0
+        for r in report["rounds"]:
+            sources[r["source"]] = sources.get(r["source"], 0) + 1
+            rejected += len((r.get("planner_state") or {}).get("rejected", []))
+        drop = None
+        if base.get("accuracy") is not None and pruned.get("accuracy") is not None:
+            drop = round(100 * (pruned["accuracy"] - base["accuracy"]), 2)
+        rows.append(
+            {
+                "llm": name,
+                "delta_accuracy_points": drop,
+                "original_params": base["params"],
+                "pruned_params": pruned["params"],
+                "within_budget": pruned.get("within_budget"),
+                "round_sources": sources,
+                "rejected_plans": rejected,
+            }
+        )
+    return rows
+
+
+def render_llm_comparison(result: dict[str, Any]) -> str:
+    lines = [
+        f"# LLM comparison: {result['model']} on {result['dataset']}",
+        "",
+        "| LLM | ΔAccuracy (pts) | original params (M) | pruned params (M) | within budget | plans | rejected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        drop = "n/a" if row["delta_accuracy_points"] is None else f"{row['delta_accuracy_points']:+.2f}"
+        sources = ", ".join(f"{k}: {v}" for k, v in row["round_sources"].items())
+        lines.append(
+            f"| {row['llm']} | {drop} | {row['original_params'] / 1e6:.3f} | {row['pruned_params'] / 1e6:.3f} | "
+            f"{'yes' if row['within_budget'] else 'no'} | {sources} | {row['rejected_plans']} |"
+        )
+    return "\n".join(lines) + "\n"
