@@ -20,10 +20,13 @@ from agents.profiler import profile_model
 from agents.pruning import prune_model
 from agents.quantization import quantize_model
 from agents.report import write_report
+from agents.review import review_plan
 from graph.context import Context
 from graph.routing import (
     route_after_analyze_profile,
     route_after_evaluate_model,
+    route_after_iterate_pruning,
+    route_after_review_plan,
     route_after_select_best_model,
 )
 from graph.state import InputState, OutputState, State
@@ -34,6 +37,7 @@ NODES = {
     "profile_model": profile_model,
     "evaluate_baseline": evaluate_baseline,
     "analyze_profile": analyze_profile,
+    "review_plan": review_plan,
     "prune_model": prune_model,
     "evaluate_model": evaluate_model,
     "iterate_pruning": iterate_pruning,
@@ -57,7 +61,8 @@ def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder.add_conditional_edges("analyze_profile", route_after_analyze_profile)
     builder.add_edge("prune_model", "evaluate_model")
     builder.add_conditional_edges("evaluate_model", route_after_evaluate_model)
-    builder.add_edge("iterate_pruning", "prune_model")
+    builder.add_conditional_edges("review_plan", route_after_review_plan)
+    builder.add_conditional_edges("iterate_pruning", route_after_iterate_pruning)
     builder.add_conditional_edges("select_best_model", route_after_select_best_model)
     builder.add_edge("quantize_model", "evaluate_quantized")
     builder.add_edge("evaluate_quantized", "measure_latencies")

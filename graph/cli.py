@@ -10,9 +10,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graph.context import Context
+
+if TYPE_CHECKING:
+    from graph.runner import RunResult
 
 logger = logging.getLogger("profiling_agent")
 
@@ -60,6 +63,12 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         help="round kept channel counts to a multiple of this",
     )
     parser.add_argument("--max-pruning-ratio", type=float, default=defaults.max_pruning_ratio)
+    parser.add_argument(
+        "--approve-plan",
+        action="store_true",
+        help="pause after analysis to approve, edit or reject the plan (then: resume)",
+    )
+    parser.add_argument("--approve-rounds", action="store_true", help="with --approve-plan: also before every round")
     parser.add_argument("--no-prune", action="store_true", help="skip pruning")
     parser.add_argument("--no-iterate", action="store_true", help="skip the iterative rounds")
     parser.add_argument("--no-quantize", action="store_true", help="skip quantization")
@@ -104,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue an interrupted run")
     resume.add_argument("--run-dir", required=True)
     resume.add_argument("--thread-id")
+    decision = resume.add_mutually_exclusive_group()
+    decision.add_argument("--approve", action="store_true", help="approve the plan the run is paused on")
+    decision.add_argument("--plan", type=Path, help="replace that plan with this JSON file (same schema)")
+    decision.add_argument("--reject", action="store_true", help="reject it: no pruning with this plan")
     status = sub.add_parser("status", help="where a run stands")
     status.add_argument("--run-dir", required=True)
     status.add_argument("--thread-id")
@@ -133,6 +146,8 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         iterate=not args.no_iterate,
         quantize=not args.no_quantize,
         progress=not args.no_progress,
+        approve_plan=args.approve_plan,
+        approve_rounds=args.approve_rounds,
     )
 
 
@@ -167,7 +182,19 @@ def _summary(report: dict[str, Any]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 
 
-def _finish(report: dict[str, Any], run_dir: str) -> None:
+def _finish(result: RunResult) -> None:
+    if result.report is None:
+        pending = result.pending or {}
+        print(
+            f"paused for approval of the {pending.get('stage', 'analysis')} plan (round {pending.get('round', 0)}, "
+            f"from {pending.get('source')}):"
+        )
+        print(json.dumps(pending.get("plan"), indent=2))
+        for error in pending.get("errors") or []:
+            print(f"problem with the last answer: {error}")
+        print(f"continue with: profiling-agent resume --run-dir {result.run_dir} --approve | --plan FILE | --reject")
+        return
+    report, run_dir = result.report, result.run_dir
     print(_summary(report))
     for note in report.get("notes", []):
         print(f"note: {note}")
@@ -178,7 +205,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from graph.runner import start_run
 
     ctx = _context(args, args.run_dir)
-    report = start_run(
+    result = start_run(
         args.model,
         dataset=args.dataset,
         split=args.split,
@@ -186,7 +213,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
         thread_id=args.thread_id,
         on_update=_Progress(),
     )
-    _finish(report, args.run_dir)
+    _finish(result)
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -202,8 +229,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
             raise ValueError(f"{run_dir} exists and is not a demo run dir: pass another --run-dir")
         shutil.rmtree(run_dir)
     ctx = _context(args, str(run_dir))
-    report = start_run(DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(), extra={"command": "demo"})
-    _finish(report, str(run_dir))
+    _finish(start_run(DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(), extra={"command": "demo"}))
 
 
 def _cmd_compare_llms(args: argparse.Namespace) -> None:
@@ -228,8 +254,18 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
 def _cmd_resume(args: argparse.Namespace) -> None:
     from graph.runner import resume_run
 
-    report = resume_run(Path(args.run_dir), thread_id=args.thread_id, on_update=_Progress())
-    _finish(report, args.run_dir)
+    answer: dict[str, Any] | None = None
+    if args.approve:
+        answer = {"action": "approve"}
+    elif args.reject:
+        answer = {"action": "reject"}
+    elif args.plan is not None:
+        try:
+            plan = json.loads(args.plan.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read the plan file {args.plan}: {exc}") from exc
+        answer = {"action": "edit", "plan": plan.get("plan", plan) if isinstance(plan, dict) else plan}
+    _finish(resume_run(Path(args.run_dir), thread_id=args.thread_id, on_update=_Progress(), answer=answer))
 
 
 def _cmd_status(args: argparse.Namespace) -> None:

@@ -64,6 +64,10 @@ class Context:
     max_pruning_ratio: float = _setting(
         "Highest per-layer pruning ratio a planner may use.", "MAX_PRUNING_RATIO", 0.6, float
     )
+    approve_plan: bool = _setting(
+        "Pause after analysis for a human to approve, edit or reject the plan.", "APPROVE_PLAN", False, bool
+    )
+    approve_rounds: bool = _setting("Also pause before every iterative round.", "APPROVE_ROUNDS", False, bool)
     prune: bool = _setting("Run structured/head pruning.", "PRUNE", True, bool)
     iterate: bool = _setting("Run the iterative pruning rounds.", "ITERATE", True, bool)
     quantize: bool = _setting("Run dynamic quantization.", "QUANTIZE", True, bool)

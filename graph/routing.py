@@ -17,9 +17,27 @@ def after_pruning_stage(ctx: Context) -> Literal["quantize_model", "measure_late
 
 def route_after_analyze_profile(
     state: State, runtime: Runtime[Context]
-) -> Literal["prune_model", "quantize_model", "measure_latencies"]:
+) -> Literal["review_plan", "prune_model", "quantize_model", "measure_latencies"]:
     ctx = settings(runtime)
-    return "prune_model" if ctx.prune else after_pruning_stage(ctx)
+    if not ctx.prune:
+        return after_pruning_stage(ctx)
+    return "review_plan" if ctx.approve_plan else "prune_model"
+
+
+def route_after_iterate_pruning(state: State, runtime: Runtime[Context]) -> Literal["review_plan", "prune_model"]:
+    ctx = settings(runtime)
+    return "review_plan" if ctx.approve_plan and ctx.approve_rounds else "prune_model"
+
+
+def route_after_review_plan(
+    state: State, runtime: Runtime[Context]
+) -> Literal["prune_model", "select_best_model", "quantize_model", "measure_latencies"]:
+    review = state.get("review") or {}
+    if review.get("action") != "reject":
+        return "prune_model"
+    if state.get("rounds"):
+        return "select_best_model"  # a rejected round ends the loop; earlier rounds still count
+    return after_pruning_stage(settings(runtime))
 
 
 def rounds_wanted(ctx: Context) -> int:

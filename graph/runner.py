@@ -13,13 +13,25 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+from pydantic import BaseModel, Field
 
 from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
-from tools.artifacts import RunPaths, atomic_write_json, read_json
+from tools.artifacts import RunPaths, atomic_write_json, atomic_write_text, read_json
 
 UpdateHook = Callable[[str, dict[str, Any]], None]
+
+
+class RunResult(BaseModel):
+    """Where a run stopped: finished with its report, or paused for a human decision."""
+
+    run_dir: str
+    thread_id: str
+    finished: bool
+    report: dict[str, Any] | None = None
+    pending: dict[str, Any] | None = Field(default=None, description="The interrupt's payload when paused.")
 
 
 class RunError(ValueError):
@@ -87,8 +99,8 @@ def start_run(
     thread_id: str | None = None,
     on_update: UpdateHook | None = None,
     extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Start a new checkpointed run in ``ctx.run_dir`` and run it to the end; returns report.json's content."""
+) -> RunResult:
+    """Start a new checkpointed run in ``ctx.run_dir``; run it to the end or to a pause for approval."""
     if not ctx.run_dir:
         raise RunError("a run needs --run-dir")
     run_dir = Path(ctx.run_dir).resolve()
@@ -104,11 +116,26 @@ def start_run(
     try:
         with checkpointed_graph(run_dir) as graph:
             _stream(graph, inputs, thread_id, ctx, on_update)
+            return _outcome(graph, run_dir, thread_id)
     except BaseException:
         if not RunPaths(run_dir).original.exists():
             _forget_run(run_dir)  # nothing was computed: leave the dir free for a corrected command
         raise
-    return finished_report(run_dir)
+
+
+def _pending(snapshot: Any) -> dict[str, Any] | None:
+    interrupts = list(getattr(snapshot, "interrupts", ()) or ())
+    if not interrupts:
+        interrupts = [i for task in snapshot.tasks for i in (task.interrupts or ())]
+    return dict(interrupts[0].value) if interrupts else None
+
+
+def _outcome(graph: Any, run_dir: Path, thread_id: str) -> RunResult:
+    snapshot = graph.get_state(_config(thread_id))
+    pending = _pending(snapshot)
+    if pending is not None:
+        return RunResult(run_dir=str(run_dir), thread_id=thread_id, finished=False, pending=pending)
+    return RunResult(run_dir=str(run_dir), thread_id=thread_id, finished=True, report=finished_report(run_dir))
 
 
 def _forget_run(run_dir: Path) -> None:
@@ -127,8 +154,17 @@ def load_settings(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def resume_run(run_dir: Path, *, thread_id: str | None = None, on_update: UpdateHook | None = None) -> dict[str, Any]:
-    """Continue an interrupted run from its last checkpoint with the settings stored in the run dir."""
+def resume_run(
+    run_dir: Path,
+    *,
+    thread_id: str | None = None,
+    on_update: UpdateHook | None = None,
+    answer: dict[str, Any] | None = None,
+) -> RunResult:
+    """Continue an interrupted or paused run from its last checkpoint, with the settings stored in the run dir.
+
+    ``answer`` is the human decision for a run paused for approval (see agents.review).
+    """
     run_dir = run_dir.resolve()
     saved = load_settings(run_dir)
     ctx = Context.from_dict(saved["context"])
@@ -137,11 +173,18 @@ def resume_run(run_dir: Path, *, thread_id: str | None = None, on_update: Update
         check_planner(ctx)
     with checkpointed_graph(run_dir) as graph:
         snapshot = graph.get_state(_config(thread_id))
-        payload = None if snapshot.values else saved["input"]  # killed before the first checkpoint
         if snapshot.values and not snapshot.next and RunPaths(run_dir).report_json.exists():
-            return finished_report(run_dir)
+            return _outcome(graph, run_dir, thread_id)
+        pending = _pending(snapshot)
+        if pending is not None and answer is None:
+            return _outcome(graph, run_dir, thread_id)  # still waiting for a decision
+        if answer is not None and pending is None:
+            raise RunError(f"the run in {run_dir} is not waiting for a decision: resume it without one")
+        payload: Any = Command(resume=answer) if answer is not None else None
+        if not snapshot.values:
+            payload = saved["input"]  # killed before the first checkpoint
         _stream(graph, payload, thread_id, ctx, on_update)
-    return finished_report(run_dir)
+        return _outcome(graph, run_dir, thread_id)
 
 
 def finished_report(run_dir: Path) -> dict[str, Any]:
@@ -208,14 +251,15 @@ def compare_llms(
         run_ctx = replace(ctx, run_dir=str(run_dir), planner="llm", llm_model=name, quantize=False)
         if RunPaths(run_dir).report_json.exists():
             reports[name] = finished_report(run_dir)
-        elif RunPaths(run_dir).settings.exists():
-            reports[name] = resume_run(run_dir, on_update=on_update)
+            continue
+        if RunPaths(run_dir).settings.exists():
+            result = resume_run(run_dir, on_update=on_update)
         else:
-            reports[name] = start_run(model, dataset=dataset, split=split, ctx=run_ctx, on_update=on_update)
-    rows = llm_comparison_rows(reports)
-    result = {"model": model, "dataset": dataset, "rows": rows}
-    atomic_write_json(out_dir / "compare.json", result)
-    from tools.artifacts import atomic_write_text
-
-    atomic_write_text(out_dir / "compare.md", render_llm_comparison(result))
-    return result
+            result = start_run(model, dataset=dataset, split=split, ctx=run_ctx, on_update=on_update)
+        if result.report is None:
+            raise RunError(f"the run of {name} in {run_dir} is paused for approval: resume it, then compare again")
+        reports[name] = result.report
+    table = {"model": model, "dataset": dataset, "rows": llm_comparison_rows(reports)}
+    atomic_write_json(out_dir / "compare.json", table)
+    atomic_write_text(out_dir / "compare.md", render_llm_comparison(table))
+    return table

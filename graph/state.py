@@ -42,4 +42,6 @@ class State(InputState, OutputState, total=False):
     pruned: dict[str, Any] | None
     quantized: dict[str, Any] | None
     quantized_original: dict[str, Any] | None
+    review: dict[str, Any] | None
+    """The last human decision: stage (analysis or round), round, action (approve, edit or reject)."""
     notes: list[str]

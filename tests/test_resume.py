@@ -91,7 +91,8 @@ def test_fault_in_a_node_keeps_work_and_resumes(
         start_run(str(model_dir), dataset="digits", ctx=ctx)
     assert calls["evaluate"] == 3  # baseline + 2 rounds
     monkeypatch.setattr(ops, "quantize", real_quantize)
-    report = resume_run(tmp_path / "run")
+    report = resume_run(tmp_path / "run").report
+    assert report is not None
     assert calls["evaluate"] == 5  # after the resume only the two quantized models are evaluated
     assert len(report["rounds"]) == 2 and report["quantized"] is not None
 
