@@ -16,6 +16,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
+from agents.iterative import best_round
 from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
@@ -203,14 +204,12 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
     thread_id = thread_id or saved["thread_id"]
     with checkpointed_graph(run_dir) as graph:
         snapshot = graph.get_state(_config(thread_id))
-        finished: list[str] = []
-        for step in reversed(list(graph.get_state_history(_config(thread_id)))):
-            writes = (step.metadata or {}).get("writes") or {}
-            finished.extend(k for k in writes if not k.startswith("__"))
+        history = list(reversed(list(graph.get_state_history(_config(thread_id)))))
+    # each checkpoint's `next` ran and was saved by the following checkpoint: all but the last one finished
+    finished = [node for step in history[:-1] for node in step.next if not node.startswith("__")]
     values = snapshot.values or {}
     rounds = values.get("rounds") or []
-    within = [r for r in rounds if r.get("within_budget")]
-    best = max(within, key=lambda r: (r["metrics"].get("accuracy") or 0, -r["metrics"]["params"]), default=None)
+    best = best_round(rounds, ctx.selection)
     return {
         "run_dir": str(run_dir),
         "thread_id": thread_id,
@@ -220,6 +219,7 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
         "rounds_done": len(rounds),
         "rounds_planned": rounds_wanted(ctx) if ctx.prune else 0,
         "best_round": None if best is None else {"round": best["round"], **best["metrics"]},
+        "paused_for_approval": _pending(snapshot) is not None,
         "steps": finished,
     }
 
