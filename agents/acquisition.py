@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -24,10 +25,20 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
             "(only the untrained built-ins may omit it)"
         )
     notes = []
+    label_match = None
+    if state.get("dataset") and not info.untrained:  # fail fast on a dataset that cannot be evaluated
+        label_match = ops.match_dataset_labels(
+            Path(info.artifact), str(state["dataset"]), state.get("dataset_split"), ctx.eval_samples, ctx.seed
+        )
+        if label_match.get("unmatched"):
+            notes.append(
+                "dataset classes that match no model label (their samples are left out): "
+                + ", ".join(label_match["unmatched"])
+            )
     if info.untrained:
         notes.append(
             f"{info.spec} is UNTRAINED (random weights from its published configuration): accuracy is "
             "reported as null; use it for profiling, latency and memory studies only."
         )
-    update: dict[str, Any] = {"run_dir": str(run_dir), "model_info": info.model_dump()}
+    update: dict[str, Any] = {"run_dir": str(run_dir), "model_info": info.model_dump(), "label_match": label_match}
     return update | {"notes": add_notes(dict(state), *notes)}

@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import accuracy_drop_points, add_notes, paths, settings, shape_of, within_budget
+from agents.common import accuracy_drop_points, paths, settings, shape_of, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -33,27 +33,10 @@ def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) ->
 
 
 def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Match the dataset's labels to the model's, then evaluate the original model."""
+    """Evaluate the original model (the dataset's labels were matched at acquisition)."""
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
-    notes: list[str] = []
-    label_match = None
-    if state.get("dataset") and not state["model_info"]["untrained"]:
-        label_match = ops.match_dataset_labels(
-            paths(data).original,
-            str(state["dataset"]),
-            state.get("dataset_split"),
-            ctx.eval_samples,
-            ctx.seed,
-        )
-        if label_match.get("unmatched"):
-            notes.append(
-                "dataset classes that match no model label (their samples are left out): "
-                + ", ".join(label_match["unmatched"])
-            )
-    data["label_match"] = label_match
-    metrics = _evaluate(data, ctx, paths(data).original, "baseline")
-    return {"label_match": label_match, "baseline": metrics.model_dump(), "notes": add_notes(data, *notes)}
+    return {"baseline": _evaluate(data, ctx, paths(data).original, "baseline").model_dump()}
 
 
 def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

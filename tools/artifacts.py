@@ -33,6 +33,8 @@ META_FILE = "artifact.json"
 WEIGHTS_FILE = "model.safetensors"
 ArtifactKind = Literal["original", "pruned", "quantized"]
 _SIMPLE = (int, float, bool, str)
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 # --- atomic files -----------------------------------------------------------------------------------
@@ -42,6 +44,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; reports should read like any other file
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -848,6 +848,9 @@ def profile_model(
     operators, peak_mb = operator_profile(model, x, iters=iters, trace_path=trace_path, warmup=0)
     t_ops = time.perf_counter()
 
+    # shares of the hooked forward: self-latencies add up to it, while `latency_s` (timed without hooks) is
+    # smaller by the hooks' overhead, which dominates on tiny models
+    hooked_total = sum(latencies.get(name, 0.0) for name in names)
     layers = []
     for name in names:
         macs = details.macs.get(name, 0)
@@ -860,7 +863,7 @@ def profile_model(
                 params=params,
                 macs=macs,
                 latency_s=latency,
-                latency_share=_share(latency, latency_s),
+                latency_share=_share(latency, hooked_total),
                 macs_share=_share(macs, details.total_macs),
                 params_share=_share(params, details.total_params),
                 output_shape=details.output_shapes.get(name),

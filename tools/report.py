@@ -178,6 +178,9 @@ def write_report_files(report: dict[str, Any], json_path: Path, md_path: Path) -
     from tools.artifacts import atomic_write_json, atomic_write_text
 
     atomic_write_text(md_path, render_markdown(report))
+    from tools.report_html import load_profile, write_html_report
+
+    write_html_report(report, load_profile(report), md_path.with_name("report.html"))
     atomic_write_json(json_path, report)  # last: a run that has a report.json has finished
 
 
