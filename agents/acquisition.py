@@ -18,7 +18,9 @@ from tools.artifacts import RunPaths
 def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfig) -> dict[str, Any]:
     ctx = settings(runtime)
     run_dir = resolve_run_dir(ctx, config)
-    info = ops.acquire(state["model"], RunPaths(run_dir).original, device=ctx.device)
+    info = ops.acquire(
+        state["model"], RunPaths(run_dir).original, device=ctx.device, factory_options=state.get("model_options")
+    )
     if not info.untrained and not state.get("dataset"):
         raise ValueError(
             f"a dataset is needed to measure the accuracy of {info.spec!r}: pass --dataset "

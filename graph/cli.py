@@ -31,6 +31,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
             required=True,
             help="Hugging Face id, save_pretrained dir, or vit-b16 / deit-b16 / swin-b / resnet-101",
         )
+        _add_factory_options(parser)
         parser.add_argument("--dataset", help="hub id, image folder, save_to_disk dir, or 'digits'")
         parser.add_argument("--split", help="dataset split (default: test, validation, val, train)")
         parser.add_argument("--run-dir", required=True, help="directory for checkpoints, models and reports")
@@ -73,6 +74,36 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--no-iterate", action="store_true", help="skip the iterative rounds")
     parser.add_argument("--no-quantize", action="store_true", help="skip quantization")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+FACTORY_FLAGS = ("weights", "labels", "image_size", "mean", "std", "channels")
+
+
+def _add_factory_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("plain PyTorch models (--model module.path:factory)")
+    group.add_argument("--weights", help="state dict file: safetensors, or torch (read with weights_only=True)")
+    group.add_argument("--labels", help="class names in output order: 'a,b,c' or a file with one per line")
+    group.add_argument("--image-size", help="input size: 224 or HxW, e.g. 32x48 (default 224)")
+    group.add_argument("--mean", help="per-channel mean after scaling to [0,1]: 0.5 or 0.485,0.456,0.406")
+    group.add_argument("--std", help="per-channel std: 0.5 or 0.229,0.224,0.225")
+    group.add_argument(
+        "--channels", type=int, choices=[1, 3], help="1: greyscale, 3: RGB (default: from --mean, else 3)"
+    )
+
+
+def factory_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Parsed ``FactorySpec`` fields (but ``factory``) for a module:factory --model; None for other models."""
+    from tools.models import ModelLoadError
+    from tools.torch_models import FactorySpec, is_factory_spec
+
+    given = {name: getattr(args, name, None) for name in FACTORY_FLAGS}
+    if not is_factory_spec(args.model):
+        used = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None]
+        if used:
+            raise ModelLoadError(f"{', '.join(used)}: only for --model module.path:factory, not {args.model!r}")
+        return None
+    spec = FactorySpec.from_options(args.model, **given)
+    return spec.model_dump(mode="json", exclude={"factory"})
 
 
 def _add_llm_options(parser: argparse.ArgumentParser, defaults: Context) -> None:
@@ -212,6 +243,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
         ctx=ctx,
         thread_id=args.thread_id,
         on_update=_Progress(),
+        model_options=factory_options(args),
     )
     _finish(result)
 

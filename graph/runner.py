@@ -100,6 +100,7 @@ def start_run(
     thread_id: str | None = None,
     on_update: UpdateHook | None = None,
     extra: dict[str, Any] | None = None,
+    model_options: dict[str, Any] | None = None,
 ) -> RunResult:
     """Start a new checkpointed run in ``ctx.run_dir``; run it to the end or to a pause for approval."""
     if not ctx.run_dir:
@@ -109,7 +110,9 @@ def start_run(
     prepare_run_dir(run_dir)
     ctx = replace(ctx, run_dir=str(run_dir))
     thread_id = thread_id or uuid.uuid4().hex[:12]
-    inputs = {"model": model, "dataset": dataset, "dataset_split": split}
+    inputs: dict[str, Any] = {"model": model, "dataset": dataset, "dataset_split": split}
+    if model_options is not None:
+        inputs["model_options"] = model_options
     atomic_write_json(
         RunPaths(run_dir).settings,
         {"thread_id": thread_id, "input": inputs, "context": ctx.to_dict(), **(extra or {})},

@@ -12,6 +12,8 @@ from typing import Any, TypedDict
 class InputState(TypedDict, total=False):
     model: str
     """Hugging Face hub id, save_pretrained directory, or built-in name (vit-b16, deit-b16, swin-b, resnet-101)."""
+    model_options: dict[str, Any] | None
+    """For ``module.path:factory`` models: ``FactorySpec`` fields but ``factory`` (weights, labels, ...)."""
     dataset: str | None
     """Hub id, image folder, save_to_disk directory, or ``digits``; None only for untrained built-ins."""
     dataset_split: str | None

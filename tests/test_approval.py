@@ -20,8 +20,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(model_dir: Path, run_dir: Path, **settings: object) -> object:
-    ctx = Context(run_dir=str(run_dir), iterations=1, eval_samples=30, latency_repeats=2, progress=False,
-                  approve_plan=True, max_accuracy_drop=100.0, **settings)  # type: ignore[arg-type]
+    ctx = Context(
+        run_dir=str(run_dir),
+        iterations=1,
+        eval_samples=30,
+        latency_repeats=2,
+        progress=False,
+        approve_plan=True,
+        max_accuracy_drop=100.0,
+        **settings,
+    )  # type: ignore[arg-type]
     return start_run(str(model_dir), dataset="digits", ctx=ctx)
 
 
@@ -41,8 +49,11 @@ def test_edited_plan_is_validated_then_used(model_dir: Path, tmp_path: Path) -> 
     bad = {"pruning_recommendations": [{"layer": "nothing", "pruning_type": "structured", "pruning_ratio": 0.2}]}
     paused = resume_run(tmp_path / "run", answer={"action": "edit", "plan": bad})
     assert not paused.finished and paused.pending["errors"]  # type: ignore[index]
-    good = {"pruning_recommendations": [{"layer": FC1, "pruning_type": "structured", "pruning_ratio": 0.5,
-                                         "justification": "mine"}]}
+    good = {
+        "pruning_recommendations": [
+            {"layer": FC1, "pruning_type": "structured", "pruning_ratio": 0.5, "justification": "mine"}
+        ]
+    }
     paused = resume_run(tmp_path / "run", answer={"action": "edit", "plan": good})
     assert not paused.finished and paused.pending["stage"] == "round"  # type: ignore[index]
     done = resume_run(tmp_path / "run", answer={"action": "reject"})

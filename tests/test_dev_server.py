@@ -103,18 +103,24 @@ def test_interrupted_thread_resumes_through_the_api(server: str, tmp_path: Path)
 
     model_dir = save_tiny(tiny_vit(), tmp_path / "vit", 16)
     run_dir = tmp_path / "run"
-    context = {"run_dir": str(run_dir), "iterations": 0, "eval_samples": 20, "latency_repeats": 2,
-               "progress": False, "approve_plan": True}
+    context = {
+        "run_dir": str(run_dir),
+        "iterations": 0,
+        "eval_samples": 20,
+        "latency_repeats": 2,
+        "progress": False,
+        "approve_plan": True,
+    }
     client = get_sync_client(url=server)
     thread = client.threads.create()
-    client.runs.wait(thread["thread_id"], "profiling_agent", input={"model": str(model_dir), "dataset": "digits"},
-                     context=context)
+    client.runs.wait(
+        thread["thread_id"], "profiling_agent", input={"model": str(model_dir), "dataset": "digits"}, context=context
+    )
     state = client.threads.get_state(thread["thread_id"])
     assert state["next"] == ["review_plan"]
     interrupts = [i for task in state["tasks"] for i in task.get("interrupts", [])]
     assert interrupts and interrupts[0]["value"]["stage"] == "analysis"
     assert not (run_dir / "report.json").exists()
-    client.runs.wait(thread["thread_id"], "profiling_agent", command={"resume": {"action": "approve"}},
-                     context=context)
+    client.runs.wait(thread["thread_id"], "profiling_agent", command={"resume": {"action": "approve"}}, context=context)
     report = json.loads((run_dir / "report.json").read_text())
     assert len(report["rounds"]) == 1

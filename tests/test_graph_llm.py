@@ -23,13 +23,15 @@ FC1 = r"^vit\.layers\.\d+\.mlp\.fc1$"
 
 
 def _plan(head_ratio: float, fc1_ratio: float, layer: str = FC1) -> str:
-    return json.dumps({
-        "pruning_recommendations": [
-            {"layer": HEADS, "pruning_type": "head", "pruning_ratio": head_ratio, "justification": "heads"},
-            {"layer": layer, "pruning_type": "structured", "pruning_ratio": fc1_ratio, "justification": "mlp"},
-        ],
-        "quantization_recommendations": [{"layer": "all", "quantization_type": "dynamic", "dtype": "qint8"}],
-    })
+    return json.dumps(
+        {
+            "pruning_recommendations": [
+                {"layer": HEADS, "pruning_type": "head", "pruning_ratio": head_ratio, "justification": "heads"},
+                {"layer": layer, "pruning_type": "structured", "pruning_ratio": fc1_ratio, "justification": "mlp"},
+            ],
+            "quantization_recommendations": [{"layer": "all", "quantization_type": "dynamic", "dtype": "qint8"}],
+        }
+    )
 
 
 class Script:
@@ -52,9 +54,29 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(model_dir: Path, run_dir: Path, server: FakeOpenAI, iterations: int, *extra: str) -> dict[str, Any]:
-    argv = ["run", "--model", str(model_dir), "--dataset", "digits", "--run-dir", str(run_dir), "--planner", "llm",
-            "--llm-base-url", server.base_url, "--llm-model", "fake-model", "--llm-timeout", "2",
-            "--iterations", str(iterations), "--eval-samples", "40", "--no-progress", *extra]
+    argv = [
+        "run",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        "digits",
+        "--run-dir",
+        str(run_dir),
+        "--planner",
+        "llm",
+        "--llm-base-url",
+        server.base_url,
+        "--llm-model",
+        "fake-model",
+        "--llm-timeout",
+        "2",
+        "--iterations",
+        str(iterations),
+        "--eval-samples",
+        "40",
+        "--no-progress",
+        *extra,
+    ]
     assert main(argv) == 0
     return json.loads((run_dir / "report.json").read_text())
 
@@ -83,7 +105,8 @@ def test_garbage_and_failures_never_stop_the_run(model_dir: Path, tmp_path: Path
         shape=['{"channels": 3, "height": 999999, "width": 1}'],  # implausible: the config shape is used
         analysis=["I cannot help with that.", _plan(0.25, 0.95), _plan(0.25, 0.25, layer="^classifier$")],
         iteration=[
-            _plan(0.25, 0.25, layer=r"no\.such\.layer"), _plan(0.25, 0.3),  # repaired on the second attempt
+            _plan(0.25, 0.25, layer=r"no\.such\.layer"),
+            _plan(0.25, 0.3),  # repaired on the second attempt
             500,  # HTTP error: the rules planner takes over for this round
             Delay(5, _plan(0.5, 0.5)),  # timeout
         ],
@@ -96,18 +119,34 @@ def test_garbage_and_failures_never_stop_the_run(model_dir: Path, tmp_path: Path
     rejected = report["plan"]["planner_state"]["rejected"]
     assert len(rejected) == 3 and any("0.95" in " ".join(r["reasons"]) for r in rejected)
     assert any("classifier" in " ".join(r["reasons"]) for r in rejected)
-    assert [r["source"] for r in report["rounds"]] == ["rules-fallback", "llm-repaired", "rules-fallback",
-                                                        "rules-fallback"]
+    assert [r["source"] for r in report["rounds"]] == [
+        "rules-fallback",
+        "llm-repaired",
+        "rules-fallback",
+        "rules-fallback",
+    ]
     pruned = report["pruned"]
     assert not pruned["within_budget"] or pruned["accuracy_drop_points"] <= 1.0
     markdown = (tmp_path / "run" / "report.md").read_text()
     assert "## Planner decisions" in markdown and "rejected:" in markdown
 
 
-def test_unreachable_endpoint_stops_at_once(model_dir: Path, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["run", "--model", str(model_dir), "--dataset", "digits", "--run-dir", str(tmp_path / "run"),
-            "--planner", "llm", "--llm-base-url", "http://127.0.0.1:9/v1"]
+def test_unreachable_endpoint_stops_at_once(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "run",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        "digits",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--planner",
+        "llm",
+        "--llm-base-url",
+        "http://127.0.0.1:9/v1",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error:") and "127.0.0.1:9" in err
@@ -122,9 +161,28 @@ def test_compare_llms_writes_the_table(model_dir: Path, tmp_path: Path) -> None:
         return _plan(0.25, 0.25) if body["model"] == "small" else _plan(0.5, 0.5)
 
     with FakeOpenAI(answer) as server:
-        argv = ["compare-llms", "--model", str(model_dir), "--dataset", "digits", "--out", str(tmp_path / "cmp"),
-                "--llm", "small", "--llm", "large", "--llm-base-url", server.base_url, "--iterations", "1",
-                "--eval-samples", "40", "--max-accuracy-drop", "100", "--no-progress"]
+        argv = [
+            "compare-llms",
+            "--model",
+            str(model_dir),
+            "--dataset",
+            "digits",
+            "--out",
+            str(tmp_path / "cmp"),
+            "--llm",
+            "small",
+            "--llm",
+            "large",
+            "--llm-base-url",
+            server.base_url,
+            "--iterations",
+            "1",
+            "--eval-samples",
+            "40",
+            "--max-accuracy-drop",
+            "100",
+            "--no-progress",
+        ]
         assert main(argv) == 0
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     rows = {row["llm"]: row for row in result["rows"]}

@@ -11,6 +11,7 @@ Every model artifact is a directory with ``model.safetensors`` (no pickle) and `
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -161,6 +162,14 @@ def save_original(loaded: LoadedModel, out_dir: Path) -> Path:
     """Save the acquired model once, so that every node starts from the same weights."""
     if is_complete(out_dir):
         return out_dir
+    if loaded.source == "factory":
+        from tools.torch_models import FactoryModel, save_factory_original
+
+        if not isinstance(loaded, FactoryModel) or loaded.factory_spec is None:
+            raise ValueError(f"factory model {loaded.spec!r} carries no FactorySpec: build it with build_factory_model")
+        with _StagingDir(out_dir) as tmp:
+            save_factory_original(loaded, loaded.factory_spec, tmp)
+        return out_dir
     with _StagingDir(out_dir) as tmp:
         cast(Any, loaded.model).save_pretrained(tmp, safe_serialization=True)
         if loaded.processor is not None:
@@ -251,21 +260,20 @@ def load_original(path: Path) -> LoadedModel:
     key = (str(path.resolve()), (path / WEIGHTS_FILE).stat().st_mtime)
     if key not in _ORIGINALS:
         _ORIGINALS.clear()
-        loaded = acquire_model(str(path), device="cpu")
         meta = read_json(path / META_FILE)
-        loaded.spec, loaded.source = meta.get("spec", loaded.spec), meta.get("source", loaded.source)
-        loaded.untrained = bool(meta.get("untrained", False))
+        loaded: LoadedModel
+        if meta.get("source") == "factory":
+            from tools.torch_models import load_factory_original
+
+            loaded = load_factory_original(path)
+        else:
+            loaded = acquire_model(str(path), device="cpu")
+            loaded.spec, loaded.source = meta.get("spec", loaded.spec), meta.get("source", loaded.source)
+            loaded.untrained = bool(meta.get("untrained", False))
         _ORIGINALS[key] = loaded
     cached = _ORIGINALS[key]
-    return LoadedModel(
-        model=copy.deepcopy(cached.model),
-        processor=cached.processor,
-        family=cached.family,
-        source=cached.source,
-        spec=cached.spec,
-        untrained=cached.untrained,
-        id2label=dict(cached.id2label),
-    )
+    # replace() keeps the subclass (FactoryModel) and every field, preprocessing included
+    return dataclasses.replace(cached, model=copy.deepcopy(cached.model), id2label=dict(cached.id2label))
 
 
 def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module:

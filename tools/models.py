@@ -43,6 +43,8 @@ class LoadedModel:
     spec: str
     untrained: bool = False
     id2label: dict[int, str] = field(default_factory=dict)
+    preprocessing: dict[str, Any] | None = None
+    """Plain PyTorch models (no processor): ``image_size`` [h, w], ``channels``, ``mean``, ``std``."""
 
     @property
     def num_labels(self) -> int:
@@ -214,9 +216,24 @@ class ModelSource:
     load: Callable[[str], LoadedModel]
 
 
+def _is_factory(spec: str) -> bool:
+    from tools.torch_models import is_factory_spec
+
+    return is_factory_spec(spec)
+
+
+def _load_factory(spec: str, options: Mapping[str, Any] | None = None) -> LoadedModel:
+    from tools.torch_models import FactorySpec, build_factory_model
+
+    if options is not None:
+        return build_factory_model(FactorySpec.model_validate({**options, "factory": spec}))
+    return build_factory_model(FactorySpec.from_options(spec))
+
+
 MODEL_SOURCES: list[ModelSource] = [
     ModelSource("builtin", lambda s: s in BUILTIN_MODELS, _load_builtin),
     ModelSource("demo", lambda s: s in DEMO_MODELS, lambda s: _load_pretrained(str(DEMO_MODELS[s]), "demo")),
+    ModelSource("factory", _is_factory, _load_factory),
     ModelSource("local", lambda s: Path(s).is_dir(), lambda s: _load_pretrained(s, "local")),
     ModelSource(
         "hub",
@@ -234,17 +251,28 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def acquire_model(spec: str, device: str = "cpu") -> LoadedModel:
-    """Load ``spec`` through the first model source that accepts it, in eval mode on ``device``."""
-    for source in MODEL_SOURCES:
-        if source.accepts(spec):
-            loaded = source.load(spec)
-            break
+def acquire_model(spec: str, device: str = "cpu", factory_options: Mapping[str, Any] | None = None) -> LoadedModel:
+    """Load ``spec`` through the first model source that accepts it, in eval mode on ``device``.
+
+    ``factory_options`` (``FactorySpec`` fields but ``factory``) apply to a ``module:factory`` spec only.
+    """
+    if factory_options is not None:
+        if not _is_factory(spec):
+            raise ModelLoadError(
+                f"--weights/--labels/--image-size/--mean/--std/--channels: only for --model module.path:factory, "
+                f"not {spec!r}"
+            )
+        loaded = _load_factory(spec, factory_options)
     else:
-        raise ModelLoadError(
-            f"model {spec!r} not found: give a Hugging Face id, a save_pretrained directory, "
-            f"or one of {', '.join((*BUILTIN_MODELS, *DEMO_MODELS))}"
-        )
+        for source in MODEL_SOURCES:
+            if source.accepts(spec):
+                loaded = source.load(spec)
+                break
+        else:
+            raise ModelLoadError(
+                f"model {spec!r} not found: give a Hugging Face id, a save_pretrained directory, "
+                f"module.path:factory (with --weights), or one of {', '.join((*BUILTIN_MODELS, *DEMO_MODELS))}"
+            )
     loaded.model.to(resolve_device(device))
     logger.info("acquired %s (%s, %s)", spec, type(loaded.model).__name__, loaded.source)
     return loaded

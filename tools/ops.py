@@ -67,10 +67,10 @@ def example_input(
 # --- acquisition and input shape --------------------------------------------------------------------
 
 
-def acquire(spec: str, out_dir: Path, device: str = "cpu") -> ModelInfo:
+def acquire(spec: str, out_dir: Path, device: str = "cpu", factory_options: dict[str, Any] | None = None) -> ModelInfo:
     """Load a model from any source and save it as the run's original artifact."""
     if not is_complete(out_dir):
-        loaded = acquire_model(spec, device="cpu")
+        loaded = acquire_model(spec, device="cpu", factory_options=factory_options)
         save_original(loaded, out_dir)
     loaded = load_original(out_dir)
     meta = read_json(out_dir / "artifact.json")
@@ -90,6 +90,12 @@ def _shape_candidates(loaded: LoadedModel) -> list[InputShape]:
     config = getattr(loaded.model, "config", None)
     channels = int(getattr(config, "num_channels", 3) or 3)
     candidates: list[InputShape] = []
+    if loaded.preprocessing:
+        pre = loaded.preprocessing
+        height, width = pre["image_size"]
+        candidates.append(
+            InputShape(channels=int(pre["channels"]), height=int(height), width=int(width), source="--image-size")
+        )
     processor = loaded.processor
     for attr in ("crop_size", "size"):
         size = getattr(processor, attr, None) if processor is not None else None
@@ -293,7 +299,12 @@ def evaluate(
     batch = min(batch_size, samples)
     if dataset is not None and label_match is not None and not loaded.untrained:
         data = _dataset(dataset, split, samples, seed)
-        preprocess = build_preprocess(loaded.processor, shape.as_tuple())
+        if loaded.preprocessing:
+            from tools.torch_models import preprocess_for
+
+            preprocess = preprocess_for(loaded.preprocessing)
+        else:
+            preprocess = build_preprocess(loaded.processor, shape.as_tuple())
         accuracy, counted = evaluate_accuracy(
             model,
             preprocess,

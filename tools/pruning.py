@@ -413,6 +413,12 @@ def _static_issue(ctx: _Context, module: nn.Module) -> str | None:
 def _group_issue(ctx: _Context, module: nn.Module, group: Any) -> str | None:
     """Why the coupled group rooted at ``module`` may not be pruned."""
     dg = ctx.dg
+    widths = {_out_channels(m) for m in _group_out_modules(ctx, group) if isinstance(m, _PRUNABLE_TYPES)}
+    if len(widths) > 1:  # e.g. a zero-padding shortcut, which the dependency graph takes for element-wise
+        return (
+            f"coupled to layers of other widths ({', '.join(map(str, sorted(widths)))} channels) across an op the "
+            "dependency graph does not model, such as a zero-padding shortcut"
+        )
     for dep, _idxs in group:
         target = dep.target.module
         out_fn = dg.is_out_channel_pruning_fn(dep.handler)

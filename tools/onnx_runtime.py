@@ -1,0 +1,292 @@
+"""The ONNX Runtime baseline: export a classifier to ONNX, quantize it dynamically, run it like a model.
+
+The paper compares its compressed models with ONNX Runtime's post-training dynamic quantization.
+This module does that baseline end to end:
+
+* :func:`export_onnx` — FP32 export through the TorchScript exporter (``dynamo=False``: with torch
+  2.13 the dynamo exporter's graph makes ``quantize_dynamic`` fail in shape inference), input
+  ``pixel_values``, output ``logits``, dynamic batch axis;
+* :func:`quantize_onnx` — ``onnxruntime.quantization.quantize_dynamic`` of the ``MatMul``/``Gemm``
+  weights to int8 (activations quantized per call, as ``torch.ao`` dynamic quantization does);
+* :class:`OrtModel` — an ``InferenceSession`` behind ``model(pixel_values) -> logits`` (a torch
+  tensor), so that :func:`tools.evaluation.evaluate_accuracy`, :func:`~tools.evaluation.measure_latency`
+  and :func:`~tools.evaluation.compare_latencies` take it like any model;
+* :func:`onnx_baseline` — export + quantize into a directory, idempotent (complete files are reused).
+
+Every file is written under a temporary name and moved into place, so a file that exists is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from tools.models import logits_of
+
+logger = logging.getLogger(__name__)
+
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+DEFAULT_OPSET = 17
+FP32_FILENAME = "model.onnx"
+QUANTIZED_FILENAME = "model.int8.onnx"
+QUANTIZED_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
+
+
+class OnnxRuntimeError(RuntimeError):
+    """An export, quantization or session that cannot be carried out (one line, actionable)."""
+
+
+class _LogitsOnly(nn.Module):
+    """``pixel_values -> logits`` for any classifier (HF models return a ModelOutput)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return logits_of(self.model(pixel_values))
+
+
+@contextmanager
+def _atomic_target(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` that replaces it when the block succeeds (removed otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # created by the writer
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def export_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, *, opset: int = DEFAULT_OPSET) -> Path:
+    """Export ``model`` (FP32, eval mode, on CPU) to ONNX at ``path``; batch axis dynamic.
+
+    The model is left in the mode and on the device it was in. Models over 2 GB (protobuf's limit)
+    are not supported by this single-file export.
+    """
+    path = Path(path)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    wrapper = _LogitsOnly(model).cpu().eval()
+    example = example_input.detach().cpu().float()
+    try:
+        with _atomic_target(path) as tmp, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", category=UserWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            torch.onnx.export(
+                wrapper,
+                (example,),
+                str(tmp),
+                dynamo=False,
+                export_params=True,
+                opset_version=opset,
+                do_constant_folding=True,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
+    except Exception as exc:
+        raise OnnxRuntimeError(f"ONNX export of {type(model).__name__} failed: {_first_line(exc)}") from exc
+    finally:
+        model.to(device)
+        model.train(was_training)
+    logger.info("exported %s to %s (%.2f MB)", type(model).__name__, path, path.stat().st_size / 1e6)
+    return path
+
+
+def quantize_onnx(
+    fp32_path: Path,
+    out_path: Path,
+    *,
+    per_channel: bool = True,
+    preprocess: bool = True,
+    op_types: Sequence[str] = QUANTIZED_OP_TYPES,
+) -> Path:
+    """Dynamic int8 quantization of the ``op_types`` weights of ``fp32_path`` (ONNX Runtime), to ``out_path``.
+
+    Weights are signed int8 (symmetric; per output channel when ``per_channel``), activations are
+    quantized to uint8 on each call; only MatMuls with a constant weight are quantized (ORT's
+    default for dynamic mode). ``preprocess`` runs ORT's ``quant_pre_process`` (shape inference and
+    graph optimization) on a temporary copy first.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    fp32_path, out_path = Path(fp32_path), Path(out_path)
+    if not fp32_path.is_file():
+        raise OnnxRuntimeError(f"{fp32_path} does not exist: export the FP32 model first (export_onnx)")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ort-quant-", dir=out_path.parent) as work:
+        source = fp32_path
+        if preprocess:
+            source = Path(work) / "preprocessed.onnx"
+            try:
+                quant_pre_process(str(fp32_path), str(source), skip_symbolic_shape=False)
+            except Exception as exc:  # symbolic shape inference fails on some graphs: quantize without it
+                logger.warning("quant_pre_process failed (%s); quantizing the model as exported", _first_line(exc))
+                source = fp32_path
+        try:
+            with _atomic_target(out_path) as tmp, _root_info_muted():
+                quantize_dynamic(
+                    source,
+                    tmp,
+                    op_types_to_quantize=list(op_types),
+                    per_channel=per_channel,
+                    weight_type=QuantType.QInt8,
+                )
+        except Exception as exc:
+            raise OnnxRuntimeError(
+                f"ONNX Runtime dynamic quantization of {fp32_path} failed: {_first_line(exc)}"
+            ) from exc
+    logger.info("quantized %s to %s (%.2f MB)", fp32_path, out_path, out_path.stat().st_size / 1e6)
+    return out_path
+
+
+class _DropRootInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+@contextmanager
+def _root_info_muted() -> Iterator[None]:
+    """Drop the per-tensor INFO lines ``quantize_dynamic`` logs through ``logging.info`` (the root logger).
+
+    A filter on the root logger sees only records logged on it directly, not those propagated from
+    named loggers, so the application's own logging is untouched.
+    """
+    root = logging.getLogger()
+    muted = _DropRootInfo()
+    root.addFilter(muted)
+    try:
+        yield
+    finally:
+        root.removeFilter(muted)
+
+
+class OrtModel:
+    """An ONNX Runtime CPU session used like a classifier: ``model(pixel_values) -> logits`` (torch tensor).
+
+    ``threads`` (intra-op) defaults to ``torch.get_num_threads()`` so ORT and torch compete on equal
+    terms; one inter-op thread, sequential execution, all graph optimizations. ``spinning=False``
+    (default) lets ORT's idle worker threads sleep instead of busy-waiting: on a shared or small
+    machine the spinning threads steal the cores other threads (and the next model timed in an
+    interleaved comparison) need; ViT-B/16 int8 at 2 threads on a loaded 2-core host took 125 ms
+    without spinning and 231 ms with it.
+
+    Not an ``nn.Module``: the evaluation helpers call ``.eval()``/``.train()`` only on nn.Modules,
+    read the float dtype only from nn.Modules, and move the input batch to ``device`` themselves
+    (keep ``device="cpu"``); the input is converted to a float32 CPU array here.
+    """
+
+    def __init__(self, path: Path | str, *, threads: int | None = None, spinning: bool = False) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise OnnxRuntimeError(f"{self.path} does not exist: export (and quantize) the model first")
+        self.threads = int(threads) if threads and threads > 0 else torch.get_num_threads()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise OnnxRuntimeError(f"cannot open {self.path} with ONNX Runtime: {_first_line(exc)}") from exc
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        if len(inputs) != 1:
+            raise OnnxRuntimeError(f"{self.path} has {len(inputs)} inputs: expected one (pixel_values)")
+        self.input_name: str = inputs[0].name
+        self.output_name: str = outputs[0].name
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        array = pixel_values.detach().to("cpu", torch.float32).contiguous().numpy()
+        (logits,) = self.session.run([self.output_name], {self.input_name: array})
+        return torch.from_numpy(logits)
+
+    def __repr__(self) -> str:
+        return f"OrtModel({str(self.path)!r}, threads={self.threads})"
+
+
+class OnnxBaseline(BaseModel):
+    """The ONNX Runtime baseline's files; sizes in MB of 10^6 bytes."""
+
+    fp32_path: str
+    quantized_path: str
+    fp32_size_mb: float = Field(description="FP32 .onnx file, 10^6 bytes")
+    quantized_size_mb: float = Field(description="int8 .onnx file, 10^6 bytes")
+    threads: int = Field(description="intra-op threads for sessions opened through this record")
+
+    def fp32_model(self, threads: int | None = None) -> OrtModel:
+        return OrtModel(self.fp32_path, threads=threads or self.threads)
+
+    def quantized_model(self, threads: int | None = None) -> OrtModel:
+        return OrtModel(self.quantized_path, threads=threads or self.threads)
+
+
+def onnx_baseline(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    out_dir: Path,
+    *,
+    threads: int | None = None,
+    per_channel: bool = True,
+) -> OnnxBaseline:
+    """Export ``model`` to ``out_dir/model.onnx`` and quantize it to ``out_dir/model.int8.onnx``.
+
+    Idempotent: a file already there is complete (atomic writes) and is reused as it is, whatever
+    model or options made it; use a fresh ``out_dir`` per model. ``threads`` is recorded for the
+    sessions opened through the record (:meth:`OnnxBaseline.quantized_model`); default: torch's.
+    """
+    out_dir = Path(out_dir)
+    fp32 = out_dir / FP32_FILENAME
+    quantized = out_dir / QUANTIZED_FILENAME
+    exported = not fp32.is_file()
+    if exported:
+        export_onnx(model, example_input, fp32)
+    else:
+        logger.info("reusing %s", fp32)
+    if exported or not quantized.is_file():  # a fresh export makes an older quantized file stale
+        quantize_onnx(fp32, quantized, per_channel=per_channel)
+    else:
+        logger.info("reusing %s", quantized)
+    return OnnxBaseline(
+        fp32_path=str(fp32),
+        quantized_path=str(quantized),
+        fp32_size_mb=round(fp32.stat().st_size / 1e6, 4),
+        quantized_size_mb=round(quantized.stat().st_size / 1e6, 4),
+        threads=int(threads) if threads and threads > 0 else torch.get_num_threads(),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+__all__: list[str] = [
+    "OnnxBaseline",
+    "OnnxRuntimeError",
+    "OrtModel",
+    "export_onnx",
+    "onnx_baseline",
+    "quantize_onnx",
+]
