@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", required=True, help="directory for one run per LLM and compare.{json,md}")
     compare.add_argument("--llm", action="append", required=True, dest="llms", help="a chat model; repeat")
     _add_run_options(compare, demo=True)
+    bench = sub.add_parser("bench", help="the agent vs uniform pruning and ONNX Runtime: the paper's tables")
+    bench.add_argument("--model", action="append", required=True, dest="models", help="a model; repeat")
+    _add_factory_options(bench)
+    bench.add_argument("--dataset")
+    bench.add_argument("--split")
+    bench.add_argument("--out", required=True, help="directory for bench.json, tables, plots and the runs")
+    bench.add_argument("--ratios", default="0.01,0.1,0.2", help="uniform pruning ratios (default 0.01,0.1,0.2)")
+    _add_run_options(bench, demo=True)
     resume = sub.add_parser("resume", help="continue an interrupted run")
     resume.add_argument("--run-dir", required=True)
     resume.add_argument("--thread-id")
@@ -283,6 +291,37 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
     print(f"table: {Path(args.out) / 'compare.md'}")
 
 
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from graph.bench import run_bench
+    from tools.torch_models import is_factory_spec
+
+    try:
+        ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
+    except ValueError:
+        raise ValueError(f"--ratios must be comma-separated numbers, not {args.ratios!r}") from None
+    if not ratios or not all(0 < r < 1 for r in ratios):
+        raise ValueError("--ratios must be numbers in (0, 1), e.g. 0.01,0.1,0.2")
+    factories = [m for m in args.models if is_factory_spec(m)]
+    options = None
+    if factories:
+        args.model = factories[0]
+        options = factory_options(args)
+    result = run_bench(
+        args.models,
+        dataset=args.dataset,
+        split=args.split,
+        out_dir=Path(args.out),
+        ctx=_context(args, ""),
+        ratios=ratios,
+        model_options=options,
+        on_update=_Progress(),
+    )
+    out = Path(args.out)
+    for name in ("table1", "table3", "table4"):
+        print((out / f"{name}.md").read_text())
+    print(f"bench: {out / 'bench.json'}, tables, CSV and plots in {out} ({len(result['models'])} model(s))")
+
+
 def _cmd_resume(args: argparse.Namespace) -> None:
     from graph.runner import resume_run
 
@@ -310,6 +349,7 @@ COMMANDS = {
     "run": _cmd_run,
     "demo": _cmd_demo,
     "compare-llms": _cmd_compare_llms,
+    "bench": _cmd_bench,
     "resume": _cmd_resume,
     "status": _cmd_status,
 }

@@ -266,6 +266,51 @@ def match_dataset_labels(
     return match_labels(loaded.id2label, data.label_names).model_dump()
 
 
+def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]], torch.Tensor]:
+    """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
+    loaded = load_original(original_dir)
+    if loaded.preprocessing:
+        from tools.torch_models import preprocess_for
+
+        return preprocess_for(loaded.preprocessing)
+    return build_preprocess(loaded.processor, shape.as_tuple())
+
+
+def accuracy_of(
+    model: Callable[[torch.Tensor], Any],
+    original_dir: Path,
+    shape: InputShape,
+    *,
+    dataset: str | None,
+    split: str | None,
+    label_match: dict[str, Any] | None,
+    samples: int,
+    seed: int,
+    batch_size: int,
+    device: str = "cpu",
+    progress: bool = True,
+    desc: str = "evaluate",
+) -> tuple[float | None, int]:
+    """Top-1 accuracy of any model callable (torch module, ONNX Runtime session) on the seeded subset.
+
+    None (and 0 samples) without a dataset, or for an untrained model.
+    """
+    from tools.evaluation import LabelMatch, evaluate_accuracy
+
+    if dataset is None or label_match is None or load_original(original_dir).untrained:
+        return None, 0
+    return evaluate_accuracy(
+        model,
+        preprocess_of(original_dir, shape),
+        _dataset(dataset, split, samples, seed),
+        LabelMatch.model_validate(label_match),
+        batch_size=batch_size,
+        device=str(resolve_device(device)),
+        progress=progress,
+        desc=desc,
+    )
+
+
 def evaluate(
     artifact_dir: Path,
     original_dir: Path,
@@ -282,39 +327,26 @@ def evaluate(
     desc: str = "evaluate",
 ) -> Metrics:
     """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
-    from tools.evaluation import (
-        LabelMatch,
-        evaluate_accuracy,
-        file_size_mb,
-        measure_latency,
-        measure_throughput,
-    )
+    from tools.evaluation import file_size_mb, measure_latency, measure_throughput
 
-    loaded = load_original(original_dir)
     meta = read_json(artifact_dir / "artifact.json")
     run_device = "cpu" if meta["kind"] == "quantized" else device
     model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
-    accuracy: float | None = None
-    counted = 0
     batch = min(batch_size, samples)
-    if dataset is not None and label_match is not None and not loaded.untrained:
-        data = _dataset(dataset, split, samples, seed)
-        if loaded.preprocessing:
-            from tools.torch_models import preprocess_for
-
-            preprocess = preprocess_for(loaded.preprocessing)
-        else:
-            preprocess = build_preprocess(loaded.processor, shape.as_tuple())
-        accuracy, counted = evaluate_accuracy(
-            model,
-            preprocess,
-            data,
-            LabelMatch.model_validate(label_match),
-            batch_size=batch_size,
-            device=str(resolve_device(run_device)),
-            progress=progress,
-            desc=desc,
-        )
+    accuracy, counted = accuracy_of(
+        model,
+        original_dir,
+        shape,
+        dataset=dataset,
+        split=split,
+        label_match=label_match,
+        samples=samples,
+        seed=seed,
+        batch_size=batch_size,
+        device=run_device,
+        progress=progress,
+        desc=desc,
+    )
     single = example_input(shape, device=run_device, seed=seed)
     latency = measure_latency(model, single, warmup=3, repeats=10)
     # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up

@@ -17,6 +17,17 @@ def metrics_view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     return view
 
 
+def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
+    """Every model file of the run with its size (10^6 bytes) and SHA-256, to check what is deployed."""
+    from tools.artifacts import sha256_of
+
+    files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".onnx"))
+    return [
+        {"path": str(p.relative_to(run_dir)), "size_mb": round(p.stat().st_size / 1e6, 4), "sha256": sha256_of(p)}
+        for p in files
+    ]
+
+
 def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     info = state["model_info"]
     rounds = [
@@ -53,6 +64,7 @@ def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
         "untrained": info.get("untrained", False),
         "notes": state.get("notes") or [],
         "settings": settings,
+        "artifacts": artifact_inventory(Path(state["run_dir"])),
     }
 
 
@@ -155,6 +167,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| `{g['pattern']}` | {100 * g['latency_share']:.1f}% | {100 * g['macs_share']:.1f}% |")
     if report["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    if report.get("artifacts"):
+        lines += ["", "## Artifacts", "", "| file | size (MB) | SHA-256 |", "|---|---|---|"]
+        lines += [f"| `{a['path']}` | {a['size_mb']:.3f} | `{a['sha256'][:16]}…` |" for a in report["artifacts"]]
     return "\n".join(lines) + "\n"
 
 
