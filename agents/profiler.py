@@ -15,7 +15,7 @@ from tools import ops
 def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
     run = paths(dict(state))
-    profile = ops.profile(run.original, shape_of(dict(state)), run.profile, device=ctx.device)
+    profile = ops.profile(run.original, shape_of(dict(state)), run.profile, device=ctx.device, progress=ctx.progress)
     top = [
         {"pattern": g.pattern, "latency_share": g.latency_share, "macs_share": g.macs_share} for g in profile.groups[:5]
     ]

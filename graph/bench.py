@@ -71,14 +71,17 @@ def _params_at(original: Path, shape: InputShape, ratio: float, prunable: dict[s
 
 def matched_ratio(original: Path, shape: InputShape, prunable: dict[str, Any], target_params: int) -> float:
     """The uniform ratio whose pruned model has (about) ``target_params`` parameters, by bisection."""
+    counts = {0.0: _params_at(original, shape, 0.0, prunable), 0.9: _params_at(original, shape, 0.9, prunable)}
     low, high = 0.0, 0.9
     for _ in range(7):
-        mid = (low + high) / 2
-        if _params_at(original, shape, mid, prunable) > target_params:
+        mid = round((low + high) / 2, 4)
+        counts[mid] = _params_at(original, shape, mid, prunable)
+        if counts[mid] > target_params:
             low = mid
         else:
             high = mid
-    return round((low + high) / 2, 3)
+    # channel and head counts are integers: take whichever bracket lands closer to the target
+    return min((low, high), key=lambda r: abs(counts[r] - target_params))
 
 
 class _ModelBench:

@@ -149,7 +149,9 @@ def resolve_input_shape(original_dir: Path, device: str = "cpu") -> InputShape:
 # --- profiling --------------------------------------------------------------------------------------
 
 
-def profile(original_dir: Path, shape: InputShape, out_dir: Path, device: str = "cpu") -> ModelProfile:
+def profile(
+    original_dir: Path, shape: InputShape, out_dir: Path, device: str = "cpu", progress: bool = False
+) -> ModelProfile:
     """Static (ptflops) and dynamic (torch.profiler, hooks) profile; ``profile.json`` and a Chrome trace."""
     from tools.profiling import profile_model
 
@@ -159,7 +161,11 @@ def profile(original_dir: Path, shape: InputShape, out_dir: Path, device: str = 
     loaded = load_original(original_dir)
     model = loaded.model.to(resolve_device(device))
     result = profile_model(
-        model, example_input(shape, device=device), family=loaded.family, trace_path=out_dir / "trace.json"
+        model,
+        example_input(shape, device=device),
+        family=loaded.family,
+        trace_path=out_dir / "trace.json",
+        progress=progress,
     )
     atomic_write_json(target, result.model_dump())
     return result

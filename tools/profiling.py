@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from tqdm import tqdm
 
 from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile, OperatorProfile
 
@@ -826,26 +827,36 @@ def profile_model(
     warmup: int = 1,
     iters: int = 3,
     trace_path: Path | None = None,
+    progress: bool = False,
 ) -> ModelProfile:
     """Profile ``model`` on ``example_inputs[:1]`` (batch size 1): MACs, params, latencies, operators.
 
     ``latency_s`` is the mean whole-model forward latency measured without hooks; layer latencies
-    come from a separate hooked run and their shares are relative to ``latency_s``. MACs/params
+    come from a separate hooked run and their shares are relative to the hooked run's total. MACs/params
     shares are relative to the model totals. The model is left unchanged (hooks, attributes, modes).
     """
     x = example_inputs[:1]
     input_shape = tuple(int(s) for s in x.shape[1:])
     started = time.perf_counter()
 
+    bar = tqdm(total=4, desc="profile", unit="stage", disable=not progress, leave=False)
+    bar.set_postfix_str("MACs and parameters (ptflops)")
     details = _static_details(model, input_shape)
     names = details.layer_names()
     t_static = time.perf_counter()
-
+    bar.update()
+    bar.set_postfix_str("per-layer latency (hooks)")
     latencies = _self_latencies(model, x, names, set(details.atomic), warmup=warmup, iters=iters)
     t_layers = time.perf_counter()
+    bar.update()
+    bar.set_postfix_str("model latency")
     latency_s = _model_latency(model, x, warmup=0, iters=iters)
     t_latency = time.perf_counter()
+    bar.update()
+    bar.set_postfix_str("operators (torch.profiler)")
     operators, peak_mb = operator_profile(model, x, iters=iters, trace_path=trace_path, warmup=0)
+    bar.update()
+    bar.close()
     t_ops = time.perf_counter()
 
     # shares of the hooked forward: self-latencies add up to it, while `latency_s` (timed without hooks) is
