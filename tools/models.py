@@ -59,6 +59,7 @@ def _builtin_configs() -> dict[str, Callable[[], Any]]:
 
     return {
         "vit-b16": lambda: ViTConfig(
+            architectures=["ViTForImageClassification"],
             image_size=224,
             patch_size=16,
             hidden_size=768,
@@ -68,6 +69,7 @@ def _builtin_configs() -> dict[str, Callable[[], Any]]:
             **labels(),
         ),
         "deit-b16": lambda: DeiTConfig(
+            architectures=["DeiTForImageClassification"],
             image_size=224,
             patch_size=16,
             hidden_size=768,
@@ -77,6 +79,7 @@ def _builtin_configs() -> dict[str, Callable[[], Any]]:
             **labels(),
         ),
         "swin-b": lambda: SwinConfig(
+            architectures=["SwinForImageClassification"],
             image_size=224,
             patch_size=4,
             embed_dim=128,
@@ -86,6 +89,7 @@ def _builtin_configs() -> dict[str, Callable[[], Any]]:
             **labels(),
         ),
         "resnet-101": lambda: ResNetConfig(
+            architectures=["ResNetForImageClassification"],
             embedding_size=64,
             hidden_sizes=[256, 512, 1024, 2048],
             depths=[3, 4, 23, 3],
