@@ -229,9 +229,9 @@ def _finish(result: RunResult) -> None:
             f"from {pending.get('source')}):"
         )
         print(json.dumps(pending.get("plan"), indent=2))
-        for error in pending.get("errors") or []:
-            print(f"problem with the last answer: {error}")
         print(f"continue with: profiling-agent resume --run-dir {result.run_dir} --approve | --plan FILE | --reject")
+        if pending.get("errors"):
+            raise ValueError(f"the edited plan was not accepted (the run is still paused): {pending['errors'][0]}")
         return
     report, run_dir = result.report, result.run_dir
     print(_summary(report))
