@@ -272,14 +272,38 @@ def match_dataset_labels(
     return match_labels(loaded.id2label, data.label_names).model_dump()
 
 
+class _MemoPreprocess:
+    """Preprocess each image once per process: every candidate of a run sees the same evaluation images."""
+
+    def __init__(self, preprocess: Callable[[list[Any]], torch.Tensor]) -> None:
+        self.preprocess = preprocess
+        self.done: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def __call__(self, images: list[Any]) -> torch.Tensor:
+        missing = [img for img in images if id(img) not in self.done]
+        if missing:
+            for img, tensor in zip(missing, self.preprocess(missing), strict=True):
+                self.done[id(img)] = (img, tensor)  # the image is kept, so its id stays unique
+        return torch.stack([self.done[id(img)][1] for img in images])
+
+
+_PREPROCESS: dict[tuple[str, tuple[int, int, int]], _MemoPreprocess] = {}
+
+
 def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]], torch.Tensor]:
     """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
-    loaded = load_original(original_dir)
-    if loaded.preprocessing:
+    key = (str(original_dir.resolve()), shape.as_tuple())
+    if key not in _PREPROCESS:
         from tools.torch_models import preprocess_for
 
-        return preprocess_for(loaded.preprocessing)
-    return build_preprocess(loaded.processor, shape.as_tuple())
+        loaded = load_original(original_dir)
+        _PREPROCESS.clear()  # one model's images at a time
+        _PREPROCESS[key] = _MemoPreprocess(
+            preprocess_for(loaded.preprocessing)
+            if loaded.preprocessing
+            else build_preprocess(loaded.processor, shape.as_tuple())
+        )
+    return _PREPROCESS[key]
 
 
 def accuracy_of(
