@@ -15,11 +15,8 @@ from tools.artifacts import atomic_write_json
 from tools.schemas import Metrics
 
 
-def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) -> Metrics:
-    return ops.evaluate(
-        artifact,
-        paths(state).original,
-        shape_of(state),
+def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
+    return ops.EvalSpec(
         dataset=state.get("dataset"),
         split=state.get("dataset_split"),
         label_match=state.get("label_match"),
@@ -28,8 +25,11 @@ def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) ->
         batch_size=ctx.batch_size,
         device=ctx.device,
         progress=ctx.progress,
-        desc=desc,
     )
+
+
+def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) -> Metrics:
+    return ops.evaluate(artifact, paths(state).original, shape_of(state), eval_spec(state, ctx), desc)
 
 
 def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

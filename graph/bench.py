@@ -112,20 +112,7 @@ class _ModelBench:
         return result.report
 
     def evaluate(self, model: Callable[[torch.Tensor], Any], desc: str) -> float | None:
-        accuracy, _ = ops.accuracy_of(
-            model,
-            self.original,
-            self.shape,
-            dataset=self.dataset,
-            split=self.split,
-            label_match=self.label_match,
-            samples=self.ctx.eval_samples,
-            seed=self.ctx.seed,
-            batch_size=self.ctx.batch_size,
-            progress=self.ctx.progress,
-            desc=desc,
-        )
-        return accuracy
+        return ops.accuracy_of(model, self.original, self.shape, self.eval_spec, desc)[0]
 
     def run(
         self, ratios: list[float], model_options: dict[str, Any] | None, on_update: UpdateHook | None
@@ -133,7 +120,15 @@ class _ModelBench:
         report = self.agent_report(model_options, on_update)
         self.original = RunPaths(self.run_dir).original
         self.shape = InputShape.model_validate(report["model"]["input_shape"])
-        self.label_match = report["dataset"]["label_match"]
+        self.eval_spec = ops.EvalSpec(
+            dataset=self.dataset,
+            split=self.split,
+            label_match=report["dataset"]["label_match"],
+            samples=self.ctx.eval_samples,
+            seed=self.ctx.seed,
+            batch_size=self.ctx.batch_size,
+            progress=self.ctx.progress,
+        )
         rows = [
             self._row(name, report[key])
             for name, key in (
@@ -179,17 +174,7 @@ class _ModelBench:
                         seed=self.ctx.seed,
                     )
                     metrics = ops.evaluate(
-                        out / "model",
-                        self.original,
-                        self.shape,
-                        dataset=self.dataset,
-                        split=self.split,
-                        label_match=self.label_match,
-                        samples=self.ctx.eval_samples,
-                        seed=self.ctx.seed,
-                        batch_size=self.ctx.batch_size,
-                        progress=self.ctx.progress,
-                        desc=f"{criterion} {ratio:g}",
+                        out / "model", self.original, self.shape, self.eval_spec, f"{criterion} {ratio:g}"
                     )
                     atomic_write_json(metrics_file, metrics.model_dump())
                 rows.append(self._row(criterion, read_json(metrics_file), ratio, matched=ratio == matched))

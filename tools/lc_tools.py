@@ -61,18 +61,8 @@ def evaluate_model_tool(
     label_match = (
         ops.match_dataset_labels(Path(original_dir), dataset, None, samples, seed) if dataset is not None else None
     )
-    return ops.evaluate(
-        Path(model_dir),
-        Path(original_dir),
-        input_shape,
-        dataset=dataset,
-        split=None,
-        label_match=label_match,
-        samples=samples,
-        seed=seed,
-        batch_size=32,
-        progress=False,
-    ).model_dump()
+    spec = ops.EvalSpec(dataset=dataset, label_match=label_match, samples=samples, seed=seed, progress=False)
+    return ops.evaluate(Path(model_dir), Path(original_dir), input_shape, spec).model_dump()
 
 
 TOOLS: list[BaseTool] = [

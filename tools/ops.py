@@ -40,6 +40,19 @@ from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, Q
 logger = logging.getLogger(__name__)
 
 
+class EvalSpec(BaseModel):
+    """What every evaluation of a run shares: the data, its subset, and how to batch it."""
+
+    dataset: str | None
+    split: str | None = None
+    label_match: dict[str, Any] | None = None
+    samples: int = 500
+    seed: int = 0
+    batch_size: int = 32
+    device: str = "cpu"
+    progress: bool = True
+
+
 class ModelInfo(BaseModel):
     spec: str
     source: str
@@ -307,19 +320,7 @@ def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]]
 
 
 def accuracy_of(
-    model: Callable[[torch.Tensor], Any],
-    original_dir: Path,
-    shape: InputShape,
-    *,
-    dataset: str | None,
-    split: str | None,
-    label_match: dict[str, Any] | None,
-    samples: int,
-    seed: int,
-    batch_size: int,
-    device: str = "cpu",
-    progress: bool = True,
-    desc: str = "evaluate",
+    model: Callable[[torch.Tensor], Any], original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
 ) -> tuple[float | None, int]:
     """Top-1 accuracy of any model callable (torch module, ONNX Runtime session) on the seeded subset.
 
@@ -327,62 +328,35 @@ def accuracy_of(
     """
     from tools.evaluation import LabelMatch, evaluate_accuracy
 
-    if dataset is None or label_match is None or load_original(original_dir).untrained:
+    if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
         return None, 0
     return evaluate_accuracy(
         model,
         preprocess_of(original_dir, shape),
-        _dataset(dataset, split, samples, seed),
-        LabelMatch.model_validate(label_match),
-        batch_size=batch_size,
-        device=str(resolve_device(device)),
-        progress=progress,
+        _dataset(spec.dataset, spec.split, spec.samples, spec.seed),
+        LabelMatch.model_validate(spec.label_match),
+        batch_size=spec.batch_size,
+        device=str(resolve_device(spec.device)),
+        progress=spec.progress,
         desc=desc,
     )
 
 
 def evaluate(
-    artifact_dir: Path,
-    original_dir: Path,
-    shape: InputShape,
-    *,
-    dataset: str | None,
-    split: str | None,
-    label_match: dict[str, Any] | None,
-    samples: int,
-    seed: int,
-    batch_size: int,
-    device: str = "cpu",
-    progress: bool = True,
-    desc: str = "evaluate",
+    artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
 ) -> Metrics:
     """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
     from tools.evaluation import file_size_mb, measure_latency, measure_throughput
 
     meta = read_json(artifact_dir / "artifact.json")
-    run_device = "cpu" if meta["kind"] == "quantized" else device
+    run_device = "cpu" if meta["kind"] == "quantized" else spec.device  # quantized kernels are CPU kernels
     model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
-    batch = min(batch_size, samples)
-    accuracy, counted = accuracy_of(
-        model,
-        original_dir,
-        shape,
-        dataset=dataset,
-        split=split,
-        label_match=label_match,
-        samples=samples,
-        seed=seed,
-        batch_size=batch_size,
-        device=run_device,
-        progress=progress,
-        desc=desc,
-    )
-    single = example_input(shape, device=run_device, seed=seed)
+    accuracy, counted = accuracy_of(model, original_dir, shape, spec.model_copy(update={"device": run_device}), desc)
+    single = example_input(shape, device=run_device, seed=spec.seed)
     latency = measure_latency(model, single, warmup=3, repeats=10)
     # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up
-    throughput = measure_throughput(
-        model, example_input(shape, batch=batch, device=run_device, seed=seed), warmup=0, repeats=1
-    )
+    batch = example_input(shape, batch=min(spec.batch_size, spec.samples), device=run_device, seed=spec.seed)
+    throughput = measure_throughput(model, batch, warmup=0, repeats=1)
     float_model = load_compressed(Path(meta["recipe"]["source"])) if meta["kind"] == "quantized" else model
     return Metrics(
         accuracy=accuracy,

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import re
-import tempfile
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -80,20 +78,10 @@ def _png(fig: Figure) -> bytes:
 
 
 def save_png(data: bytes, path: Path | str) -> Path:
-    """Write PNG bytes to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    """Write PNG bytes to ``path`` atomically."""
+    from tools.artifacts import atomic_write_bytes
+
+    return atomic_write_bytes(Path(path), data)
 
 
 def _figure(size: tuple[float, float]) -> Figure:
