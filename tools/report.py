@@ -72,6 +72,11 @@ def _fmt_acc(value: float | None) -> str:
     return "n/a (untrained)" if value is None else f"{100 * value:.2f}%"
 
 
+def _fmt_delta(drop_points: float | None) -> str:
+    """An accuracy drop in points as a signed change: 0.5 -> '-0.50', 0 -> '+0.00' (never '-0.00')."""
+    return "-" if drop_points is None else f"{(round(-drop_points, 2) or 0.0):+.2f}"
+
+
 def _fmt_params(value: int | None) -> str:
     return "-" if value is None else f"{value / 1e6:.3f} M"
 
@@ -116,7 +121,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         saved = (1 - m["memory_mb"] / base["memory_mb"]) * 100 if base.get("memory_mb") else 0.0
         macs = "-" if m.get("macs") is None else f"{m['macs'] / 1e6:.1f} M"
         lines.append(
-            f"| {label} | {_fmt_acc(m.get('accuracy'))} | {'-' if drop is None else f'{-drop:+.2f}'} | "
+            f"| {label} | {_fmt_acc(m.get('accuracy'))} | {_fmt_delta(drop)} | "
             f"{_fmt_params(m.get('params'))} | {macs} | {_fmt_ms(m.get('latency_s'))} | "
             f"{_ratio(base.get('latency_s'), m.get('latency_s'))} | {m['memory_mb']:.2f} | {saved:.1f}% |"
         )
@@ -150,7 +155,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             drop = r.get("accuracy_drop_points")
             lines.append(
                 f"| {r['round']} | {r['source']} | {_fmt_acc(m.get('accuracy'))} | "
-                f"{'-' if drop is None else f'{-drop:+.2f}'} | {_fmt_params(m.get('params'))} | "
+                f"{_fmt_delta(drop)} | {_fmt_params(m.get('params'))} | "
                 f"{_fmt_ms(m.get('latency_s'))} | {'yes' if r['within_budget'] else 'NO'} | {plan} |"
             )
     lines += _planner_decisions(report)
