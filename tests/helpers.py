@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from agents.planners import PlanningContext
 
 DIGIT_LABELS = {
     i: n for i, n in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
@@ -55,3 +59,19 @@ def save_tiny(model: nn.Module, out: Path, size: int) -> Path:
         out
     )
     return out
+
+
+def planning_context(model: nn.Module, size: int, max_accuracy_drop: float = 1.0) -> PlanningContext:
+    """What a planner sees of a tiny real model: its profile and prunable layers, a 0.9 baseline."""
+    from agents.planners import PlanningContext
+    from tools.profiling import profile_model
+    from tools.pruning import prunable_layers
+
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+    return PlanningContext(
+        profile=profile_model(model, x, family="test", warmup=0, iters=1),
+        prunable=prunable_layers(model, x).model_dump(),
+        baseline_accuracy=0.9,
+        max_accuracy_drop=max_accuracy_drop,
+        max_ratio=0.6,
+    )

@@ -3,38 +3,24 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from agents.plan_validation import repair_plan, validate_plan
 from agents.planners import PlanningContext, RulesPlanner
-from tests.helpers import tiny_resnet, tiny_vit
-from tools.profiling import profile_model
-from tools.pruning import prunable_layers
+from tests.helpers import planning_context, tiny_resnet, tiny_vit
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
 
 HEADS = r"^vit\.layers\.\d+\.attention$"
 FC1 = r"^vit\.layers\.\d+\.mlp\.fc1$"
 
 
-def _context(model: torch.nn.Module, size: int) -> PlanningContext:
-    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
-    return PlanningContext(
-        profile=profile_model(model, x, family="test", warmup=0, iters=1),
-        prunable=prunable_layers(model, x).model_dump(),
-        baseline_accuracy=0.9,
-        max_accuracy_drop=1.0,
-        max_ratio=0.6,
-    )
-
-
 @pytest.fixture(scope="module")
 def vit_ctx() -> PlanningContext:
-    return _context(tiny_vit(), 16)
+    return planning_context(tiny_vit(), 16, 1.0)
 
 
 @pytest.fixture(scope="module")
 def resnet_ctx() -> PlanningContext:
-    return _context(tiny_resnet(), 32)
+    return planning_context(tiny_resnet(), 32, 1.0)
 
 
 def _plan(*recs: tuple[str, str, float], quant: list[QuantizationRecommendation] | None = None) -> OptimizationPlan:
