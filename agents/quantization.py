@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings
+from agents.common import add_notes, paths, settings, shape_of
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -16,21 +16,36 @@ from tools.schemas import OptimizationPlan, QuantizationRecommendation
 
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
-    run = paths(dict(state))
+    data: dict[str, Any] = dict(state)
+    run = paths(data)
+    shape = shape_of(data)
     recs = OptimizationPlan.model_validate(state["plan"]).quantization_recommendations or [
         QuantizationRecommendation(layer="all", dtype="qint8", justification="default: every nn.Linear")
     ]
     pruned = state.get("pruned")
     source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
-    original_report = ops.quantize(run.original, run.original, recs, run.quantized_original, backend=ctx.quant_backend)
+    original_report = ops.quantize(
+        run.original, run.original, recs, run.quantized_original, backend=ctx.quant_backend, shape=shape
+    )
     quantized_original = {
         "artifact": str(run.quantized_original),
         "source": str(run.original),
         "layers": len(original_report["layers"]),
+        "backend": original_report["backend"],
     }
+    notes = list(original_report.get("notes") or [])
     if source.resolve() == run.original.resolve():
         quantized = dict(quantized_original)
     else:
-        report = ops.quantize(source, run.original, recs, run.quantized, backend=ctx.quant_backend)
-        quantized = {"artifact": str(run.quantized), "source": str(source), "layers": len(report["layers"])}
-    return {"quantized": quantized, "quantized_original": quantized_original}
+        report = ops.quantize(source, run.original, recs, run.quantized, backend=ctx.quant_backend, shape=shape)
+        quantized = {
+            "artifact": str(run.quantized),
+            "source": str(source),
+            "layers": len(report["layers"]),
+            "backend": report["backend"],
+        }
+        notes += report.get("notes") or []
+    update: dict[str, Any] = {"quantized": quantized, "quantized_original": quantized_original}
+    if notes:
+        update["notes"] = add_notes(data, *(f"quantization: {note}" for note in notes))
+    return update

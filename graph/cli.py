@@ -73,7 +73,20 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--no-prune", action="store_true", help="skip pruning")
     parser.add_argument("--no-iterate", action="store_true", help="skip the iterative rounds")
     parser.add_argument("--no-quantize", action="store_true", help="skip quantization")
+    parser.add_argument(
+        "--quant-backend",
+        default=defaults.quant_backend,
+        choices=_quant_backends(),
+        help="torch-ao-dynamic (default): PyTorch int8 Linear layers, deployed as safetensors; onnxruntime: "
+        "ONNX Runtime int8 MatMul/Gemm, deployed (and run) as model.onnx; auto: onnxruntime when installed",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _quant_backends() -> list[str]:
+    from tools.quantization import BACKEND_CHOICES
+
+    return list(BACKEND_CHOICES)
 
 
 FACTORY_FLAGS = ("weights", "labels", "image_size", "mean", "std", "channels")
@@ -184,6 +197,7 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         prune=not args.no_prune,
         iterate=not args.no_iterate,
         quantize=not args.no_quantize,
+        quant_backend=args.quant_backend,
         progress=not args.no_progress,
         approve_plan=args.approve_plan,
         approve_rounds=args.approve_rounds,

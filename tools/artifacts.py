@@ -1,11 +1,14 @@
 """Run-dir layout, atomic writes, and safe save / load of original, pruned and quantized models.
 
-Every model artifact is a directory with ``model.safetensors`` (no pickle) and ``artifact.json``:
+Every model artifact is a directory with its deployed file (no pickle) and ``artifact.json``:
 
-* ``original``: a ``save_pretrained`` directory (config, weights, image processor).
-* ``pruned`` / ``quantized``: the weights as deployed plus a description of how the structure differs
-  from the original (per-module attributes and parameter shapes), so the model is rebuilt from the
-  original's config, resized, and loaded, without unpickling anything.
+* ``original``: a ``save_pretrained`` directory (config, ``model.safetensors``, image processor).
+* ``pruned``: ``model.safetensors`` plus a description of how the structure differs from the original
+  (per-module attributes and parameter shapes), so the model is rebuilt from the original's config,
+  resized, and loaded, without unpickling anything.
+* ``quantized``: the quantization backend's deployed file (``model.safetensors`` with int8 weights and
+  scales for ``torch-ao-dynamic``, an int8 ``model.onnx`` for ``onnxruntime``), the float structure,
+  and the quantization report naming the backend that loads it back (:func:`deployed_file`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tools.models import LoadedModel, family_of
-from tools.quantization import QuantReport, get_backend
+from tools.quantization import QUANTIZATION_BACKENDS, ModuleBackend, QuantizedModel, QuantReport, get_backend
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +81,24 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def deployed_file(artifact_dir: Path) -> Path:
+    """The file an artifact deploys (its ``memory_mb``): the quantization backend's, else ``model.safetensors``."""
+    artifact_dir = Path(artifact_dir)
+    try:
+        meta = read_json(artifact_dir / META_FILE)
+    except (OSError, ValueError):
+        return artifact_dir / WEIGHTS_FILE
+    quantization = meta.get("quantization") if isinstance(meta, dict) else None
+    if meta.get("kind") == "quantized" and isinstance(quantization, dict):
+        backend = QUANTIZATION_BACKENDS.get(str(quantization.get("backend")))
+        if backend is not None:
+            return artifact_dir / backend.deployed_file
+    return artifact_dir / WEIGHTS_FILE
+
+
 def is_complete(artifact_dir: Path) -> bool:
     """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
-    return (artifact_dir / META_FILE).is_file() and (artifact_dir / WEIGHTS_FILE).is_file()
+    return (artifact_dir / META_FILE).is_file() and deployed_file(artifact_dir).is_file()
 
 
 class _StagingDir:
@@ -218,40 +236,74 @@ def save_compressed(
     recipe: dict[str, Any],
     quant_report: QuantReport | None = None,
     float_model: nn.Module | None = None,
+    example_input: torch.Tensor | None = None,
 ) -> Path:
-    """Save a pruned or quantized model as safetensors plus its structure and recipe.
+    """Save a pruned or quantized model as deployed, plus its structure and recipe.
 
-    For a quantized model pass ``float_model`` (the float model it was quantized from), whose
-    structure is the one rebuilt before quantization on load.
+    For a quantized model pass its ``quant_report`` and ``float_model`` (the float model it was
+    quantized from, whose structure is the one rebuilt on load). ``model`` is the quantized module
+    for in-memory torch backends; a backend that quantizes while saving (``onnxruntime``) quantizes
+    ``float_model`` (or ``model``) itself from ``example_input`` (see :func:`save_quantized`).
     """
-    reference = load_original(base_dir).model
-    structure = describe_structure(float_model if float_model is not None else model, reference)
     if kind == "quantized":
         if quant_report is None:
             raise ValueError("a quantized artifact needs its QuantReport")
-        backend = get_backend(quant_report.backend)
-        tensors = {
-            k: v.detach().cpu().contiguous()
-            for k, v in model.state_dict().items()
-            if isinstance(v, torch.Tensor) and not backend.owns(k)
-        }
-        tensors.update(backend.export_tensors(model))
-    else:
-        tensors = _state_for_save(model)
+        in_memory = isinstance(get_backend(quant_report.backend), ModuleBackend)
+        return save_quantized(
+            float_model if float_model is not None else model,
+            out_dir,
+            base_dir=base_dir,
+            recipe=recipe,
+            report=quant_report,
+            example_input=example_input,
+            qmodel=model if in_memory else None,
+        )
+    reference = load_original(base_dir).model
     with _StagingDir(out_dir) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        meta = {
-            "format": 1,
-            "kind": kind,
-            "base": os.path.relpath(base_dir.resolve(), out_dir.resolve().parent),
-            "family": family_of(reference),
-            "model_class": type(reference).__name__,
-            "structure": structure,
-            "recipe": recipe,
-            "quantization": quant_report.model_dump() if quant_report else None,
-        }
-        atomic_write_json(tmp / META_FILE, meta)
+        save_file(_state_for_save(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        atomic_write_json(tmp / META_FILE, _meta(kind, base_dir, out_dir, reference, model, recipe, None))
     return out_dir
+
+
+def save_quantized(
+    float_model: nn.Module,
+    out_dir: Path,
+    *,
+    base_dir: Path,
+    recipe: dict[str, Any],
+    report: QuantReport,
+    example_input: torch.Tensor | None = None,
+    qmodel: nn.Module | None = None,
+) -> Path:
+    """Quantize ``float_model`` with ``report``'s backend and save the artifact (or save ``qmodel``, an
+    in-memory torch backend's result). The report written is the one the backend carried out."""
+    reference = load_original(base_dir).model
+    backend = get_backend(report.backend)
+    with _StagingDir(out_dir) as tmp:
+        done = backend.save(float_model, report, tmp, example_input=example_input, qmodel=qmodel)
+        atomic_write_json(tmp / META_FILE, _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done))
+    return out_dir
+
+
+def _meta(
+    kind: ArtifactKind,
+    base_dir: Path,
+    out_dir: Path,
+    reference: nn.Module,
+    model: nn.Module,
+    recipe: dict[str, Any],
+    quant_report: QuantReport | None,
+) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "kind": kind,
+        "base": os.path.relpath(base_dir.resolve(), out_dir.resolve().parent),
+        "family": family_of(reference),
+        "model_class": type(reference).__name__,
+        "structure": describe_structure(model, reference),
+        "recipe": recipe,
+        "quantization": quant_report.model_dump() if quant_report else None,
+    }
 
 
 # --- load -------------------------------------------------------------------------------------------
@@ -282,33 +334,48 @@ def load_original(path: Path) -> LoadedModel:
     return dataclasses.replace(cached, model=copy.deepcopy(cached.model), id2label=dict(cached.id2label))
 
 
-def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module:
-    """Rebuild any model artifact (original, pruned or quantized) without unpickling, ready to run."""
+def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | QuantizedModel:
+    """Rebuild any model artifact (original, pruned or quantized) without unpickling, ready to run.
+
+    An ``nn.Module``, except for a quantized artifact whose backend deploys another runtime: an
+    ``onnxruntime`` artifact loads as an :class:`tools.onnx_runtime.OrtModel` (callable
+    ``pixel_values -> logits``, CPU, ``torch.get_num_threads()`` threads). :func:`load_module` insists
+    on an ``nn.Module``.
+    """
     path = Path(path)
     if not is_complete(path):
-        raise FileNotFoundError(f"{path} is not a complete model artifact (no {META_FILE} / {WEIGHTS_FILE})")
+        raise FileNotFoundError(
+            f"{path} is not a complete model artifact (no {META_FILE} / {deployed_file(path).name})"
+        )
     meta = read_json(path / META_FILE)
     if meta["kind"] == "original":
         return load_original(path).model.to(device).eval()
     base = (path.parent / meta["base"]).resolve()
-    model = load_original(base).model
-    apply_structure(model, meta["structure"])
-    tensors = load_file(str(path / WEIGHTS_FILE))
+
+    def rebuild() -> nn.Module:
+        model = load_original(base).model
+        apply_structure(model, meta["structure"])
+        return model
+
     if meta["kind"] == "quantized":
         report = QuantReport.model_validate(meta["quantization"])
-        backend = get_backend(report.backend)
-        model = backend.quantize(model, report.layers)
-        state = model.state_dict()
-        missing = [k for k in state if k not in tensors and not backend.owns(k)]
-        state.update({k: v for k, v in tensors.items() if k in state})  # keeps the versions metadata
-        model.load_state_dict(state)
-        backend.import_tensors(model, tensors)
-    else:
-        result = model.load_state_dict(tensors, strict=False)
-        missing = [k for k in result.missing_keys if not _is_tied(model, k, tensors)]
+        deployed = get_backend(report.backend).load(path, report, rebuild)
+        return deployed.to(device).eval() if isinstance(deployed, nn.Module) else deployed
+    model = rebuild()
+    tensors = load_file(str(path / WEIGHTS_FILE))
+    result = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in result.missing_keys if not _is_tied(model, k, tensors)]
     if missing:
         raise ValueError(f"artifact {path} lacks tensors for {missing[:5]}")
     return model.to(device).eval()
+
+
+def load_module(path: str | Path, device: str = "cpu") -> nn.Module:
+    """:func:`load_compressed` for an artifact that must load as an ``nn.Module`` (a float model, say)."""
+    model = load_compressed(path, device)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{path} deploys {type(model).__name__}, not a torch module: it cannot be used as one")
+    return model
 
 
 def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bool:
@@ -319,7 +386,7 @@ def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bo
 
 
 def artifact_weights(path: Path) -> Path:
-    return path / WEIGHTS_FILE
+    return deployed_file(path)
 
 
 class RunPaths:

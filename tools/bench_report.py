@@ -169,8 +169,9 @@ def write_bench_outputs(result: dict[str, Any], out_dir: Path) -> None:
     notes = {
         "table1": "Structured pruning without fine-tuning: uniform baselines (every prunable layer at one ratio; "
         "'matched' = the ratio giving the agent's parameter count) vs the agent's best pruned model.",
-        "table3": "Dynamic int8 quantization: the agent's (PyTorch) vs ONNX Runtime's, on the original model, plus "
-        "the agent's pruned-and-quantized model. Speed gain vs ONNX Runtime = ONNX Runtime's time / ours.",
+        "table3": "Dynamic int8 quantization: the agent's (with its quantization backend) vs ONNX Runtime's, on the "
+        "original model, plus the agent's pruned-and-quantized model. Speed gain vs ONNX Runtime = ONNX Runtime's "
+        "time / ours.",
         "table4": "Pruning vs quantization against the original model.",
     }
     builders = {"table1": table1, "table3": table3, "table4": table4}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import statistics
 import time
@@ -464,9 +465,11 @@ def compare_latencies(
 ) -> dict[str, float]:
     """Median seconds per call of each model on ``example_input``, measured interleaved.
 
-    Each repetition runs every model once, round-robin, with the order rotated by one each time, so
-    that drifting machine load affects all models alike and their ratios hold. Works for nn.Modules
-    (run in eval mode under ``torch.inference_mode``) and any callable (e.g. an ONNX Runtime wrapper).
+    Each repetition runs every model once, in a fresh seeded random order, so that drifting machine load
+    affects all models alike and no model always runs after the same neighbour (which measurably biases
+    the one that follows, e.g. an ONNX Runtime session after a PyTorch model); the ratios then hold.
+    Works for nn.Modules (run in eval mode under ``torch.inference_mode``) and any callable (e.g. an
+    ONNX Runtime wrapper).
     A dict input is passed as keyword arguments.
     """
     _check_counts(warmup, repeats)
@@ -481,9 +484,9 @@ def compare_latencies(
                 _invoke(models[name], example_input)
         if sync:
             torch.cuda.synchronize()
-        for rep in range(repeats):
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
+        order = random.Random(0)
+        for _ in range(repeats):
+            for name in order.sample(names, len(names)):
                 start = time.perf_counter()
                 _invoke(models[name], example_input)
                 if sync:

@@ -18,15 +18,17 @@ Every file is written under a temporary name and moved into place, so a file tha
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import chdir, contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 from pydantic import BaseModel, Field
 from torch import nn
@@ -108,6 +110,33 @@ def export_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, *, op
     return path
 
 
+def preprocess_onnx(fp32_path: Path, out_path: Path) -> Path:
+    """ORT's ``quant_pre_process`` (shape inference, graph optimization) of ``fp32_path`` into ``out_path``.
+
+    Symbolic shape inference fails on some graphs (Swin's): then preprocessing runs without it, and
+    should that fail too, ``fp32_path`` itself is returned (the model is quantized as exported).
+    Preprocessing renames some nodes (a ``Gemm`` becomes ``<name>_MatMul`` + ``<name>_Add``): select
+    nodes in the file this returns. Runs in a temporary working directory, where a failed symbolic
+    shape inference leaves its debug dump (``sym_shape_infer_temp.onnx`` and ``*.data``).
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    fp32_path, out_path = Path(fp32_path).resolve(), Path(out_path).resolve()
+    if not fp32_path.is_file():
+        raise OnnxRuntimeError(f"{fp32_path} does not exist: export the FP32 model first (export_onnx)")
+    problem = ""
+    with tempfile.TemporaryDirectory(prefix=".ort-preprocess-", dir=out_path.parent) as work, chdir(work):
+        for skip_symbolic in (False, True):
+            try:
+                with _atomic_target(out_path) as tmp:
+                    quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=skip_symbolic)
+                return out_path
+            except Exception as exc:
+                problem = problem or _first_line(exc)
+    logger.warning("quant_pre_process failed (%s); quantizing the model as exported", problem)
+    return fp32_path
+
+
 def quantize_onnx(
     fp32_path: Path,
     out_path: Path,
@@ -115,30 +144,24 @@ def quantize_onnx(
     per_channel: bool = True,
     preprocess: bool = True,
     op_types: Sequence[str] = QUANTIZED_OP_TYPES,
+    nodes_to_quantize: Sequence[str] | None = None,
 ) -> Path:
     """Dynamic int8 quantization of the ``op_types`` weights of ``fp32_path`` (ONNX Runtime), to ``out_path``.
 
     Weights are signed int8 (symmetric; per output channel when ``per_channel``), activations are
     quantized to uint8 on each call; only MatMuls with a constant weight are quantized (ORT's
-    default for dynamic mode). ``preprocess`` runs ORT's ``quant_pre_process`` (shape inference and
-    graph optimization) on a temporary copy first.
+    default for dynamic mode). ``preprocess`` runs :func:`preprocess_onnx` on a temporary copy first.
+    ``nodes_to_quantize`` (node names of the graph that is quantized: the preprocessed one when
+    ``preprocess``) restricts quantization to those nodes; None or empty: every eligible node.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     fp32_path, out_path = Path(fp32_path), Path(out_path)
     if not fp32_path.is_file():
         raise OnnxRuntimeError(f"{fp32_path} does not exist: export the FP32 model first (export_onnx)")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ort-quant-", dir=out_path.parent) as work:
-        source = fp32_path
-        if preprocess:
-            source = Path(work) / "preprocessed.onnx"
-            try:
-                quant_pre_process(str(fp32_path), str(source), skip_symbolic_shape=False)
-            except Exception as exc:  # symbolic shape inference fails on some graphs: quantize without it
-                logger.warning("quant_pre_process failed (%s); quantizing the model as exported", _first_line(exc))
-                source = fp32_path
+        source = preprocess_onnx(fp32_path, Path(work) / "preprocessed.onnx") if preprocess else fp32_path
         try:
             with _atomic_target(out_path) as tmp, _root_info_muted():
                 quantize_dynamic(
@@ -147,6 +170,7 @@ def quantize_onnx(
                     op_types_to_quantize=list(op_types),
                     per_channel=per_channel,
                     weight_type=QuantType.QInt8,
+                    nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
                 )
         except Exception as exc:
             raise OnnxRuntimeError(
@@ -156,14 +180,57 @@ def quantize_onnx(
     return out_path
 
 
+def _fingerprint(weight: np.ndarray) -> bytes:
+    array = np.ascontiguousarray(weight, dtype=np.float32)
+    return hashlib.sha1(repr(array.shape).encode() + array.tobytes(), usedforsecurity=False).digest()
+
+
+def weighted_nodes(path: Path, op_types: Sequence[str] = QUANTIZED_OP_TYPES) -> dict[str, bytes]:
+    """Node name -> fingerprint of its constant 2-D weight, oriented (out, in) like ``nn.Linear.weight``."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    initializers = {init.name: init for init in graph.initializer}
+    nodes: dict[str, bytes] = {}
+    for node in graph.node:
+        if node.op_type not in op_types or len(node.input) < 2 or node.input[1] not in initializers:
+            continue
+        weight = numpy_helper.to_array(initializers[node.input[1]])
+        if weight.ndim != 2:
+            continue
+        trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+        nodes[node.name] = _fingerprint(weight if trans_b else weight.T)
+    return nodes
+
+
+def linear_nodes(path: Path, model: nn.Module, op_types: Sequence[str] = QUANTIZED_OP_TYPES) -> dict[str, list[str]]:
+    """For every ``nn.Linear`` of ``model``: the ``op_types`` nodes of the ONNX file that apply its weight.
+
+    Matched by value (the weight, transposed as the exporter stored it), not by name: node names
+    follow the exporter's scopes and change in preprocessing. A Linear with no node (not used in
+    ``forward``, or its weight transformed on export) maps to an empty list.
+    """
+    by_weight: dict[bytes, list[str]] = {}
+    for node, print_ in weighted_nodes(path, op_types).items():
+        by_weight.setdefault(print_, []).append(node)
+    return {
+        name: list(by_weight.get(_fingerprint(module.weight.detach().cpu().float().numpy()), []))
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear
+    }
+
+
 class _DropRootInfo(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING
+        # also its advice to preprocess: preprocess_onnx ran, or said why it could not
+        return record.levelno >= logging.WARNING and not str(record.msg).startswith("Please consider to run pre-")
 
 
 @contextmanager
 def _root_info_muted() -> Iterator[None]:
-    """Drop the per-tensor INFO lines ``quantize_dynamic`` logs through ``logging.info`` (the root logger).
+    """Drop the per-tensor INFO lines ``quantize_dynamic`` logs through ``logging.info`` (the root logger),
+    and its warning to preprocess the model.
 
     A filter on the root logger sees only records logged on it directly, not those propagated from
     named loggers, so the application's own logging is untouched.
@@ -287,6 +354,9 @@ __all__: list[str] = [
     "OnnxRuntimeError",
     "OrtModel",
     "export_onnx",
+    "linear_nodes",
     "onnx_baseline",
+    "preprocess_onnx",
     "quantize_onnx",
+    "weighted_nodes",
 ]

@@ -20,12 +20,15 @@ from torch import nn
 
 from tools.artifacts import (
     atomic_write_json,
+    deployed_file,
     is_complete,
     load_compressed,
+    load_module,
     load_original,
     read_json,
     save_compressed,
     save_original,
+    save_quantized,
 )
 from tools.models import (
     LoadedModel,
@@ -244,25 +247,47 @@ def quantize(
     out_dir: Path,
     *,
     backend: str = "torch-ao-dynamic",
+    shape: InputShape | None = None,
 ) -> dict[str, Any]:
-    """Dynamically quantize the model at ``source_dir`` (original or pruned); save it as deployed."""
-    from tools.quantization import quantize as quantize_model
+    """Dynamically quantize the model at ``source_dir`` (original or pruned); save it as deployed.
 
-    if is_complete(out_dir):
-        return dict(read_json(out_dir / "artifact.json")["quantization"])
-    float_model = load_compressed(source_dir)
-    qmodel, report = quantize_model(float_model, recommendations, backend=backend)
-    recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
-    save_compressed(
-        qmodel,
-        out_dir,
-        base_dir=original_dir,
-        kind="quantized",
-        recipe=recipe,
-        quant_report=report,
-        float_model=float_model,
+    ``backend``: a name of :data:`tools.quantization.QUANTIZATION_BACKENDS`, or ``auto`` (ONNX Runtime
+    where it is installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape``
+    is the input the model is exported with by backends that export it (default: resolved from the
+    original). Returns the quantization report as saved.
+    """
+    from tools.onnx_runtime import OnnxRuntimeError
+    from tools.quantization import (
+        AUTO,
+        DEFAULT_BACKEND,
+        ModuleBackend,
+        QuantizationError,
+        get_backend,
+        plan_quantization,
     )
-    return report.model_dump()
+
+    if not is_complete(out_dir):
+        float_model = load_module(source_dir)
+        recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
+        report = plan_quantization(float_model, recommendations, backend=backend)
+        exports = not isinstance(get_backend(report.backend), ModuleBackend)  # an in-memory backend needs no input
+        example = example_input(shape or resolve_input_shape(original_dir)) if shape or exports else None
+        try:
+            save_quantized(
+                float_model, out_dir, base_dir=original_dir, recipe=recipe, report=report, example_input=example
+            )
+        except (OnnxRuntimeError, QuantizationError) as exc:
+            if backend != AUTO or report.backend == DEFAULT_BACKEND:
+                raise
+            why, failed = (str(exc).splitlines() or [type(exc).__name__])[0], report.backend
+            logger.warning("%s quantization failed (%s); falling back to %s", failed, why, DEFAULT_BACKEND)
+            report = plan_quantization(float_model, recommendations, backend=DEFAULT_BACKEND)
+            report.notes.append(f"--quant-backend auto: {failed} failed ({why}); used {DEFAULT_BACKEND}")
+            save_quantized(
+                float_model, out_dir, base_dir=original_dir, recipe=recipe, report=report, example_input=example
+            )
+        logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
+    return dict(read_json(out_dir / "artifact.json")["quantization"])
 
 
 # --- evaluation -------------------------------------------------------------------------------------
@@ -349,7 +374,8 @@ def evaluate(
     from tools.evaluation import file_size_mb, measure_latency, measure_throughput
 
     meta = read_json(artifact_dir / "artifact.json")
-    run_device = "cpu" if meta["kind"] == "quantized" else spec.device  # quantized kernels are CPU kernels
+    quantized = meta["kind"] == "quantized"
+    run_device = "cpu" if quantized else spec.device  # quantized kernels are CPU kernels (ONNX Runtime's too)
     model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
     accuracy, counted = accuracy_of(model, original_dir, shape, spec.model_copy(update={"device": run_device}), desc)
     single = example_input(shape, device=run_device, seed=spec.seed)
@@ -357,14 +383,17 @@ def evaluate(
     # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up
     batch = example_input(shape, batch=min(spec.batch_size, spec.samples), device=run_device, seed=spec.seed)
     throughput = measure_throughput(model, batch, warmup=0, repeats=1)
-    float_model = load_compressed(Path(meta["recipe"]["source"])) if meta["kind"] == "quantized" else model
+    # a quantized model counts the parameters and MACs of the float model it came from (it may not be torch)
+    float_model = load_module(Path(meta["recipe"]["source"])) if quantized else model
+    if not isinstance(float_model, nn.Module):
+        raise TypeError(f"{artifact_dir} ({meta['kind']}) did not load as a torch module")
     return Metrics(
         accuracy=accuracy,
         params=sum(p.numel() for p in float_model.parameters()),
         macs=_macs(float_model.cpu(), shape),
         latency_s=latency,
         throughput_ips=throughput,
-        memory_mb=round(file_size_mb(artifact_dir / "model.safetensors"), 4),
+        memory_mb=round(file_size_mb(deployed_file(artifact_dir)), 4),
         artifact=str(artifact_dir),
         samples=counted,
     )
@@ -390,5 +419,5 @@ def compare_latency(
 
     models: dict[str, Callable[[torch.Tensor], Any]] = {}
     for name, path in artifacts.items():
-        models[name] = load_compressed(path)
+        models[name] = load_compressed(path)  # an nn.Module, or an OrtModel for onnxruntime artifacts
     return compare_latencies(models, example_input(shape, seed=seed), warmup=3, repeats=repeats)

@@ -1,19 +1,32 @@
-"""Post-training dynamic quantization behind one verb: ``quantize(model, recommendations)``.
+"""Post-training dynamic quantization behind a registry of backends.
 
-Backends live in a registry so that torchao (PyTorch's successor to ``torch.ao.quantization``) or
-another runtime can take the place of today's default without touching callers. A backend also
-knows how to export its quantized weights *as deployed* (int8 values plus scales) to plain tensors
-for safetensors, and how to load them back.
+A backend turns a float model and the layers a plan selects into a deployed artifact, and loads it
+back ready to run (:class:`QuantizationBackend`: ``save`` / ``load``, used by
+:func:`tools.artifacts.save_compressed` and :func:`~tools.artifacts.load_compressed`):
+
+* ``torch-ao-dynamic`` (default) — ``torch.ao.quantization.quantize_dynamic`` of the selected
+  ``nn.Linear`` layers; deployed as ``model.safetensors`` (int8 values plus scales, no pickle) and
+  loaded back as an ``nn.Module``. Being an in-memory torch backend (:class:`ModuleBackend`), it also
+  serves :func:`quantize`, which returns the quantized module itself.
+* ``onnxruntime`` — the float model exported to ONNX and quantized by ONNX Runtime's
+  ``quantize_dynamic`` (int8 MatMul/Gemm weights); deployed as ``model.onnx`` (protobuf, loads without
+  unpickling) and loaded back as an :class:`tools.onnx_runtime.OrtModel`, a callable that is not an
+  ``nn.Module``: ONNX Runtime is then the deployment runtime.
+* ``auto`` (a name, not a backend) — ``onnxruntime`` where ``onnx`` and ``onnxruntime`` import, else
+  ``torch-ao-dynamic``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import re
+import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import BaseModel, Field
@@ -32,6 +45,7 @@ class QuantReport(BaseModel):
     backend: str
     layers: dict[str, QuantDType] = Field(default_factory=dict, description="module name -> dtype")
     unmatched: list[str] = Field(default_factory=list, description="patterns that selected no nn.Linear")
+    notes: list[str] = Field(default_factory=list, description="what the backend could not do as asked")
 
 
 def resolve_targets(
@@ -57,16 +71,44 @@ def resolve_targets(
     return targets, unmatched
 
 
+QuantizedModel = Callable[[torch.Tensor], Any]
+"""What a backend loads: an ``nn.Module`` (torch backends) or another callable ``pixel_values -> logits``."""
+
+
 class QuantizationBackend(Protocol):
+    """A quantization method and the artifact it deploys (one file, ``deployed_file``, in the artifact dir)."""
+
     name: str
+    deployed_file: str
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        """The targets this backend quantizes as asked, and notes on those it leaves in float."""
+        ...
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+    ) -> QuantReport:
+        """Quantize ``float_model`` as ``report`` says (or take ``qmodel``, already quantized by this backend)
+        and write ``out_dir / deployed_file``; return the report as carried out."""
+        ...
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        """The deployed model of ``out_dir``, ready to run on the CPU; ``rebuild()`` gives the float model
+        (structure and placeholder weights) for backends that need one."""
+        ...
+
+
+@runtime_checkable
+class ModuleBackend(QuantizationBackend, Protocol):
+    """A backend that quantizes in memory into an ``nn.Module`` (what :func:`quantize` needs)."""
 
     def quantize(self, model: nn.Module, targets: dict[str, QuantDType]) -> nn.Module: ...
-
-    def export_tensors(self, qmodel: nn.Module) -> dict[str, torch.Tensor]: ...
-
-    def import_tensors(self, qmodel: nn.Module, tensors: dict[str, torch.Tensor]) -> None: ...
-
-    def owns(self, key: str) -> bool: ...
 
 
 @contextlib.contextmanager
@@ -83,7 +125,11 @@ class TorchAODynamicBackend:
     """``torch.ao.quantization.quantize_dynamic``: int8 per-channel weights (fbgemm) or float16."""
 
     name = "torch-ao-dynamic"
+    deployed_file = "model.safetensors"
     _suffixes = ("weight_int8", "weight_scale", "weight_zero_point", "weight_fp16", "bias")
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        return dict(targets), []
 
     def quantize(self, model: nn.Module, targets: dict[str, QuantDType]) -> nn.Module:
         from torch.ao.quantization import (
@@ -145,29 +191,174 @@ class TorchAODynamicBackend:
         """Whether a state-dict key belongs to the packed weights this backend exports itself."""
         return "._packed_params." in key or key.endswith(("._packed_params", ".scale", ".zero_point"))
 
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+    ) -> QuantReport:
+        """The state dict as deployed: packed weights exported as int8 + scales (or float16), the rest as is."""
+        from safetensors.torch import save_file
 
-QUANTIZATION_BACKENDS: dict[str, QuantizationBackend] = {"torch-ao-dynamic": TorchAODynamicBackend()}
+        if qmodel is None:
+            qmodel = self.quantize(float_model, report.layers)
+        tensors = {
+            k: v.detach().cpu().contiguous()
+            for k, v in qmodel.state_dict().items()
+            if isinstance(v, torch.Tensor) and not self.owns(k)
+        }
+        tensors.update(self.export_tensors(qmodel))
+        save_file(tensors, str(Path(out_dir) / self.deployed_file), metadata={"format": "pt"})
+        return report
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> nn.Module:
+        """Rebuild the float structure, quantize it the same way, and load the deployed tensors into it."""
+        from safetensors.torch import load_file
+
+        model = self.quantize(rebuild(), report.layers)
+        tensors = load_file(str(Path(out_dir) / self.deployed_file))
+        state = model.state_dict()
+        missing = [k for k in state if k not in tensors and not self.owns(k)]
+        if missing:
+            raise ValueError(f"artifact {out_dir} lacks tensors for {missing[:5]}")
+        state.update({k: v for k, v in tensors.items() if k in state})  # keeps the versions metadata
+        model.load_state_dict(state)
+        self.import_tensors(model, tensors)
+        return model.eval()
+
+
+class OnnxRuntimeDynamicBackend:
+    """ONNX Runtime's dynamic int8 quantization of the exported float model; ONNX Runtime runs it.
+
+    The float model is exported with :func:`tools.onnx_runtime.export_onnx` (TorchScript exporter),
+    preprocessed, and quantized by ``quantize_dynamic`` (int8 symmetric per-channel weights, uint8
+    activations quantized per call). Layers are selected by value: every selected ``nn.Linear`` is
+    matched to the MatMul/Gemm nodes that apply its weight. When the selection is every Linear at
+    qint8 (``layer: all``), every MatMul/Gemm with a constant weight is quantized, as ONNX Runtime's
+    own baseline does. float16 is not offered: such layers stay float32 (noted in the report).
+    """
+
+    name = "onnxruntime"
+    deployed_file = "model.onnx"
+
+    @staticmethod
+    def available() -> bool:
+        return all(importlib.util.find_spec(mod) is not None for mod in ("onnx", "onnxruntime"))
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        half = sorted(name for name, dtype in targets.items() if dtype == "float16")
+        notes = []
+        if half:
+            shown = ", ".join(half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+            notes.append(
+                f"the onnxruntime backend quantizes to int8 only: {len(half)} layer(s) asked for float16 "
+                f"stay float32 ({shown}); use --quant-backend torch-ao-dynamic for float16"
+            )
+        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+    ) -> QuantReport:
+        import shutil
+
+        from tools.onnx_runtime import export_onnx, linear_nodes, preprocess_onnx, quantize_onnx, weighted_nodes
+
+        if example_input is None:
+            raise QuantizationError("the onnxruntime backend needs an example input to export the model to ONNX")
+        if qmodel is not None:
+            raise QuantizationError("the onnxruntime backend quantizes the float model itself: pass no qmodel")
+        out_dir = Path(out_dir)
+        target = out_dir / self.deployed_file
+        with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
+            fp32 = export_onnx(float_model, example_input[:1], Path(work) / "float.onnx")
+            graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
+            nodes = linear_nodes(graph, float_model)
+            selected = {name: nodes.get(name, []) for name in report.layers}
+            notes = list(report.notes)
+            unmapped = sorted(name for name, found in selected.items() if not found)
+            if unmapped:
+                notes.append(f"onnxruntime: no MatMul/Gemm node applies {', '.join(unmapped[:3])}: left in float32")
+            chosen = sorted({node for found in selected.values() for node in found})
+            if not chosen:
+                shutil.copyfile(graph, target)  # nothing to quantize: the float graph is deployed
+            else:
+                every = set(report.layers) == set(nodes) and not unmapped
+                quantize_onnx(graph, target, preprocess=False, nodes_to_quantize=None if every else chosen)
+        still_float = set(weighted_nodes(target))  # a quantized node is renamed (<name>_quant) and re-typed
+        layers = {
+            name: report.layers[name] for name, found in selected.items() if found and not still_float & set(found)
+        }
+        missed = sorted(name for name, found in selected.items() if found and name not in layers)
+        if missed:
+            notes.append(f"onnxruntime did not quantize {', '.join(missed[:3])}: left in float32")
+        return report.model_copy(update={"layers": layers, "notes": notes})
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        from tools.onnx_runtime import OrtModel
+
+        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
+
+
+QUANTIZATION_BACKENDS: dict[str, QuantizationBackend] = {
+    "torch-ao-dynamic": TorchAODynamicBackend(),
+    "onnxruntime": OnnxRuntimeDynamicBackend(),
+}
 DEFAULT_BACKEND = "torch-ao-dynamic"
+AUTO = "auto"
+BACKEND_CHOICES = (*QUANTIZATION_BACKENDS, AUTO)
+
+
+def resolve_backend_name(name: str) -> str:
+    """``auto`` -> ``onnxruntime`` where onnx and onnxruntime import, else the default; other names as given."""
+    if name != AUTO:
+        return name
+    return "onnxruntime" if OnnxRuntimeDynamicBackend.available() else DEFAULT_BACKEND
 
 
 def get_backend(name: str = DEFAULT_BACKEND) -> QuantizationBackend:
     try:
-        return QUANTIZATION_BACKENDS[name]
+        return QUANTIZATION_BACKENDS[resolve_backend_name(name)]
     except KeyError:
         raise QuantizationError(
-            f"unknown quantization backend {name!r}: choose one of {', '.join(QUANTIZATION_BACKENDS)}"
+            f"unknown quantization backend {name!r}: choose one of {', '.join(BACKEND_CHOICES)}"
         ) from None
+
+
+def plan_quantization(
+    model: nn.Module, recommendations: Iterable[QuantizationRecommendation], *, backend: str = DEFAULT_BACKEND
+) -> QuantReport:
+    """What ``backend`` will quantize in ``model``: the selected nn.Linear layers it supports, and why not others."""
+    impl = get_backend(backend)
+    targets, unmatched = resolve_targets(model, recommendations)
+    if not targets:
+        logger.warning("no nn.Linear selected for quantization; the model is left in float32")
+    layers, notes = impl.supported(targets)
+    return QuantReport(backend=impl.name, layers=layers, unmatched=unmatched, notes=notes)
 
 
 def quantize(
     model: nn.Module, recommendations: Iterable[QuantizationRecommendation], *, backend: str = DEFAULT_BACKEND
 ) -> tuple[nn.Module, QuantReport]:
-    """Return a dynamically quantized copy of ``model`` (on the CPU) and what was quantized."""
+    """Return a dynamically quantized copy of ``model`` (on the CPU) and what was quantized.
+
+    In memory, so for torch backends only; ``onnxruntime`` quantizes while saving
+    (:func:`tools.ops.quantize`, or :func:`tools.artifacts.save_quantized`).
+    """
     impl = get_backend(backend)
-    targets, unmatched = resolve_targets(model, recommendations)
-    if not targets:
-        logger.warning("no nn.Linear selected for quantization; the model is left in float32")
-    qmodel = impl.quantize(model, targets)
-    report = QuantReport(backend=impl.name, layers=targets, unmatched=unmatched)
-    logger.info("quantized %d layers with %s", len(targets), impl.name)
+    if not isinstance(impl, ModuleBackend):
+        raise QuantizationError(
+            f"the {impl.name} backend quantizes into an artifact, not in memory: use tools.ops.quantize"
+        )
+    report = plan_quantization(model, recommendations, backend=impl.name)
+    qmodel = impl.quantize(model, report.layers)
+    logger.info("quantized %d layers with %s", len(report.layers), impl.name)
     return qmodel, report
