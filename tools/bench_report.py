@@ -181,10 +181,12 @@ def write_bench_outputs(result: dict[str, Any], out_dir: Path) -> None:
         for model, rows in result["models"].items():
             header, part = build(model, rows)
             body += part
-        note = (
-            f"{notes[name]} {result['eval_samples']} evaluation samples of {result['dataset']}; {result['latency']}; "
-            f"{result['threads']} threads."
+        data = (
+            f"{result['eval_samples']} evaluation samples of {result['dataset']}"
+            if result["dataset"]
+            else "no dataset (untrained models: latency and memory only)"
         )
+        note = f"{notes[name]} {data}; {result['latency']}; {result['threads']} threads."
         atomic_write_text(out_dir / f"{name}.md", _markdown(name.replace("table", "Table "), (header, body), note))
         atomic_write_text(out_dir / f"{name}.csv", _csv((header, body)))
     for model, rows in result["models"].items():
