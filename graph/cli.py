@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", required=True, help="directory for bench.json, tables, plots and the runs")
     bench.add_argument("--ratios", default="0.01,0.1,0.2", help="uniform pruning ratios (default 0.01,0.1,0.2)")
     _add_run_options(bench, demo=True)
+    # the benchmark measures deployment against ONNX Runtime: deploy the agent's models the same way by default
+    bench.set_defaults(quant_backend="auto")
     resume = sub.add_parser("resume", help="continue an interrupted run")
     resume.add_argument("--run-dir", required=True)
     resume.add_argument("--thread-id")
