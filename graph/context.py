@@ -109,7 +109,3 @@ class Context:
     def from_dict(cls, data: dict[str, Any]) -> Context:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-    @classmethod
-    def describe(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("description", "") for f in fields(cls)}

@@ -385,10 +385,6 @@ def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bo
     return any(state[k].data_ptr() == ptr for k in tensors if k in state)
 
 
-def artifact_weights(path: Path) -> Path:
-    return deployed_file(path)
-
-
 class RunPaths:
     """Fixed locations inside a run directory, so that a resumed node finds what it wrote before."""
 
