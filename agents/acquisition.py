@@ -12,7 +12,7 @@ from agents.common import add_notes, resolve_run_dir, settings
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.artifacts import RunPaths
+from tools.store.artifacts import RunPaths
 
 
 def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfig) -> dict[str, Any]:

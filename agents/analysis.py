@@ -8,12 +8,12 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
-from agents.planners import Planner, PlanningContext, RoundRecord, get_planner
+from agents.planning.planners import Planner, PlanningContext, RoundRecord, get_planner
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.artifacts import atomic_write_json, read_json
 from tools.schemas import ModelProfile, OptimizationPlan
+from tools.store.artifacts import atomic_write_json, read_json
 
 
 def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
@@ -48,7 +48,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
 def planner_for(ctx: Context, run_dir: Path) -> Planner:
     """The run's planner: the LLM planner (exchanges logged in ``RUN/llm``) or one from the registry."""
     if ctx.planner == "llm":
-        from agents.llm_planner import llm_planner_for_run
+        from agents.planning.llm_planner import llm_planner_for_run
 
         return llm_planner_for_run(
             run_dir,

@@ -10,9 +10,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
 from graph.context import Context
-from tools.artifacts import RunPaths
 from tools.ops import set_threads
 from tools.schemas import InputShape
+from tools.store.artifacts import RunPaths
 
 logger = logging.getLogger(__name__)
 

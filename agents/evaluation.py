@@ -11,8 +11,8 @@ from agents.common import accuracy_drop_points, paths, settings, shape_of, withi
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.artifacts import atomic_write_json
 from tools.schemas import Metrics
+from tools.store.artifacts import atomic_write_json
 
 
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:

@@ -15,15 +15,15 @@ from agents.common import add_notes, paths, settings
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.artifacts import RunPaths
 from tools.schemas import InputShape
+from tools.store.artifacts import RunPaths
 
 
 def _ask_llm(run: RunPaths, ctx: Context) -> tuple[InputShape | None, str]:
     """The LLM's shape if it is plausible and runs the model, else None and why not."""
-    from agents.llm_planner import JsonlExchangeLog, resolve_input_shape_with_llm, shape_metadata
-    from tools.artifacts import load_original
-    from tools.llm import LLMSettings, make_chat_model
+    from agents.planning.llm_planner import JsonlExchangeLog, resolve_input_shape_with_llm, shape_metadata
+    from tools.llm.client import LLMSettings, make_chat_model
+    from tools.store.artifacts import load_original
 
     llm = LLMSettings.from_env(
         model=ctx.llm_model or None, base_url=ctx.llm_base_url or None, timeout_s=ctx.llm_timeout

@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 from agents.common import paths, settings
 from graph.context import Context
 from graph.state import State
-from tools.report import build_report, write_report_files
+from tools.reporting.report import build_report, write_report_files
 
 
 def write_report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

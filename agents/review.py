@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from agents.analysis import planning_context
 from agents.common import settings
-from agents.plan_validation import validate_plan
+from agents.planning.validation import validate_plan
 from graph.context import Context
 from graph.state import State
 from tools.schemas import OptimizationPlan

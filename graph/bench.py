@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from graph.context import Context
 from graph.runner import RunError, UpdateHook, finished_report, resume_run, start_run
 from tools import ops
-from tools.artifacts import RunPaths, atomic_write_json, is_complete, load_compressed, load_original, read_json
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
+from tools.store.artifacts import RunPaths, atomic_write_json, is_complete, load_compressed, load_original, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
 
 
 def _params_at(original: Path, shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:
-    from tools.pruning import apply_pruning, count_params
+    from tools.compression.pruning import apply_pruning, count_params
 
     model = load_original(original).model
     apply_pruning(model, uniform_plan(ratio, prunable).pruning_recommendations, ops.example_input(shape))
@@ -181,7 +181,7 @@ class _ModelBench:
         return rows
 
     def _onnxruntime(self, params: int) -> BenchRow:
-        from tools.onnx_runtime import onnx_baseline
+        from tools.deploy.onnxruntime import onnx_baseline
 
         model = load_original(self.original).model
         base = onnx_baseline(
@@ -202,8 +202,8 @@ class _ModelBench:
         )
 
     def _interleaved_latency(self, rows: list[BenchRow]) -> list[BenchRow]:
-        from tools.evaluation import compare_latencies
-        from tools.onnx_runtime import OrtModel
+        from tools.deploy.onnxruntime import OrtModel
+        from tools.evaluation.metrics import compare_latencies
 
         models: dict[str, Callable[[torch.Tensor], Any]] = {}
         for row in rows:
@@ -231,7 +231,7 @@ def run_bench(
     on_update: UpdateHook | None = None,
 ) -> dict[str, Any]:
     """Bench every model; write bench.json, the tables (Markdown and CSV) and the plots into ``out_dir``."""
-    from tools.bench_report import write_bench_outputs
+    from tools.reporting.bench_tables import write_bench_outputs
 
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

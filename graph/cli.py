@@ -84,7 +84,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
 
 
 def _quant_backends() -> list[str]:
-    from tools.quantization import BACKEND_CHOICES
+    from tools.compression.quantization import BACKEND_CHOICES
 
     return list(BACKEND_CHOICES)
 
@@ -106,8 +106,8 @@ def _add_factory_options(parser: argparse.ArgumentParser) -> None:
 
 def factory_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """Parsed ``FactorySpec`` fields (but ``factory``) for a module:factory --model; None for other models."""
-    from tools.models import ModelLoadError
-    from tools.torch_models import FactorySpec, is_factory_spec
+    from tools.models.factory import FactorySpec, is_factory_spec
+    from tools.models.sources import ModelLoadError
 
     given = {name: getattr(args, name, None) for name in FACTORY_FLAGS}
     if not is_factory_spec(args.model):
@@ -301,7 +301,7 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
         ctx=_context(args, args.out),
         on_update=_Progress(),
     )
-    from tools.report import render_llm_comparison
+    from tools.reporting.report import render_llm_comparison
 
     print(render_llm_comparison(result))
     print(f"table: {Path(args.out) / 'compare.md'}")
@@ -309,7 +309,7 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> None:
     from graph.bench import run_bench
-    from tools.torch_models import is_factory_spec
+    from tools.models.factory import is_factory_spec
 
     try:
         ratios = [float(r) for r in args.ratios.split(",") if r.strip()]

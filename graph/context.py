@@ -89,7 +89,7 @@ class Context:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
         if not 0 < self.max_pruning_ratio < 1:
             errors.append("--max-pruning-ratio must be in (0, 1)")
-        from tools.quantization import QUANTIZATION_BACKENDS
+        from tools.compression.quantization import QUANTIZATION_BACKENDS
 
         if self.quant_backend not in (*QUANTIZATION_BACKENDS, "auto"):
             errors.append(f"--quant-backend must be one of {', '.join((*QUANTIZATION_BACKENDS, 'auto'))}")

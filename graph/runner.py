@@ -20,7 +20,7 @@ from agents.iterative import best_round
 from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
-from tools.artifacts import RunPaths, atomic_write_json, atomic_write_text, read_json
+from tools.store.artifacts import RunPaths, atomic_write_json, atomic_write_text, read_json
 
 UpdateHook = Callable[[str, dict[str, Any]], None]
 
@@ -63,7 +63,7 @@ def check_planner(ctx: Context) -> None:
     """With --planner llm: one cheap request to the endpoint before anything starts (fails in one line)."""
     if ctx.planner != "llm":
         return
-    from tools.llm import LLMSettings, check_endpoint
+    from tools.llm.client import LLMSettings, check_endpoint
 
     check_endpoint(
         LLMSettings.from_env(
@@ -245,7 +245,7 @@ def compare_llms(
 
     One run per LLM in ``out_dir/<llm>`` (resumed when it exists), then ``compare.json`` and ``compare.md``.
     """
-    from tools.report import llm_comparison_rows, render_llm_comparison
+    from tools.reporting.report import llm_comparison_rows, render_llm_comparison
 
     out_dir = out_dir.resolve()
     reports: dict[str, dict[str, Any]] = {}

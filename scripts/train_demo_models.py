@@ -28,7 +28,7 @@ conv channels, torch-pruning on the ResNet, ``quantize_dynamic`` int8) and write
 
 Usage::
 
-    python scripts/train_demo_models.py                   # both models into tools/assets
+    python scripts/train_demo_models.py                   # both models into tools/models/assets
     python scripts/train_demo_models.py --models vit --epochs 100 --seed 1 --out /tmp/assets
 """
 
@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.digits import DIGIT_NAMES, IMAGE_SIZE, digits_dataset  # noqa: E402
+from tools.evaluation.digits import DIGIT_NAMES, IMAGE_SIZE, digits_dataset  # noqa: E402
 
 log = logging.getLogger("train_demo_models")
 
@@ -538,7 +538,7 @@ def train_one(kind: str, out: Path, epochs: int | None, seed: int, threads: int)
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--out", type=Path, default=REPO / "tools" / "assets", help="folder for digits-vit/ and digits-cnn/"
+        "--out", type=Path, default=REPO / "tools" / "models" / "assets", help="folder for digits-vit/ and digits-cnn/"
     )
     parser.add_argument("--epochs", type=int, default=None, help="override the per-model default epochs")
     parser.add_argument("--seed", type=int, default=0)

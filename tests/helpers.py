@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from agents.planners import PlanningContext
+    from agents.planning.planners import PlanningContext
 
 DIGIT_LABELS = {
     i: n for i, n in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
@@ -63,9 +63,9 @@ def save_tiny(model: nn.Module, out: Path, size: int) -> Path:
 
 def planning_context(model: nn.Module, size: int, max_accuracy_drop: float = 1.0) -> PlanningContext:
     """What a planner sees of a tiny real model: its profile and prunable layers, a 0.9 baseline."""
-    from agents.planners import PlanningContext
-    from tools.profiling import profile_model
-    from tools.pruning import prunable_layers
+    from agents.planning.planners import PlanningContext
+    from tools.compression.pruning import prunable_layers
+    from tools.profiling.profile import profile_model
 
     x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
     return PlanningContext(

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.datasets import EvalDataset, load_eval_dataset
-from tools.evaluation import evaluate_accuracy, match_labels
-from tools.pruning import apply_pruning, count_params
+from tools.compression.pruning import apply_pruning, count_params
+from tools.evaluation.datasets import EvalDataset, load_eval_dataset
+from tools.evaluation.metrics import evaluate_accuracy, match_labels
+from tools.models.factory import FactoryModel, FactorySpec, build_factory_model, preprocess_for
 from tools.schemas import PruningRecommendation
-from tools.torch_models import FactoryModel, FactorySpec, build_factory_model, preprocess_for
 from tools.zoo.cifar_resnet import CIFAR10_CLASSES, PadShortcut
 
 pytestmark = pytest.mark.shared

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agents.prompts import ANALYSIS_SYSTEM, INPUT_SHAPE_SYSTEM, ITERATION_SYSTEM
+from agents.planning.prompts import ANALYSIS_SYSTEM, INPUT_SHAPE_SYSTEM, ITERATION_SYSTEM
 from graph.cli import main
 from tests.fake_openai import Delay, FakeOpenAI
 from tests.helpers import save_tiny, tiny_vit

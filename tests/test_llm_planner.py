@@ -17,18 +17,19 @@ from typing import Any
 import pytest
 import torch
 
-from agents.llm_planner import (
+from agents.planning.llm_planner import (
     JsonlExchangeLog,
     LLMPlanner,
     llm_planner_for_run,
     resolve_input_shape_with_llm,
     shape_metadata,
 )
-from agents.plan_validation import validate_plan
-from agents.planners import PlanningContext, PlanResult, RoundRecord, RulesPlanner
+from agents.planning.planners import PlanningContext, PlanResult, RoundRecord, RulesPlanner
+from agents.planning.validation import validate_plan
 from tests.fake_openai import Delay, FakeOpenAI
 from tests.helpers import tiny_vit
-from tools.llm import (
+from tools.compression.pruning import prunable_layers
+from tools.llm.client import (
     LLMConfigError,
     LLMExchange,
     LLMSettings,
@@ -36,8 +37,7 @@ from tools.llm import (
     check_endpoint,
     make_chat_model,
 )
-from tools.profiling import profile_model
-from tools.pruning import prunable_layers
+from tools.profiling.profile import profile_model
 from tools.schemas import OptimizationPlan
 
 HEADS = r"^vit\.layers\.\d+\.attention$"

@@ -18,7 +18,16 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from tools.artifacts import (
+from tools.models.sources import (
+    LoadedModel,
+    ModelLoadError,
+    acquire_model,
+    build_preprocess,
+    logits_of,
+    resolve_device,
+)
+from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, QuantizationRecommendation
+from tools.store.artifacts import (
     atomic_write_json,
     deployed_file,
     is_complete,
@@ -30,15 +39,6 @@ from tools.artifacts import (
     save_original,
     save_quantized,
 )
-from tools.models import (
-    LoadedModel,
-    ModelLoadError,
-    acquire_model,
-    build_preprocess,
-    logits_of,
-    resolve_device,
-)
-from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, QuantizationRecommendation
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def profile(
     original_dir: Path, shape: InputShape, out_dir: Path, device: str = "cpu", progress: bool = False
 ) -> ModelProfile:
     """Static (ptflops) and dynamic (torch.profiler, hooks) profile; ``profile.json`` and a Chrome trace."""
-    from tools.profiling import profile_model
+    from tools.profiling.profile import profile_model
 
     target = out_dir / "profile.json"
     if target.is_file():
@@ -189,7 +189,7 @@ def profile(
 
 def prunable(original_dir: Path, shape: InputShape, out_dir: Path) -> dict[str, Any]:
     """What the pruner can act on (cached as ``prunable.json``): structured layers and attention heads."""
-    from tools.pruning import prunable_layers
+    from tools.compression.pruning import prunable_layers
 
     target = out_dir / "prunable.json"
     if target.is_file():
@@ -215,7 +215,7 @@ def prune(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Apply a plan's pruning recommendations to an intact copy of the original; save the result."""
-    from tools.pruning import apply_pruning
+    from tools.compression.pruning import apply_pruning
 
     if is_complete(out_dir):
         return dict(read_json(out_dir / "artifact.json")["recipe"]["report"])
@@ -256,8 +256,7 @@ def quantize(
     is the input the model is exported with by backends that export it (default: resolved from the
     original). Returns the quantization report as saved.
     """
-    from tools.onnx_runtime import OnnxRuntimeError
-    from tools.quantization import (
+    from tools.compression.quantization import (
         AUTO,
         DEFAULT_BACKEND,
         ModuleBackend,
@@ -265,6 +264,7 @@ def quantize(
         get_backend,
         plan_quantization,
     )
+    from tools.deploy.onnxruntime import OnnxRuntimeError
 
     if not is_complete(out_dir):
         float_model = load_module(source_dir)
@@ -295,7 +295,7 @@ def quantize(
 
 @functools.lru_cache(maxsize=4)
 def _dataset(spec: str, split: str | None, samples: int, seed: int) -> Any:
-    from tools.datasets import load_eval_dataset
+    from tools.evaluation.datasets import load_eval_dataset
 
     return load_eval_dataset(spec, split=split, samples=samples, seed=seed)
 
@@ -303,7 +303,7 @@ def _dataset(spec: str, split: str | None, samples: int, seed: int) -> Any:
 def match_dataset_labels(
     original_dir: Path, dataset: str, split: str | None, samples: int, seed: int
 ) -> dict[str, Any]:
-    from tools.evaluation import match_labels
+    from tools.evaluation.metrics import match_labels
 
     loaded = load_original(original_dir)
     data = _dataset(dataset, split, samples, seed)
@@ -332,7 +332,7 @@ def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]]
     """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
     key = (str(original_dir.resolve()), shape.as_tuple())
     if key not in _PREPROCESS:
-        from tools.torch_models import preprocess_for
+        from tools.models.factory import preprocess_for
 
         loaded = load_original(original_dir)
         _PREPROCESS.clear()  # one model's images at a time
@@ -351,7 +351,7 @@ def accuracy_of(
 
     None (and 0 samples) without a dataset, or for an untrained model.
     """
-    from tools.evaluation import LabelMatch, evaluate_accuracy
+    from tools.evaluation.metrics import LabelMatch, evaluate_accuracy
 
     if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
         return None, 0
@@ -371,7 +371,7 @@ def evaluate(
     artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
 ) -> Metrics:
     """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
-    from tools.evaluation import file_size_mb, measure_latency, measure_throughput
+    from tools.evaluation.metrics import file_size_mb, measure_latency, measure_throughput
 
     meta = read_json(artifact_dir / "artifact.json")
     quantized = meta["kind"] == "quantized"
@@ -401,7 +401,7 @@ def evaluate(
 
 def _macs(model: nn.Module, shape: InputShape) -> int | None:
     """MACs of a float model by ptflops (a quantized model counts as the float model it came from)."""
-    from tools.profiling import static_profile
+    from tools.profiling.profile import static_profile
 
     try:
         macs, _, _ = static_profile(model, shape.as_tuple())
@@ -415,7 +415,7 @@ def compare_latency(
     artifacts: dict[str, Path], shape: InputShape, *, repeats: int = 20, device: str = "cpu", seed: int = 0
 ) -> dict[str, float]:
     """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds."""
-    from tools.evaluation import compare_latencies
+    from tools.evaluation.metrics import compare_latencies
 
     models: dict[str, Callable[[torch.Tensor], Any]] = {}
     for name, path in artifacts.items():

@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from tests.helpers import save_tiny, tiny_resnet, tiny_vit
-from tools.artifacts import (
+from tools.compression.pruning import apply_pruning
+from tools.compression.quantization import quantize
+from tools.models.sources import acquire_model
+from tools.schemas import PruningRecommendation, QuantizationRecommendation
+from tools.store.artifacts import (
     atomic_write_json,
     is_complete,
     load_compressed,
@@ -15,10 +19,6 @@ from tools.artifacts import (
     save_compressed,
     save_original,
 )
-from tools.models import acquire_model
-from tools.pruning import apply_pruning
-from tools.quantization import quantize
-from tools.schemas import PruningRecommendation, QuantizationRecommendation
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tools.datasets import (
+from tools.evaluation.datasets import (
     DATASET_SOURCES,
     DatasetError,
     EvalDataset,
@@ -242,7 +242,7 @@ def test_modes_grey_kept_others_rgb(tmp_path: Path) -> None:
 
 def test_builtin_digits() -> None:
     pytest.importorskip("sklearn")
-    pytest.importorskip("tools.digits")
+    pytest.importorskip("tools.evaluation.digits")
     data = load_eval_dataset("digits", samples=20, seed=0)
     assert data.label_names[:3] == ["zero", "one", "two"]
     assert len(data.images) == 20 and data.split == "test" and data.size_total > 20

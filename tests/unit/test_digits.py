@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from tools import digits
-from tools.digits import DIGIT_NAMES, IMAGE_SIZE, digits_dataset, split_indices
+from tools.evaluation import digits
+from tools.evaluation.digits import DIGIT_NAMES, IMAGE_SIZE, digits_dataset, split_indices
 
-ASSETS = Path(digits.__file__).resolve().parent / "assets"
+ASSETS = Path(digits.__file__).resolve().parents[1] / "models" / "assets"
 MODELS = ("digits-vit", "digits-cnn")
 
 

@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from tools.datasets import EvalDataset, load_eval_dataset
-from tools.evaluation import (
+from tools.evaluation.datasets import EvalDataset, load_eval_dataset
+from tools.evaluation.metrics import (
     EvaluationError,
     LabelMatch,
     accuracy_from_predictions,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agents.planners import PlanningContext, RoundRecord
-from agents.prompts import (
+from agents.planning.planners import PlanningContext, RoundRecord
+from agents.planning.prompts import (
     analysis_messages,
     analysis_prompt,
     input_shape_prompt,

@@ -10,10 +10,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from tests.helpers import DIGIT_LABELS, tiny_vit
-from tools.datasets import load_eval_dataset
-from tools.evaluation import compare_latencies, evaluate_accuracy, match_labels, predict_logits
-from tools.models import build_preprocess
-from tools.onnx_runtime import (
+from tools.deploy.onnxruntime import (
     OnnxBaseline,
     OnnxRuntimeError,
     OrtModel,
@@ -21,6 +18,9 @@ from tools.onnx_runtime import (
     onnx_baseline,
     quantize_onnx,
 )
+from tools.evaluation.datasets import load_eval_dataset
+from tools.evaluation.metrics import compare_latencies, evaluate_accuracy, match_labels, predict_logits
+from tools.models.sources import build_preprocess
 
 SIZE = 16
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import re
 
-from agents.planners import PlanningContext, RoundRecord, RulesPlanner, exact_pattern, get_planner, name_pattern
+from agents.planning.planners import (
+    PlanningContext,
+    RoundRecord,
+    RulesPlanner,
+    exact_pattern,
+    get_planner,
+    name_pattern,
+)
 from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile, OptimizationPlan
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from tools.profiling import (
+from tools.profiling.profile import (
     group_layers,
     layer_names,
     module_latencies,

@@ -16,7 +16,7 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from tools.pruning import (
+from tools.compression.pruning import (
     IMPORTANCE,
     PruneReport,
     apply_pruning,

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tests.helpers import tiny_vit
-from tools.quantization import QuantizationError, get_backend, quantize, resolve_targets
+from tools.compression.quantization import QuantizationError, get_backend, quantize, resolve_targets
 from tools.schemas import QuantizationRecommendation
 
 

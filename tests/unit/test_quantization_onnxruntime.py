@@ -17,11 +17,11 @@ from graph import Context, build_graph
 from graph.cli import _context, build_parser
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
-from tools.artifacts import deployed_file, is_complete, load_compressed, load_module, load_original, save_original
-from tools.models import acquire_model
-from tools.onnx_runtime import OrtModel, onnx_baseline, weighted_nodes
-from tools.quantization import QuantizationError, get_backend, quantize, resolve_backend_name
+from tools.compression.quantization import QuantizationError, get_backend, quantize, resolve_backend_name
+from tools.deploy.onnxruntime import OrtModel, onnx_baseline, weighted_nodes
+from tools.models.sources import acquire_model
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+from tools.store.artifacts import deployed_file, is_complete, load_compressed, load_module, load_original, save_original
 
 SHAPE = InputShape(channels=3, height=16, width=16, source="test")
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tools import plots
-from tools.report_html import load_profile, render_html, write_html_report
+from tools.reporting import plots
+from tools.reporting.html import load_profile, render_html, write_html_report
 
 IMG_PREFIX = '<img src="data:image/png;base64,'
 ATTN = r"^vit\.layers\.\d+\.attention$"

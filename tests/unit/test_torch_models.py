@@ -12,8 +12,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from tests.helpers_torch import GREY_LABELS, NotAllowed, TiedNet, TinyGreyCNN
-from tools.models import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, ModelLoadError
-from tools.torch_models import (
+from tools.models.factory import (
     FactoryModel,
     FactorySpec,
     build_factory_model,
@@ -28,6 +27,7 @@ from tools.torch_models import (
     preprocess_for,
     save_factory_original,
 )
+from tools.models.sources import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, ModelLoadError
 
 GREY = "tests.helpers_torch:tiny_grey_cnn"
 TIED = "tests.helpers_torch:tied_net"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tools.plots import layer_latency_chart, short_pattern, tradeoff_charts
+from tools.reporting.plots import layer_latency_chart, short_pattern, tradeoff_charts
 
 logger = logging.getLogger(__name__)
 
@@ -724,7 +724,7 @@ def load_profile(report: dict[str, Any]) -> dict[str, Any] | None:
 
 def write_html_report(report: dict[str, Any], profile: dict[str, Any] | None, path: Path | str) -> Path:
     """Render and write the page atomically; returns its path."""
-    from tools.artifacts import atomic_write_text
+    from tools.store.artifacts import atomic_write_text
 
     target = Path(path)
     atomic_write_text(target, render_html(report, profile))

@@ -27,10 +27,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agents.planners import PlanningContext
-from agents.prompts import is_classifier_reason
-from tools.profiling import name_pattern
-from tools.pruning import ATTENTION_SPECS
+from agents.planning.planners import PlanningContext
+from agents.planning.prompts import is_classifier_reason
+from tools.compression.pruning import ATTENTION_SPECS
+from tools.profiling.profile import name_pattern
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agents.planners import PlanningContext, RoundRecord, exact_pattern
-from tools.profiling import name_pattern
+from agents.planning.planners import PlanningContext, RoundRecord, exact_pattern
+from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
 
 __all__ = [

@@ -25,10 +25,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.plan_validation import validate_plan
-from agents.planners import Planner, PlanningContext, PlanResult, RulesPlanner
-from agents.prompts import analysis_messages, input_shape_messages, iteration_messages, next_round, retry_message
-from tools.llm import (
+from agents.planning.planners import Planner, PlanningContext, PlanResult, RulesPlanner
+from agents.planning.prompts import (
+    analysis_messages,
+    input_shape_messages,
+    iteration_messages,
+    next_round,
+    retry_message,
+)
+from agents.planning.validation import validate_plan
+from tools.llm.client import (
     LLMExchange,
     LLMSettings,
     Purpose,

@@ -270,7 +270,7 @@ class OnnxRuntimeDynamicBackend:
     ) -> QuantReport:
         import shutil
 
-        from tools.onnx_runtime import export_onnx, linear_nodes, preprocess_onnx, quantize_onnx, weighted_nodes
+        from tools.deploy.onnxruntime import export_onnx, linear_nodes, preprocess_onnx, quantize_onnx, weighted_nodes
 
         if example_input is None:
             raise QuantizationError("the onnxruntime backend needs an example input to export the model to ONNX")
@@ -303,7 +303,7 @@ class OnnxRuntimeDynamicBackend:
         return report.model_copy(update={"layers": layers, "notes": notes})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
-        from tools.onnx_runtime import OrtModel
+        from tools.deploy.onnxruntime import OrtModel
 
         return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
 

@@ -206,7 +206,7 @@ def _folder_has_data_files(path: Path) -> bool:
 
 def _load_digits(spec: str, split: str | None) -> tuple[Any, str | None]:
     try:
-        from tools.digits import digits_dataset
+        from tools.evaluation.digits import digits_dataset
     except ImportError as exc:
         raise DatasetError(f"built-in dataset 'digits' is unavailable ({_first_line(exc)})") from exc
     chosen = split or "test"

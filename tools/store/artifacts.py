@@ -28,8 +28,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tools.models import LoadedModel, family_of
-from tools.quantization import QUANTIZATION_BACKENDS, ModuleBackend, QuantizedModel, QuantReport, get_backend
+from tools.compression.quantization import (
+    QUANTIZATION_BACKENDS,
+    ModuleBackend,
+    QuantizedModel,
+    QuantReport,
+    get_backend,
+)
+from tools.models.sources import LoadedModel, family_of
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +193,7 @@ def save_original(loaded: LoadedModel, out_dir: Path) -> Path:
     if is_complete(out_dir):
         return out_dir
     if loaded.source == "factory":
-        from tools.torch_models import FactoryModel, save_factory_original
+        from tools.models.factory import FactoryModel, save_factory_original
 
         if not isinstance(loaded, FactoryModel) or loaded.factory_spec is None:
             raise ValueError(f"factory model {loaded.spec!r} carries no FactorySpec: build it with build_factory_model")
@@ -313,7 +319,7 @@ _ORIGINALS: dict[tuple[str, float], LoadedModel] = {}
 
 def load_original(path: Path) -> LoadedModel:
     """The original model saved by :func:`save_original` (cached per process; a fresh copy each call)."""
-    from tools.models import acquire_model
+    from tools.models.sources import acquire_model
 
     key = (str(path.resolve()), (path / WEIGHTS_FILE).stat().st_mtime)
     if key not in _ORIGINALS:
@@ -321,7 +327,7 @@ def load_original(path: Path) -> LoadedModel:
         meta = read_json(path / META_FILE)
         loaded: LoadedModel
         if meta.get("source") == "factory":
-            from tools.torch_models import load_factory_original
+            from tools.models.factory import load_factory_original
 
             loaded = load_factory_original(path)
         else:

@@ -37,7 +37,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import nn
 
-from tools.models import (
+from tools.models.sources import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     LoadedModel,

@@ -221,13 +221,13 @@ class ModelSource:
 
 
 def _is_factory(spec: str) -> bool:
-    from tools.torch_models import is_factory_spec
+    from tools.models.factory import is_factory_spec
 
     return is_factory_spec(spec)
 
 
 def _load_factory(spec: str, options: Mapping[str, Any] | None = None) -> LoadedModel:
-    from tools.torch_models import FactorySpec, build_factory_model
+    from tools.models.factory import FactorySpec, build_factory_model
 
     if options is not None:
         return build_factory_model(FactorySpec.model_validate({**options, "factory": spec}))

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from tools.profiling import name_pattern
+from tools.profiling.profile import name_pattern
 from tools.schemas import (
     ModelProfile,
     OptimizationPlan,

@@ -79,7 +79,7 @@ def _png(fig: Figure) -> bytes:
 
 def save_png(data: bytes, path: Path | str) -> Path:
     """Write PNG bytes to ``path`` atomically."""
-    from tools.artifacts import atomic_write_bytes
+    from tools.store.artifacts import atomic_write_bytes
 
     return atomic_write_bytes(Path(path), data)
 

@@ -11,7 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from tools.artifacts import atomic_write_json, atomic_write_text
+from tools.store.artifacts import atomic_write_json, atomic_write_text
 
 Row = dict[str, Any]
 Table = tuple[list[str], list[list[str]]]
@@ -139,7 +139,7 @@ def _csv(table: Table) -> str:
 
 def tradeoff_plot(model: str, rows: list[Row]) -> bytes:
     """Accuracy against parameters and against latency, every method on the same axes."""
-    from tools.plots import Panel, Point, scatter_panels
+    from tools.reporting.plots import Panel, Point, scatter_panels
 
     def note(r: Row) -> str:
         return "" if r["ratio"] is None else f"{r['ratio']:g}"
@@ -164,7 +164,7 @@ def tradeoff_plot(model: str, rows: list[Row]) -> bytes:
 
 
 def write_bench_outputs(result: dict[str, Any], out_dir: Path) -> None:
-    from tools.plots import save_png
+    from tools.reporting.plots import save_png
 
     notes = {
         "table1": "Structured pruning without fine-tuning: uniform baselines (every prunable layer at one ratio; "

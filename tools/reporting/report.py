@@ -19,7 +19,7 @@ def metrics_view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
     """Every model file of the run with its size (10^6 bytes) and SHA-256, to check what is deployed."""
-    from tools.artifacts import sha256_of
+    from tools.store.artifacts import sha256_of
 
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".onnx"))
     return [
@@ -195,10 +195,10 @@ def _planner_decisions(report: dict[str, Any]) -> list[str]:
 
 
 def write_report_files(report: dict[str, Any], json_path: Path, md_path: Path) -> None:
-    from tools.artifacts import atomic_write_json, atomic_write_text
+    from tools.store.artifacts import atomic_write_json, atomic_write_text
 
     atomic_write_text(md_path, render_markdown(report))
-    from tools.report_html import load_profile, write_html_report
+    from tools.reporting.html import load_profile, write_html_report
 
     write_html_report(report, load_profile(report), md_path.with_name("report.html"))
     atomic_write_json(json_path, report)  # last: a run that has a report.json has finished

@@ -33,7 +33,7 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from tools.models import logits_of
+from tools.models.sources import logits_of
 
 logger = logging.getLogger(__name__)
 

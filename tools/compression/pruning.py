@@ -56,7 +56,7 @@ import torch_pruning as tp
 from pydantic import BaseModel, Field
 from torch import nn
 
-from tools.models import logits_of
+from tools.models.sources import logits_of
 from tools.schemas import PruningRecommendation
 
 logger = logging.getLogger(__name__)

@@ -43,8 +43,8 @@ from pydantic import BaseModel, Field
 from torch import nn
 from tqdm import tqdm
 
-from tools.datasets import EvalDataset
-from tools.models import logits_of
+from tools.evaluation.datasets import EvalDataset
+from tools.models.sources import logits_of
 
 logger = logging.getLogger(__name__)
 
