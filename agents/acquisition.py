@@ -8,11 +8,11 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
-from agents.common import add_notes, resolve_run_dir, settings
+from agents.common import resolve_run_dir, settings
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.store.artifacts import RunPaths
+from tools.store.run_paths import RunPaths
 
 
 def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfig) -> dict[str, Any]:
@@ -43,4 +43,4 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
             "reported as null; use it for profiling, latency and memory studies only."
         )
     update: dict[str, Any] = {"run_dir": str(run_dir), "model_info": info.model_dump(), "label_match": label_match}
-    return update | {"notes": add_notes(dict(state), *notes)}
+    return update | {"notes": notes}

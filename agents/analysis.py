@@ -8,12 +8,13 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
-from agents.planning.planners import Planner, PlanningContext, RoundRecord, get_planner
+from agents.planning.base import Planner, PlanningContext, RoundRecord
+from agents.planning.registry import get_planner
 from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.schemas import ModelProfile, OptimizationPlan
-from tools.store.artifacts import atomic_write_json, read_json
+from tools.store.files import atomic_write_json, read_json
 
 
 def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
@@ -40,7 +41,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
         prunable=prunable,
         baseline_accuracy=state["baseline"].get("accuracy"),
         max_accuracy_drop=ctx.max_accuracy_drop,
-        max_ratio=ctx.max_pruning_ratio,
+        max_ratio=ctx.pruning_config().max_ratio,
         history=history,
     )
 
@@ -64,16 +65,6 @@ def analyze_profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
     result = planner_for(ctx, paths(data).root).analyze(planning_context(data, ctx))
-    plan = result.plan.model_dump()
-    atomic_write_json(
-        paths(data).root / "plan.json",
-        {"source": result.source, "plan": plan, "planner_state": result.planner_state},
-    )
-    return {
-        "plan": plan,
-        "plan_source": result.source,
-        "plan_planner_state": result.planner_state,
-        "current_plan": plan,
-        "current_source": result.source,
-        "current_planner_state": result.planner_state,
-    }
+    planned = result.model_dump()
+    atomic_write_json(paths(data).root / "plan.json", {k: planned[k] for k in ("source", "plan", "planner_state")})
+    return {"plan": planned, "next_plan": planned}

@@ -1,26 +1,22 @@
-"""What every node needs: the run's settings, its paths, and the budget rule."""
+"""What every node needs: the run's settings (with its thread count applied) and its paths."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
-from graph.context import Context
+from graph.context import Context, context_of
 from tools.ops import set_threads
 from tools.schemas import InputShape
-from tools.store.artifacts import RunPaths
-
-logger = logging.getLogger(__name__)
+from tools.store.run_paths import RunPaths
 
 
 def settings(runtime: Runtime[Context] | None) -> Context:
     """The run's Context (a dict from the dev server is accepted too); applies the thread count."""
-    raw = getattr(runtime, "context", None)
-    ctx = raw if isinstance(raw, Context) else Context.from_dict(raw) if isinstance(raw, dict) else Context()
+    ctx = context_of(runtime)
     set_threads(ctx.threads)
     return ctx
 
@@ -38,19 +34,3 @@ def paths(state: dict[str, Any]) -> RunPaths:
 
 def shape_of(state: dict[str, Any]) -> InputShape:
     return InputShape.model_validate(state["input_shape"])
-
-
-def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
-    if baseline is None or accuracy is None:
-        return None
-    return round(100.0 * (baseline - accuracy), 4)
-
-
-def within_budget(drop_points: float | None, max_drop: float) -> bool:
-    """A candidate is within budget unless it measurably loses more than ``max_drop`` points."""
-    return drop_points is None or drop_points <= max_drop + 1e-9
-
-
-def add_notes(state: dict[str, Any], *notes: str) -> list[str]:
-    existing = list(state.get("notes") or [])
-    return existing + [n for n in notes if n and n not in existing]

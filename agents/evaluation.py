@@ -7,12 +7,13 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import accuracy_drop_points, paths, settings, shape_of, within_budget
+from agents.common import paths, settings, shape_of
+from agents.planning.selection import accuracy_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.schemas import Metrics
-from tools.store.artifacts import atomic_write_json
+from tools.store.files import atomic_write_json
 
 
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
@@ -53,8 +54,7 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "within_budget": within_budget(drop, ctx.max_accuracy_drop),
     }
     atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log
-    rounds = [r for r in state.get("rounds") or [] if r["round"] != record["round"]] + [record]
-    return {"rounds": rounds, "pending_round": None}
+    return {"rounds": [record], "pending_round": None}
 
 
 def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

@@ -11,23 +11,22 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import add_notes, paths, settings
+from agents.common import paths, settings
 from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.schemas import InputShape
-from tools.store.artifacts import RunPaths
+from tools.store.run_paths import RunPaths
 
 
 def _ask_llm(run: RunPaths, ctx: Context) -> tuple[InputShape | None, str]:
     """The LLM's shape if it is plausible and runs the model, else None and why not."""
     from agents.planning.llm_planner import JsonlExchangeLog, resolve_input_shape_with_llm, shape_metadata
-    from tools.llm.client import LLMSettings, make_chat_model
+    from agents.planning.llm_settings import llm_settings
+    from tools.llm.client import make_chat_model
     from tools.store.artifacts import load_original
 
-    llm = LLMSettings.from_env(
-        model=ctx.llm_model or None, base_url=ctx.llm_base_url or None, timeout_s=ctx.llm_timeout
-    )
+    llm = llm_settings(ctx)
     loaded = load_original(run.original)
     shape, exchange = resolve_input_shape_with_llm(
         make_chat_model(llm),
@@ -53,4 +52,4 @@ def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, An
             return {"input_shape": shape.model_dump()}
         notes.append(f"input shape: the LLM answer was not used ({why}); using the configuration-derived shape")
     shape = ops.resolve_input_shape(run.original, device=ctx.device)
-    return {"input_shape": shape.model_dump(), "notes": add_notes(data, *notes)}
+    return {"input_shape": shape.model_dump(), "notes": notes}

@@ -8,8 +8,9 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.analysis import planner_for, planning_context
-from agents.common import add_notes, paths, settings
-from graph.context import Context, Selection
+from agents.common import paths, settings
+from agents.planning.selection import best_round
+from graph.context import Context
 from graph.state import State
 
 
@@ -17,30 +18,7 @@ def iterate_pruning(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
     result = planner_for(ctx, paths(data).root).next_plan(planning_context(data, ctx))
-    return {
-        "current_plan": result.plan.model_dump(),
-        "current_source": result.source,
-        "current_planner_state": result.planner_state,
-    }
-
-
-def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, Any] | None:
-    """The best round within budget: by accuracy, then params, then latency (or fewest params first)."""
-    candidates = [r for r in rounds if r["within_budget"]]
-    if not candidates:
-        return None
-
-    def accuracy(r: dict[str, Any]) -> float:
-        value = r["metrics"].get("accuracy")
-        return -1.0 if value is None else float(value)
-
-    def key(r: dict[str, Any]) -> tuple[float, ...]:
-        m = r["metrics"]
-        if selection == "smallest-within-budget":
-            return (m["params"], -accuracy(r), m["latency_s"], r["round"])
-        return (-accuracy(r), m["params"], m["latency_s"], r["round"])
-
-    return min(candidates, key=key)
+    return {"next_plan": result.model_dump()}
 
 
 def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -53,7 +31,7 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
             f"no pruned candidate stayed within the {ctx.max_accuracy_drop} point accuracy budget: "
             "'pruned' reports the original model"
         )
-        return {"pruned": pruned, "notes": add_notes(dict(state), note)}
+        return {"pruned": pruned, "notes": [note]}
     pruned = {
         **best["metrics"],
         "round": best["round"],

@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import add_notes, paths, settings, shape_of
+from agents.common import paths, settings, shape_of
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -19,14 +19,13 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     data: dict[str, Any] = dict(state)
     run = paths(data)
     shape = shape_of(data)
-    recs = OptimizationPlan.model_validate(state["plan"]).quantization_recommendations or [
+    recs = OptimizationPlan.model_validate(state["plan"]["plan"]).quantization_recommendations or [
         QuantizationRecommendation(layer="all", dtype="qint8", justification="default: every nn.Linear")
     ]
     pruned = state.get("pruned")
     source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
-    original_report = ops.quantize(
-        run.original, run.original, recs, run.quantized_original, backend=ctx.quant_backend, shape=shape
-    )
+    config = ctx.quantization_config()
+    original_report = ops.quantize(run.original, run.original, recs, run.quantized_original, config, shape=shape)
     quantized_original = {
         "artifact": str(run.quantized_original),
         "source": str(run.original),
@@ -37,7 +36,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     if source.resolve() == run.original.resolve():
         quantized = dict(quantized_original)
     else:
-        report = ops.quantize(source, run.original, recs, run.quantized, backend=ctx.quant_backend, shape=shape)
+        report = ops.quantize(source, run.original, recs, run.quantized, config, shape=shape)
         quantized = {
             "artifact": str(run.quantized),
             "source": str(source),
@@ -47,5 +46,5 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         notes += report.get("notes") or []
     update: dict[str, Any] = {"quantized": quantized, "quantized_original": quantized_original}
     if notes:
-        update["notes"] = add_notes(data, *(f"quantization: {note}" for note in notes))
+        update["notes"] = [f"quantization: {note}" for note in notes]
     return update

@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 from agents.common import paths, settings
 from graph.context import Context
 from graph.state import State
-from tools.reporting.report import build_report, write_report_files
+from tools.reporting.report import build_report, report_json, write_report_files
 
 
 def write_report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -17,5 +17,6 @@ def write_report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     run = paths(dict(state))
     report = build_report(dict(state), ctx.to_dict())
     write_report_files(report, run.report_json, run.report_md)
-    summary = {key: report[key] for key in ("baseline", "pruned", "quantized", "quantized_original")}
+    written = report_json(report)
+    summary = {key: written[key] for key in ("baseline", "pruned", "quantized", "quantized_original")}
     return {"report_path": str(run.report_json), "summary": summary}

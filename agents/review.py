@@ -53,8 +53,8 @@ def review_plan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             {
                 "stage": stage,
                 "round": index,
-                "source": state.get("current_source"),
-                "plan": state["current_plan"],
+                "source": state["next_plan"]["source"],
+                "plan": state["next_plan"]["plan"],
                 "errors": errors,
                 "how_to_answer": HOW_TO_ANSWER,
             }
@@ -68,13 +68,8 @@ def review_plan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         errors = validate_plan(decision.plan, planning_context(data, ctx))
         if errors:
             continue
-        plan = decision.plan.model_dump()
-        update: dict[str, Any] = {
-            "current_plan": plan,
-            "current_source": "human",
-            "current_planner_state": {},
-            "review": {"stage": stage, "round": index, "action": "edit"},
-        }
-        if stage == "analysis":
-            update |= {"plan": plan, "plan_source": "human"}
+        edited = {"plan": decision.plan.model_dump(), "source": "human", "planner_state": {}}
+        update: dict[str, Any] = {"next_plan": edited, "review": {"stage": stage, "round": index, "action": "edit"}}
+        if stage == "analysis":  # the analysis plan becomes the human's; the planner's own log stays
+            update["plan"] = {**state["plan"], "plan": edited["plan"], "source": "human"}
         return update

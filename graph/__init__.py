@@ -1,6 +1,23 @@
-"""ProfilingAgent's LangGraph state machine: ``build_graph()`` returns the uncompiled StateGraph."""
+"""ProfilingAgent's LangGraph state machine: ``build_graph()`` returns the uncompiled StateGraph.
 
-from graph.builder import build_graph
-from graph.context import Context
+Names are resolved on first use, so importing ``graph.state`` or ``graph.context`` (the vocabulary the
+nodes in ``agents/`` share) never imports the builder, and so never the nodes themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["Context", "build_graph"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "build_graph":
+        from graph.builder import build_graph
+
+        return build_graph
+    if name == "Context":
+        from graph.context import Context
+
+        return Context
+    raise AttributeError(f"module 'graph' has no attribute {name!r}")

@@ -25,8 +25,13 @@ from pydantic import BaseModel
 from graph.context import Context
 from graph.runner import RunError, UpdateHook, finished_report, resume_run, start_run
 from tools import ops
-from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
-from tools.store.artifacts import RunPaths, atomic_write_json, is_complete, load_compressed, load_original, read_json
+from tools.compression.baselines import matched_ratio, uniform_plan
+from tools.compression.recipes import PruningConfig
+from tools.schemas import InputShape, Metrics, RunReport
+from tools.store.artifacts import is_complete, load_compressed, load_original
+from tools.store.files import atomic_write_json, read_json
+from tools.store.run_paths import RunPaths
+from tools.text import slug
 
 logger = logging.getLogger(__name__)
 
@@ -48,42 +53,6 @@ class BenchRow(BaseModel):
     artifact: str
 
 
-def slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.strip("/")).strip("-.") or "model"
-
-
-def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
-    """The baseline: every prunable layer at the same ratio (channels, and heads where there are any)."""
-    why = f"uniform baseline: every prunable layer at ratio {ratio}"
-    recs = [PruningRecommendation(layer=".*", pruning_type="structured", pruning_ratio=ratio, justification=why)]
-    if prunable.get("heads"):
-        recs.append(PruningRecommendation(layer=".*", pruning_type="head", pruning_ratio=ratio, justification=why))
-    return OptimizationPlan(pruning_recommendations=recs)
-
-
-def _params_at(original: Path, shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:
-    from tools.compression.pruning import apply_pruning, count_params
-
-    model = load_original(original).model
-    apply_pruning(model, uniform_plan(ratio, prunable).pruning_recommendations, ops.example_input(shape))
-    return count_params(model)
-
-
-def matched_ratio(original: Path, shape: InputShape, prunable: dict[str, Any], target_params: int) -> float:
-    """The uniform ratio whose pruned model has (about) ``target_params`` parameters, by bisection."""
-    counts = {0.0: _params_at(original, shape, 0.0, prunable), 0.9: _params_at(original, shape, 0.9, prunable)}
-    low, high = 0.0, 0.9
-    for _ in range(7):
-        mid = round((low + high) / 2, 4)
-        counts[mid] = _params_at(original, shape, mid, prunable)
-        if counts[mid] > target_params:
-            low = mid
-        else:
-            high = mid
-    # channel and head counts are integers: take whichever bracket lands closer to the target
-    return min((low, high), key=lambda r: abs(counts[r] - target_params))
-
-
 class _ModelBench:
     """Everything measured for one model, in its run directory."""
 
@@ -91,10 +60,10 @@ class _ModelBench:
         self.spec, self.dataset, self.split, self.ctx = spec, dataset, split, ctx
         self.run_dir = out_dir / "runs" / slug(spec)
 
-    def agent_report(self, model_options: dict[str, Any] | None, on_update: UpdateHook | None) -> dict[str, Any]:
+    def agent_report(self, model_options: dict[str, Any] | None, on_update: UpdateHook | None) -> RunReport:
         paths = RunPaths(self.run_dir)
         if paths.report_json.exists():
-            return finished_report(self.run_dir)
+            return RunReport.model_validate(finished_report(self.run_dir))
         if paths.settings.exists():
             result = resume_run(self.run_dir, on_update=on_update)
         else:
@@ -109,7 +78,7 @@ class _ModelBench:
             )
         if result.report is None:
             raise RunError(f"the agent's run in {self.run_dir} is paused for approval: resume it first")
-        return result.report
+        return RunReport.model_validate(result.report)
 
     def evaluate(self, model: Callable[[torch.Tensor], Any], desc: str) -> float | None:
         return ops.accuracy_of(model, self.original, self.shape, self.eval_spec, desc)[0]
@@ -119,41 +88,46 @@ class _ModelBench:
     ) -> list[BenchRow]:
         report = self.agent_report(model_options, on_update)
         self.original = RunPaths(self.run_dir).original
-        self.shape = InputShape.model_validate(report["model"]["input_shape"])
+        self.shape = InputShape.model_validate(report.model["input_shape"])
         self.eval_spec = ops.EvalSpec(
             dataset=self.dataset,
             split=self.split,
-            label_match=report["dataset"]["label_match"],
+            label_match=report.dataset["label_match"],
             samples=self.ctx.eval_samples,
             seed=self.ctx.seed,
             batch_size=self.ctx.batch_size,
             progress=self.ctx.progress,
         )
+        if report.baseline is None or report.pruned is None:
+            raise RunError(f"the agent's run in {self.run_dir} has no original or pruned model to compare")
         rows = [
-            self._row(name, report[key])
-            for name, key in (
-                ("original", "baseline"),
-                ("agent-prune", "pruned"),
-                ("agent-quant", "quantized_original"),
-                ("agent-prune+quant", "quantized"),
+            self._row(name, entry)
+            for name, entry in (
+                ("original", report.baseline),
+                ("agent-prune", report.pruned),
+                ("agent-quant", report.quantized_original),
+                ("agent-prune+quant", report.quantized),
             )
-            if report.get(key)
+            if entry is not None
         ]
-        rows += self._pruning_baselines(ratios, report["pruned"]["params"])
-        rows.append(self._onnxruntime(report["baseline"]["params"]))
+        rows += self._pruning_baselines(ratios, report.pruned.params)
+        rows.append(self._onnxruntime(report.baseline.params))
         return self._interleaved_latency(rows)
 
-    def _row(self, method: str, metrics: dict[str, Any], ratio: float | None = None, matched: bool = False) -> BenchRow:
+    def _row(
+        self, method: str, metrics: Metrics | dict[str, Any], ratio: float | None = None, matched: bool = False
+    ) -> BenchRow:
+        m = Metrics.model_validate(metrics)
         return BenchRow(
             model=self.spec,
             method=method,
             ratio=ratio,
             matched=matched,
-            accuracy=metrics.get("accuracy"),
-            params=metrics["params"],
-            latency_s=metrics["latency_s"],
-            memory_mb=metrics["memory_mb"],
-            artifact=str(metrics["artifact"]),
+            accuracy=m.accuracy,
+            params=m.params,
+            latency_s=m.latency_s,
+            memory_mb=m.memory_mb,
+            artifact=str(m.artifact),
         )
 
     def _pruning_baselines(self, ratios: list[float], agent_params: int) -> list[BenchRow]:
@@ -170,8 +144,7 @@ class _ModelBench:
                         uniform_plan(ratio, prunable),
                         self.shape,
                         out / "model",
-                        importance=criterion,
-                        seed=self.ctx.seed,
+                        PruningConfig(importance=criterion, seed=self.ctx.seed),
                     )
                     metrics = ops.evaluate(
                         out / "model", self.original, self.shape, self.eval_spec, f"{criterion} {ratio:g}"
@@ -203,7 +176,7 @@ class _ModelBench:
 
     def _interleaved_latency(self, rows: list[BenchRow]) -> list[BenchRow]:
         from tools.deploy.onnxruntime import OrtModel
-        from tools.evaluation.metrics import compare_latencies
+        from tools.evaluation.cost import compare_latencies
 
         models: dict[str, Callable[[torch.Tensor], Any]] = {}
         for row in rows:

@@ -10,12 +10,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from graph.context import Context
+from graph.context import Context, Selection
 
 if TYPE_CHECKING:
     from graph.runner import RunResult
+    from tools.schemas import RunReport
 
 logger = logging.getLogger("profiling_agent")
 
@@ -45,7 +46,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument(
         "--planner",
         default=defaults.planner,
-        choices=["rules", "llm"],
+        choices=_planner_names(),
         help="rules: offline (default); llm: an OpenAI-compatible chat model writes the plans",
     )
     _add_llm_options(parser, defaults)
@@ -55,8 +56,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         default=defaults.max_accuracy_drop,
         help="accuracy budget in points (default 1.0)",
     )
-    parser.add_argument("--selection", default=defaults.selection, choices=["accuracy", "smallest-within-budget"])
-    parser.add_argument("--importance", default=defaults.importance, choices=["l1", "l2", "random"])
+    parser.add_argument("--selection", default=defaults.selection, choices=list(get_args(Selection)))
+    parser.add_argument("--importance", default=defaults.importance, choices=_importance_names())
     parser.add_argument(
         "--round-to",
         type=int,
@@ -83,6 +84,18 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _planner_names() -> list[str]:
+    from agents.planning.registry import planner_names
+
+    return planner_names()
+
+
+def _importance_names() -> list[str]:
+    from tools.compression.importance import IMPORTANCE
+
+    return list(IMPORTANCE)
+
+
 def _quant_backends() -> list[str]:
     from tools.compression.quantization import BACKEND_CHOICES
 
@@ -106,8 +119,8 @@ def _add_factory_options(parser: argparse.ArgumentParser) -> None:
 
 def factory_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """Parsed ``FactorySpec`` fields (but ``factory``) for a module:factory --model; None for other models."""
-    from tools.models.factory import FactorySpec, is_factory_spec
-    from tools.models.sources import ModelLoadError
+    from tools.models.base import ModelLoadError
+    from tools.models.specs import FactorySpec, is_factory_spec
 
     given = {name: getattr(args, name, None) for name in FACTORY_FLAGS}
     if not is_factory_spec(args.model):
@@ -225,14 +238,14 @@ class _Progress:
         self.last = now
 
 
-def _summary(report: dict[str, Any]) -> str:
+def _summary(report: RunReport | dict[str, Any]) -> str:
+    from tools.reporting.format import accuracy_pct, millions, millis, named_entries
+    from tools.schemas import RunReport
+
     rows = [("model", "accuracy", "params (M)", "latency (ms)", "memory (MB)")]
-    for key in ("baseline", "pruned", "quantized", "quantized_original"):
-        m = report.get(key)
-        if not m:
-            continue
-        acc = "n/a" if m.get("accuracy") is None else f"{100 * m['accuracy']:.2f}%"
-        rows.append((key, acc, f"{m['params'] / 1e6:.3f}", f"{1000 * m['latency_s']:.2f}", f"{m['memory_mb']:.2f}"))
+    for key, _, m in named_entries(RunReport.model_validate(report)):
+        params, latency = millions(m.params, unit=""), millis(m.latency_s, unit="")
+        rows.append((key, accuracy_pct(m.accuracy), params, latency, f"{m.memory_mb:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 
@@ -249,9 +262,11 @@ def _finish(result: RunResult) -> None:
         if pending.get("errors"):
             raise ValueError(f"the edited plan was not accepted (the run is still paused): {pending['errors'][0]}")
         return
-    report, run_dir = result.report, result.run_dir
+    from tools.schemas import RunReport
+
+    report, run_dir = RunReport.model_validate(result.report), result.run_dir
     print(_summary(report))
-    for note in report.get("notes", []):
+    for note in report.notes:
         print(f"note: {note}")
     print(f"report: {Path(run_dir) / 'report.json'} and report.md")
 
@@ -309,7 +324,7 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> None:
     from graph.bench import run_bench
-    from tools.models.factory import is_factory_spec
+    from tools.models.specs import is_factory_spec
 
     try:
         ratios = [float(r) for r in args.ratios.split(",") if r.strip()]

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+if TYPE_CHECKING:
+    from tools.compression.recipes import PruningConfig, QuantizationConfig
 
 Selection = Literal["accuracy", "smallest-within-budget"]
 
@@ -87,20 +90,51 @@ class Context:
             errors.append("--batch-size must be at least 1")
         if not 0 <= self.max_accuracy_drop <= 100:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
-        if not 0 < self.max_pruning_ratio < 1:
-            errors.append("--max-pruning-ratio must be in (0, 1)")
-        from tools.compression.quantization import QUANTIZATION_BACKENDS
-
-        if self.quant_backend not in (*QUANTIZATION_BACKENDS, "auto"):
-            errors.append(f"--quant-backend must be one of {', '.join((*QUANTIZATION_BACKENDS, 'auto'))}")
+        errors += self._recipe_errors()
         if self.planner not in ("rules", "llm"):
             errors.append("--planner must be rules or llm")
         if self.llm_max_attempts < 1:
             errors.append("--llm-max-attempts must be at least 1")
-        if self.selection not in ("accuracy", "smallest-within-budget"):
+        if self.selection not in get_args(Selection):
             errors.append("--selection must be accuracy or smallest-within-budget")
         if errors:
             raise ValueError("; ".join(errors))
+
+    def pruning_config(self) -> PruningConfig:
+        """How this run applies pruning recommendations (importance, round_to, seed, max_ratio)."""
+        from tools.compression.recipes import PruningConfig
+
+        return PruningConfig(
+            importance=self.importance, round_to=self.round_to, seed=self.seed, max_ratio=self.max_pruning_ratio
+        )
+
+    def quantization_config(self) -> QuantizationConfig:
+        """How this run quantizes (the backend; per-layer dtypes are the plan's)."""
+        from tools.compression.recipes import QuantizationConfig
+
+        return QuantizationConfig(backend=self.quant_backend)
+
+    def _recipe_errors(self) -> list[str]:
+        """Build both recipes; each field they refuse as its command-line option's message."""
+        from pydantic import ValidationError
+
+        from tools.compression.importance import IMPORTANCE
+        from tools.compression.quantization import BACKEND_CHOICES
+
+        messages = {
+            "importance": f"--importance must be one of {', '.join(IMPORTANCE)}",
+            "round_to": "--round-to must be 0 or more",
+            "seed": "--seed must be an integer",
+            "max_ratio": "--max-pruning-ratio must be in (0, 1)",
+            "backend": f"--quant-backend must be one of {', '.join(BACKEND_CHOICES)}",
+        }
+        errors: list[str] = []
+        for build in (self.pruning_config, self.quantization_config):
+            try:
+                build()
+            except ValidationError as exc:
+                errors += [messages.get(str(e["loc"][0]) if e["loc"] else "", e["msg"]) for e in exc.errors()]
+        return errors
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,3 +143,14 @@ class Context:
     def from_dict(cls, data: dict[str, Any]) -> Context:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def context_of(runtime: Any) -> Context:
+    """The run's Context from a node's or router's runtime (a dict from the dev server is accepted too).
+
+    Pure: it changes nothing (nodes that run torch code apply the thread count themselves).
+    """
+    raw = getattr(runtime, "context", None)
+    if isinstance(raw, Context):
+        return raw
+    return Context.from_dict(raw) if isinstance(raw, dict) else Context()

@@ -1,4 +1,4 @@
-"""Routers: pure functions of state and settings, tested directly."""
+"""Routers: pure functions of state and settings (no side effects), tested directly."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Literal
 
 from langgraph.runtime import Runtime
 
-from agents.common import settings
-from graph.context import Context
+from graph.context import Context, context_of
 from graph.state import State
 
 
@@ -18,14 +17,14 @@ def after_pruning_stage(ctx: Context) -> Literal["quantize_model", "measure_late
 def route_after_analyze_profile(
     state: State, runtime: Runtime[Context]
 ) -> Literal["review_plan", "prune_model", "quantize_model", "measure_latencies"]:
-    ctx = settings(runtime)
+    ctx = context_of(runtime)
     if not ctx.prune:
         return after_pruning_stage(ctx)
     return "review_plan" if ctx.approve_plan else "prune_model"
 
 
 def route_after_iterate_pruning(state: State, runtime: Runtime[Context]) -> Literal["review_plan", "prune_model"]:
-    ctx = settings(runtime)
+    ctx = context_of(runtime)
     return "review_plan" if ctx.approve_plan and ctx.approve_rounds else "prune_model"
 
 
@@ -37,7 +36,7 @@ def route_after_review_plan(
         return "prune_model"
     if state.get("rounds"):
         return "select_best_model"  # a rejected round ends the loop; earlier rounds still count
-    return after_pruning_stage(settings(runtime))
+    return after_pruning_stage(context_of(runtime))
 
 
 def rounds_wanted(ctx: Context) -> int:
@@ -48,7 +47,7 @@ def rounds_wanted(ctx: Context) -> int:
 def route_after_evaluate_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["iterate_pruning", "select_best_model"]:
-    ctx = settings(runtime)
+    ctx = context_of(runtime)
     done = len(state.get("rounds") or [])
     return "iterate_pruning" if done < rounds_wanted(ctx) else "select_best_model"
 
@@ -56,4 +55,4 @@ def route_after_evaluate_model(
 def route_after_select_best_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["quantize_model", "measure_latencies"]:
-    return after_pruning_stage(settings(runtime))
+    return after_pruning_stage(context_of(runtime))

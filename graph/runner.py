@@ -16,11 +16,13 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
-from agents.iterative import best_round
+from agents.planning.selection import best_round
 from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
-from tools.store.artifacts import RunPaths, atomic_write_json, atomic_write_text, read_json
+from tools.store.files import atomic_write_json, atomic_write_text, read_json
+from tools.store.run_paths import RunPaths
+from tools.text import slug
 
 UpdateHook = Callable[[str, dict[str, Any]], None]
 
@@ -63,13 +65,10 @@ def check_planner(ctx: Context) -> None:
     """With --planner llm: one cheap request to the endpoint before anything starts (fails in one line)."""
     if ctx.planner != "llm":
         return
-    from tools.llm.client import LLMSettings, check_endpoint
+    from agents.planning.llm_settings import llm_settings
+    from tools.llm.client import check_endpoint
 
-    check_endpoint(
-        LLMSettings.from_env(
-            model=ctx.llm_model or None, base_url=ctx.llm_base_url or None, timeout_s=min(ctx.llm_timeout, 10.0)
-        )
-    )
+    check_endpoint(llm_settings(ctx, timeout_s=min(ctx.llm_timeout, 10.0)))
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -227,10 +226,6 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
     }
 
 
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name).strip("-") or "llm"
-
-
 def compare_llms(
     model: str,
     *,
@@ -250,7 +245,7 @@ def compare_llms(
     out_dir = out_dir.resolve()
     reports: dict[str, dict[str, Any]] = {}
     for name in llms:
-        run_dir = out_dir / _slug(name)
+        run_dir = out_dir / slug(name, default="llm")
         run_ctx = replace(ctx, run_dir=str(run_dir), planner="llm", llm_model=name, quantize=False)
         if RunPaths(run_dir).report_json.exists():
             reports[name] = finished_report(run_dir)

@@ -2,11 +2,29 @@
 
 ``InputState`` is what a caller gives, ``OutputState`` what a finished run returns; ``State`` is the
 whole shared record the nodes read and write. No ``nn.Module`` or tensor is ever stored here.
+``rounds`` and ``notes`` have reducers: a node returns only its new round or notes, and re-running a
+node after a resume replaces its round or repeats a note without duplicating either.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
+
+
+def merge_rounds(existing: list[dict[str, Any]] | None, new: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Rounds in order of their number; a round returned again replaces the earlier record."""
+    by_round = {r["round"]: r for r in existing or []}
+    by_round.update({r["round"]: r for r in new or []})
+    return [by_round[k] for k in sorted(by_round)]
+
+
+def add_notes(existing: list[str] | None, new: list[str] | None) -> list[str]:
+    """Notes in the order they were first written, each once; empty notes are dropped."""
+    notes = list(existing or [])
+    for note in new or []:
+        if note and note not in notes:
+            notes.append(note)
+    return notes
 
 
 class InputState(TypedDict, total=False):
@@ -33,17 +51,17 @@ class State(InputState, OutputState, total=False):
     profile_summary: dict[str, Any]
     label_match: dict[str, Any] | None
     baseline: dict[str, Any]
+    """``ModelEntry`` of the original model."""
     plan: dict[str, Any]
-    plan_source: str
-    plan_planner_state: dict[str, Any]
-    current_plan: dict[str, Any]
-    current_source: str
-    current_planner_state: dict[str, Any]
+    """``PlanResult`` of the analysis (plan, source, planner_state): the plan quantization follows."""
+    next_plan: dict[str, Any]
+    """``PlanResult`` that the next ``prune_model`` applies (the analysis plan first, then each iteration's)."""
     pending_round: dict[str, Any] | None
-    rounds: list[dict[str, Any]]
+    rounds: Annotated[list[dict[str, Any]], merge_rounds]
+    """``RoundResult`` of every evaluated round, in order."""
     pruned: dict[str, Any] | None
     quantized: dict[str, Any] | None
     quantized_original: dict[str, Any] | None
     review: dict[str, Any] | None
     """The last human decision: stage (analysis or round), round, action (approve, edit or reject)."""
-    notes: list[str]
+    notes: Annotated[list[str], add_notes]

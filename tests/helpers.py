@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from agents.planning.planners import PlanningContext
+    from agents.planning.base import PlanningContext
 
 DIGIT_LABELS = {
     i: n for i, n in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
@@ -63,7 +63,7 @@ def save_tiny(model: nn.Module, out: Path, size: int) -> Path:
 
 def planning_context(model: nn.Module, size: int, max_accuracy_drop: float = 1.0) -> PlanningContext:
     """What a planner sees of a tiny real model: its profile and prunable layers, a 0.9 baseline."""
-    from agents.planning.planners import PlanningContext
+    from agents.planning.base import PlanningContext
     from tools.compression.pruning import prunable_layers
     from tools.profiling.profile import profile_model
 

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from tools.compression.pruning import apply_pruning, count_params
+from tools.evaluation.accuracy import evaluate_accuracy
 from tools.evaluation.datasets import EvalDataset, load_eval_dataset
-from tools.evaluation.metrics import evaluate_accuracy, match_labels
-from tools.models.factory import FactoryModel, FactorySpec, build_factory_model, preprocess_for
+from tools.evaluation.labels import match_labels
+from tools.models.factory import FactoryModel, build_factory_model
+from tools.models.specs import FactorySpec, preprocess_for
 from tools.schemas import PruningRecommendation
 from tools.zoo.cifar_resnet import CIFAR10_CLASSES, PadShortcut
 

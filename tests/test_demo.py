@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from graph.cli import main
-from tools.models.sources import DEMO_MODELS
+from tools.models.builtin import DEMO_MODELS
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.llm_planner import (
     JsonlExchangeLog,
     LLMPlanner,
@@ -24,19 +25,19 @@ from agents.planning.llm_planner import (
     resolve_input_shape_with_llm,
     shape_metadata,
 )
-from agents.planning.planners import PlanningContext, PlanResult, RoundRecord, RulesPlanner
+from agents.planning.rules import RulesPlanner
 from agents.planning.validation import validate_plan
 from tests.fake_openai import Delay, FakeOpenAI
 from tests.helpers import tiny_vit
 from tools.compression.pruning import prunable_layers
 from tools.llm.client import (
     LLMConfigError,
-    LLMExchange,
     LLMSettings,
     LLMUnavailableError,
     check_endpoint,
     make_chat_model,
 )
+from tools.llm.structured import LLMExchange
 from tools.profiling.profile import profile_model
 from tools.schemas import OptimizationPlan
 

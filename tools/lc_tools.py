@@ -11,6 +11,7 @@ from typing import Any
 from langchain_core.tools import BaseTool, tool
 
 from tools import ops
+from tools.compression.recipes import PruningConfig
 from tools.schemas import InputShape, OptimizationPlan, QuantizationRecommendation
 
 
@@ -37,7 +38,7 @@ def prune_model_tool(
     model_dir: str, plan: OptimizationPlan, input_shape: InputShape, out_dir: str, importance: str = "l1"
 ) -> dict[str, Any]:
     """Apply a plan's structured/head pruning to an intact copy of the saved original; save to out_dir."""
-    return ops.prune(Path(model_dir), plan, input_shape, Path(out_dir), importance=importance)
+    return ops.prune(Path(model_dir), plan, input_shape, Path(out_dir), PruningConfig(importance=importance))
 
 
 @tool

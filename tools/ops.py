@@ -18,27 +18,28 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from tools.models.sources import (
+from tools.compression.recipes import PruningConfig, QuantizationConfig
+from tools.models.base import (
     LoadedModel,
     ModelLoadError,
-    acquire_model,
     build_preprocess,
+    example_input,
     logits_of,
     resolve_device,
 )
+from tools.models.sources import acquire_model
 from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, QuantizationRecommendation
 from tools.store.artifacts import (
-    atomic_write_json,
     deployed_file,
     is_complete,
     load_compressed,
     load_module,
     load_original,
-    read_json,
     save_compressed,
     save_original,
     save_quantized,
 )
+from tools.store.files import atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +71,6 @@ class ModelInfo(BaseModel):
 def set_threads(threads: int) -> None:
     if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-
-
-def example_input(
-    shape: InputShape | dict[str, Any], batch: int = 1, device: str = "cpu", seed: int = 0
-) -> torch.Tensor:
-    shape = InputShape.model_validate(shape)
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, *shape.as_tuple(), generator=generator).to(resolve_device(device))
 
 
 # --- acquisition and input shape --------------------------------------------------------------------
@@ -209,31 +202,24 @@ def prune(
     plan: OptimizationPlan,
     shape: InputShape,
     out_dir: Path,
-    *,
-    importance: str = "l1",
-    round_to: int = 0,
-    seed: int = 0,
+    config: PruningConfig | None = None,
 ) -> dict[str, Any]:
-    """Apply a plan's pruning recommendations to an intact copy of the original; save the result."""
+    """Apply a plan's pruning recommendations to an intact copy of the original; save the result.
+
+    ``config`` (default ``PruningConfig()``): importance, round_to and seed, written into the recipe.
+    """
     from tools.compression.pruning import apply_pruning
 
     if is_complete(out_dir):
         return dict(read_json(out_dir / "artifact.json")["recipe"]["report"])
+    config = config or PruningConfig()
     model = load_original(original_dir).model.eval()
-    torch.manual_seed(seed)
-    report = apply_pruning(
-        model,
-        plan.pruning_recommendations,
-        example_input(shape),
-        importance=importance,
-        round_to=round_to or None,
-        seed=seed,
-    )
+    torch.manual_seed(config.seed)
+    report = apply_pruning(model, plan.pruning_recommendations, example_input(shape), config)
+    # max_ratio bounds what a planner may ask; it is not part of how the plan was applied
     recipe = {
         "plan": plan.model_dump(),
-        "importance": importance,
-        "round_to": round_to,
-        "seed": seed,
+        **config.model_dump(exclude={"max_ratio"}),
         "report": report.model_dump(),
     }
     save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe)
@@ -245,14 +231,15 @@ def quantize(
     original_dir: Path,
     recommendations: list[QuantizationRecommendation],
     out_dir: Path,
+    config: QuantizationConfig | None = None,
     *,
-    backend: str = "torch-ao-dynamic",
     shape: InputShape | None = None,
 ) -> dict[str, Any]:
     """Dynamically quantize the model at ``source_dir`` (original or pruned); save it as deployed.
 
-    ``backend``: a name of :data:`tools.quantization.QUANTIZATION_BACKENDS`, or ``auto`` (ONNX Runtime
-    where it is installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape``
+    ``config.backend`` (default ``QuantizationConfig()``): a name of
+    :data:`tools.compression.quantization.QUANTIZATION_BACKENDS`, or ``auto`` (ONNX Runtime where it is
+    installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape``
     is the input the model is exported with by backends that export it (default: resolved from the
     original). Returns the quantization report as saved.
     """
@@ -266,6 +253,7 @@ def quantize(
     )
     from tools.deploy.onnxruntime import OnnxRuntimeError
 
+    backend = (config or QuantizationConfig()).backend
     if not is_complete(out_dir):
         float_model = load_module(source_dir)
         recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
@@ -303,7 +291,7 @@ def _dataset(spec: str, split: str | None, samples: int, seed: int) -> Any:
 def match_dataset_labels(
     original_dir: Path, dataset: str, split: str | None, samples: int, seed: int
 ) -> dict[str, Any]:
-    from tools.evaluation.metrics import match_labels
+    from tools.evaluation.labels import match_labels
 
     loaded = load_original(original_dir)
     data = _dataset(dataset, split, samples, seed)
@@ -332,7 +320,7 @@ def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]]
     """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
     key = (str(original_dir.resolve()), shape.as_tuple())
     if key not in _PREPROCESS:
-        from tools.models.factory import preprocess_for
+        from tools.models.specs import preprocess_for
 
         loaded = load_original(original_dir)
         _PREPROCESS.clear()  # one model's images at a time
@@ -351,7 +339,8 @@ def accuracy_of(
 
     None (and 0 samples) without a dataset, or for an untrained model.
     """
-    from tools.evaluation.metrics import LabelMatch, evaluate_accuracy
+    from tools.evaluation.accuracy import evaluate_accuracy
+    from tools.evaluation.labels import LabelMatch
 
     if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
         return None, 0
@@ -371,7 +360,7 @@ def evaluate(
     artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
 ) -> Metrics:
     """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
-    from tools.evaluation.metrics import file_size_mb, measure_latency, measure_throughput
+    from tools.evaluation.cost import file_size_mb, measure_latency, measure_throughput
 
     meta = read_json(artifact_dir / "artifact.json")
     quantized = meta["kind"] == "quantized"
@@ -401,7 +390,7 @@ def evaluate(
 
 def _macs(model: nn.Module, shape: InputShape) -> int | None:
     """MACs of a float model by ptflops (a quantized model counts as the float model it came from)."""
-    from tools.profiling.profile import static_profile
+    from tools.profiling.static import static_profile
 
     try:
         macs, _, _ = static_profile(model, shape.as_tuple())
@@ -415,7 +404,7 @@ def compare_latency(
     artifacts: dict[str, Path], shape: InputShape, *, repeats: int = 20, device: str = "cpu", seed: int = 0
 ) -> dict[str, float]:
     """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds."""
-    from tools.evaluation.metrics import compare_latencies
+    from tools.evaluation.cost import compare_latencies
 
     models: dict[str, Callable[[torch.Tensor], Any]] = {}
     for name, path in artifacts.items():

@@ -6,7 +6,7 @@ reports and LLM structured output all speak the same schema.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -131,3 +131,64 @@ class Metrics(BaseModel):
     artifact: str | None = None
     samples: int = 0
     within_budget: bool | None = None
+
+
+# --- records of a run: what the nodes write, and what the report, plots, CLI and bench read -----------
+
+
+class ModelEntry(Metrics):
+    """A model the run produced (baseline, best pruned, quantized) with its metrics.
+
+    Besides the metrics, an entry may carry where it came from: ``round``, ``plan`` and ``source`` for
+    the best pruned model, ``source``, ``layers`` and ``backend`` for a quantized one.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    accuracy_drop_points: float | None = Field(default=None, description="Points lost against the baseline.")
+    latency_measured: str | None = Field(default=None, description="'interleaved' once the final comparison ran.")
+    round: int | None = Field(default=None, description="Best pruned model: the round it comes from.")
+
+
+class RoundResult(BaseModel):
+    """One evaluated pruning round: its plan, who wrote it, what pruning did, and its metrics."""
+
+    round: int
+    plan: OptimizationPlan
+    source: str
+    planner_state: dict[str, Any] = Field(default_factory=dict)
+    prune_report: dict[str, Any] | None = None
+    metrics: Metrics
+    accuracy_drop_points: float | None = None
+    within_budget: bool
+
+
+class PlanRecord(BaseModel):
+    """The analysis plan as reported: the plan's fields plus who wrote it and the planner's state."""
+
+    model_config = ConfigDict(extra="allow")
+
+    source: str | None = None
+    pruning_recommendations: list[PruningRecommendation] = Field(default_factory=list)
+    quantization_recommendations: list[QuantizationRecommendation] = Field(default_factory=list)
+    planner_state: dict[str, Any] | None = None
+
+
+class RunReport(BaseModel):
+    """``report.json``: everything a finished run measured, read by report.md/html, plots, CLI and bench."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: dict[str, Any]
+    dataset: dict[str, Any]
+    baseline: ModelEntry | None = None
+    pruned: ModelEntry | None = None
+    quantized: ModelEntry | None = None
+    quantized_original: ModelEntry | None = None
+    rounds: list[RoundResult] = Field(default_factory=list)
+    plan: PlanRecord = Field(default_factory=PlanRecord)
+    profile: dict[str, Any] = Field(default_factory=dict)
+    untrained: bool = False
+    notes: list[str] = Field(default_factory=list)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    artifacts: list[dict[str, Any]] = Field(default_factory=list)

@@ -1,0 +1,1 @@
+"""Planning: planner protocol and registry, rules and LLM planners, prompts, validation, selection policy."""

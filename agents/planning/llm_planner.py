@@ -2,11 +2,12 @@
 reads the earlier plans and their results and writes the next one.
 
 Flow of :meth:`LLMPlanner.analyze` / :meth:`LLMPlanner.next_plan`: build the prompt
-(:mod:`agents.prompts`) → :func:`tools.llm.invoke_structured` → :func:`agents.plan_validation.validate_plan`
-→ if the answer does not parse or the plan is invalid, send the reasons back as a follow-up message and
-ask again, up to ``max_attempts`` → otherwise, or at once when the endpoint fails (HTTP error, timeout,
-connection), use the fallback planner (the rules planner). It never raises for what the model or the
-server does; every request is recorded as an :class:`~tools.llm.LLMExchange`.
+(:mod:`agents.planning.prompts`) → :func:`tools.llm.structured.invoke_structured` with the plan's field-name
+normaliser (:mod:`agents.planning.normalize`) → :func:`agents.planning.validation.validate_plan` → if the
+answer does not parse or the plan is invalid, send the reasons back as a follow-up message and ask again,
+up to ``max_attempts`` → otherwise, or at once when the endpoint fails (HTTP error, timeout, connection),
+use the fallback planner (the rules planner). It never raises for what the model or the server does;
+every request is recorded as an :class:`~tools.llm.structured.LLMExchange`.
 
 ``PlanResult.source`` is ``llm`` (valid at the first attempt), ``llm-repaired`` (valid after follow-ups)
 or ``rules-fallback``. ``planner_state`` records the attempts and the rejected plans with their reasons;
@@ -23,9 +24,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from agents.planning.planners import Planner, PlanningContext, PlanResult, RulesPlanner
+from agents.planning.base import Planner, PlanningContext, PlanResult
+from agents.planning.llm_settings import settings_from_options
+from agents.planning.normalize import normalize_payload
 from agents.planning.prompts import (
     analysis_messages,
     input_shape_messages,
@@ -33,15 +36,10 @@ from agents.planning.prompts import (
     next_round,
     retry_message,
 )
+from agents.planning.rules import RulesPlanner
 from agents.planning.validation import validate_plan
-from tools.llm.client import (
-    LLMExchange,
-    LLMSettings,
-    Purpose,
-    ResponseFormatMode,
-    invoke_structured,
-    make_chat_model,
-)
+from tools.llm.client import LLMSettings, make_chat_model
+from tools.llm.structured import LLMExchange, ResponseFormatMode, invoke_structured
 from tools.schemas import InputShape, OptimizationPlan
 
 if TYPE_CHECKING:
@@ -53,12 +51,15 @@ __all__ = [
     "ExchangeSink",
     "JsonlExchangeLog",
     "LLMPlanner",
+    "Purpose",
     "llm_planner_for_run",
     "resolve_input_shape_with_llm",
     "shape_metadata",
 ]
 
 ExchangeSink = Callable[[LLMExchange], None] | list[LLMExchange]
+#: What an exchange of this package is for (its ``purpose`` label).
+Purpose = Literal["input_shape", "analysis", "iteration"]
 
 #: Plausible input shapes (an answer outside is rejected).
 MAX_CHANNELS = 16
@@ -192,6 +193,7 @@ class LLMPlanner:
                     messages,
                     OptimizationPlan,
                     purpose=purpose,
+                    normalize=normalize_payload,
                     attempt=attempt,
                     round=round_no,
                     response_format=self.response_format,
@@ -302,7 +304,7 @@ def llm_planner_for_run(
 ) -> LLMPlanner:
     """The LLM planner of one run: settings from the environment (non-None arguments win), every exchange
     appended to ``RUN/llm/exchanges.jsonl``. Raises ``LLMConfigError`` when nothing is configured."""
-    settings = LLMSettings.from_env(model=model or None, base_url=base_url or None, timeout_s=timeout_s)
+    settings = settings_from_options(model, base_url, timeout_s)
     log = JsonlExchangeLog(Path(run_dir) / "llm" / "exchanges.jsonl")
     return LLMPlanner(settings, max_attempts=max_attempts, exchange_log=log)
 
@@ -348,7 +350,9 @@ def resolve_input_shape_with_llm(
     Returns ``(InputShape(source="llm"), exchange)``, or ``(None, exchange)`` when the answer is missing,
     unparsable or implausible. The caller must still prove the shape with a dry forward pass.
     """
-    shape, exchange = invoke_structured(chat, input_shape_messages(metadata), InputShape, purpose="input_shape")
+    shape, exchange = invoke_structured(
+        chat, input_shape_messages(metadata), InputShape, purpose="input_shape", normalize=normalize_payload
+    )
     if shape is not None:
         shape = shape.model_copy(update={"source": "llm"})
         problems = _shape_problems(shape)

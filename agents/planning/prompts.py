@@ -19,7 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agents.planning.planners import PlanningContext, RoundRecord, exact_pattern
+from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.rules import exact_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
 

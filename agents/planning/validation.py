@@ -8,7 +8,7 @@ What is checked:
 
 * every pruning regex compiles and selects at least one prunable module of its type: for ``structured``
   a name in ``prunable["structured"]``; for ``head`` an attention module of ``prunable["heads"]`` or one of
-  its q/k/v/o projections (as ``tools.pruning`` matches them);
+  its q/k/v/o projections (as ``tools.compression.heads`` matches them);
 * ``head`` only where the model has head-prunable attention modules;
 * ``pruning_ratio`` in ``[0, ctx.max_ratio]``;
 * no pruning regex selects the classifier (a ``prunable["blocked"]`` module whose reason names the
@@ -27,9 +27,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agents.planning.planners import PlanningContext
+from agents.planning.base import PlanningContext
 from agents.planning.prompts import is_classifier_reason
-from tools.compression.pruning import ATTENTION_SPECS
+from tools.compression.heads import ATTENTION_SPECS
 from tools.profiling.profile import name_pattern
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
 

@@ -12,13 +12,13 @@ from tools.compression.quantization import quantize
 from tools.models.sources import acquire_model
 from tools.schemas import PruningRecommendation, QuantizationRecommendation
 from tools.store.artifacts import (
-    atomic_write_json,
     is_complete,
     load_compressed,
     load_original,
     save_compressed,
     save_original,
 )
+from tools.store.files import atomic_write_json
 
 
 @pytest.fixture()

@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tools.evaluation.datasets import (
-    DATASET_SOURCES,
-    DatasetError,
-    EvalDataset,
-    choose_split,
-    load_eval_dataset,
-    resolve_source,
-    subset_indices,
-    to_pil,
-)
+from tools.evaluation.datasets import EvalDataset, load_eval_dataset, subset_indices, to_pil
+from tools.evaluation.sources import DATASET_SOURCES, DatasetError, choose_split, resolve_source
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
 

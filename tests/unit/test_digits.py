@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tools.evaluation import digits
 from tools.evaluation.digits import DIGIT_NAMES, IMAGE_SIZE, digits_dataset, split_indices
+from tools.models.builtin import ASSETS
 
-ASSETS = Path(digits.__file__).resolve().parents[1] / "models" / "assets"
 MODELS = ("digits-vit", "digits-cnn")
 
 

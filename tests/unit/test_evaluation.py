@@ -13,20 +13,16 @@ import torch
 from PIL import Image
 from torch import nn
 
-from tools.evaluation.datasets import EvalDataset, load_eval_dataset
-from tools.evaluation.metrics import (
-    EvaluationError,
-    LabelMatch,
+from tools.evaluation.accuracy import (
     accuracy_from_predictions,
-    compare_latencies,
     evaluate_accuracy,
-    file_size_mb,
-    match_labels,
-    measure_latency,
-    measure_throughput,
     predict_logits,
     prediction_agreement,
 )
+from tools.evaluation.common import EvaluationError
+from tools.evaluation.cost import compare_latencies, file_size_mb, measure_latency, measure_throughput
+from tools.evaluation.datasets import EvalDataset, load_eval_dataset
+from tools.evaluation.labels import LabelMatch, match_labels
 
 MODEL_LABELS = {0: "red", 1: "green", 2: "blue"}  # the logit of class c is the mean of channel c
 RGB = {"red": (200, 10, 10), "green": (10, 200, 10), "blue": (10, 10, 200), "purple": (150, 0, 160)}

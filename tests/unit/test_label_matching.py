@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.evaluation.metrics import LabelMatch, LabelMatchError, label_alternatives, match_labels, normalise_label
+from tools.evaluation.labels import LabelMatch, LabelMatchError, label_alternatives, match_labels, normalise_label
 
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agents.planning.planners import PlanningContext, RoundRecord
+from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.prompts import (
     analysis_messages,
     analysis_prompt,

@@ -18,9 +18,11 @@ from tools.deploy.onnxruntime import (
     onnx_baseline,
     quantize_onnx,
 )
+from tools.evaluation.accuracy import evaluate_accuracy, predict_logits
+from tools.evaluation.cost import compare_latencies
 from tools.evaluation.datasets import load_eval_dataset
-from tools.evaluation.metrics import compare_latencies, evaluate_accuracy, match_labels, predict_logits
-from tools.models.sources import build_preprocess
+from tools.evaluation.labels import match_labels
+from tools.models.base import build_preprocess
 
 SIZE = 16
 

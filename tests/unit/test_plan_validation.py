@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.planning.planners import PlanningContext, RulesPlanner
+from agents.planning.base import PlanningContext
+from agents.planning.rules import RulesPlanner
 from agents.planning.validation import repair_plan, validate_plan
 from tests.helpers import planning_context, tiny_resnet, tiny_vit
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import re
 
-from agents.planning.planners import (
-    PlanningContext,
-    RoundRecord,
-    RulesPlanner,
-    exact_pattern,
-    get_planner,
-    name_pattern,
-)
+from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.registry import get_planner
+from agents.planning.rules import RulesPlanner, exact_pattern
+from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile, OptimizationPlan
 
 

@@ -12,14 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from tools.profiling.profile import (
-    group_layers,
-    layer_names,
-    module_latencies,
-    operator_profile,
-    profile_model,
-    static_profile,
-)
+from tools.profiling.dynamic import module_latencies, operator_profile
+from tools.profiling.modules import layer_names
+from tools.profiling.profile import group_layers, profile_model
+from tools.profiling.static import static_profile
 from tools.schemas import LayerProfile, ModelProfile
 
 IMAGE = 32

@@ -1,4 +1,4 @@
-"""tools.pruning on tiny models with random weights: structured channel pruning and head pruning."""
+"""tools.compression on tiny models with random weights: structured channel pruning and head pruning."""
 
 from __future__ import annotations
 
@@ -16,14 +16,10 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from tools.compression.pruning import (
-    IMPORTANCE,
-    PruneReport,
-    apply_pruning,
-    count_params,
-    get_importance,
-    prunable_layers,
-)
+from tools.compression.importance import IMPORTANCE, get_importance
+from tools.compression.pruning import apply_pruning, count_params, prunable_layers
+from tools.compression.recipes import PruningConfig
+from tools.compression.reports import PruneReport
 from tools.schemas import PruningRecommendation
 
 NUM_LABELS = 10
@@ -152,7 +148,7 @@ def test_importance_registry_and_unknown_name() -> None:
     with pytest.raises(ValueError, match=r"unknown importance 'nope'; valid names: .*l1.*l2.*random"):
         get_importance("nope")
     with pytest.raises(ValueError, match="valid names"):
-        apply_pruning(ResidualCNN(), [], torch.randn(1, 3, 8, 8), importance="nope")
+        apply_pruning(ResidualCNN(), [], torch.randn(1, 3, 8, 8), PruningConfig(importance="nope"))
 
 
 def test_invalid_regex_is_a_value_error(x: torch.Tensor) -> None:
@@ -253,13 +249,13 @@ def test_keep_at_least_one_channel(x: torch.Tensor) -> None:
 
 def test_round_to(x: torch.Tensor) -> None:
     model = ResidualCNN(hidden=30)
-    report = apply_pruning(model, [rec("conv1", 0.3)], x, round_to=8)
+    report = apply_pruning(model, [rec("conv1", 0.3)], x, PruningConfig(round_to=8))
     check_runs(model, x, report)
     assert model.conv1.out_channels == 24  # 30 - 9 = 21, rounded to a multiple of 8
     small = ResidualCNN(hidden=30)
-    report = apply_pruning(small, [rec("conv1", 0.99)], x, round_to=8)
+    report = apply_pruning(small, [rec("conv1", 0.99)], x, PruningConfig(round_to=8))
     assert small.conv1.out_channels == 8  # at least round_to channels are kept
-    assert apply_pruning(ResidualCNN(), [rec("conv1", 0.5)], x, round_to=64).applied == []
+    assert apply_pruning(ResidualCNN(), [rec("conv1", 0.5)], x, PruningConfig(round_to=64)).applied == []
 
 
 def test_regex_matching_nothing(x: torch.Tensor) -> None:
@@ -293,7 +289,7 @@ def test_l1_vs_random_choose_differently(x: torch.Tensor) -> None:
     for importance in ("l1", "random"):
         model = ResidualCNN()
         model.load_state_dict(base.state_dict())
-        apply_pruning(model, [rec("conv1", 0.5)], x, importance=importance, seed=1)
+        apply_pruning(model, [rec("conv1", 0.5)], x, PruningConfig(importance=importance, seed=1))
         kept[importance] = _kept_rows(model, original)
     assert len(kept["l1"]) == 15
     assert kept["l1"] != kept["random"]
@@ -301,7 +297,7 @@ def test_l1_vs_random_choose_differently(x: torch.Tensor) -> None:
 
     again = ResidualCNN()
     again.load_state_dict(base.state_dict())
-    apply_pruning(again, [rec("conv1", 0.5)], x, importance="random", seed=1)
+    apply_pruning(again, [rec("conv1", 0.5)], x, PruningConfig(importance="random", seed=1))
     assert _kept_rows(again, original) == kept["random"]  # seeded
 
 
@@ -403,7 +399,7 @@ def test_head_pruning_keeps_one_head_and_ranks_by_norm(x: torch.Tensor) -> None:
         for proj in (att.q_proj, att.k_proj, att.v_proj):
             proj.weight[16:32] *= 10  # head 1 is by far the largest
     kept_rows = att.q_proj.weight[16:32].detach().clone()
-    report = apply_pruning(model, [rec(r"layers\.0\.attention", 0.9, "head")], x, importance="l2")
+    report = apply_pruning(model, [rec(r"layers\.0\.attention", 0.9, "head")], x, PruningConfig(importance="l2"))
     check_runs(model, x, report)
     assert att.num_attention_heads == 1
     assert torch.equal(att.q_proj.weight, kept_rows)

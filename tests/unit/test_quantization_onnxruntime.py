@@ -18,6 +18,7 @@ from graph.cli import _context, build_parser
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
 from tools.compression.quantization import QuantizationError, get_backend, quantize, resolve_backend_name
+from tools.compression.recipes import QuantizationConfig
 from tools.deploy.onnxruntime import OrtModel, onnx_baseline, weighted_nodes
 from tools.models.sources import acquire_model
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
@@ -40,7 +41,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     ops.prune(original, plan, SHAPE, root / "pruned")
     for name, source in (("q-original", original), ("q-pruned", root / "pruned")):
-        ops.quantize(source, original, ALL, root / name, backend="onnxruntime", shape=SHAPE)
+        ops.quantize(source, original, ALL, root / name, QuantizationConfig(backend="onnxruntime"), shape=SHAPE)
     return {"root": root, "original": original, "pruned": root / "pruned"}
 
 
@@ -108,7 +109,9 @@ def test_regex_selection_and_float16(run: dict[str, Path]) -> None:
         QuantizationRecommendation(layer=r"classifier", dtype="float16"),
     ]
     out = run["root"] / "q-mlp"
-    report = ops.quantize(run["original"], run["original"], recs, out, backend="onnxruntime", shape=SHAPE)
+    report = ops.quantize(
+        run["original"], run["original"], recs, out, QuantizationConfig(backend="onnxruntime"), shape=SHAPE
+    )
     assert sorted(report["layers"]) == [f"vit.layers.{i}.mlp.fc{j}" for i in (0, 1) for j in (1, 2)]
     assert any("float16" in note and "classifier" in note for note in report["notes"])
     still_float = weighted_nodes(out / "model.onnx")

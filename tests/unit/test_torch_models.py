@@ -1,4 +1,4 @@
-"""tools.torch_models: ``--model module:factory`` specs, safe state-dict loading, factory artifacts."""
+"""tools.models: ``--model module:factory`` specs, safe state-dict loading, factory artifacts."""
 
 from __future__ import annotations
 
@@ -12,22 +12,24 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from tests.helpers_torch import GREY_LABELS, NotAllowed, TiedNet, TinyGreyCNN
+from tools.models.base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, ModelLoadError
+from tools.models.checkpoints import load_state_dict_file
 from tools.models.factory import (
     FactoryModel,
-    FactorySpec,
     build_factory_model,
     import_factory,
     is_factory_artifact,
-    is_factory_spec,
     load_factory_original,
-    load_state_dict_file,
+    save_factory_original,
+)
+from tools.models.specs import (
+    FactorySpec,
+    is_factory_spec,
     parse_floats,
     parse_image_size,
     parse_labels,
     preprocess_for,
-    save_factory_original,
 )
-from tools.models.sources import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, ModelLoadError
 
 GREY = "tests.helpers_torch:tiny_grey_cnn"
 TIED = "tests.helpers_torch:tied_net"

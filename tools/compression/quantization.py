@@ -2,7 +2,7 @@
 
 A backend turns a float model and the layers a plan selects into a deployed artifact, and loads it
 back ready to run (:class:`QuantizationBackend`: ``save`` / ``load``, used by
-:func:`tools.artifacts.save_compressed` and :func:`~tools.artifacts.load_compressed`):
+:func:`tools.store.artifacts.save_compressed` and :func:`~tools.store.artifacts.load_compressed`):
 
 * ``torch-ao-dynamic`` (default) — ``torch.ao.quantization.quantize_dynamic`` of the selected
   ``nn.Linear`` layers; deployed as ``model.safetensors`` (int8 values plus scales, no pickle) and
@@ -10,7 +10,7 @@ back ready to run (:class:`QuantizationBackend`: ``save`` / ``load``, used by
   serves :func:`quantize`, which returns the quantized module itself.
 * ``onnxruntime`` — the float model exported to ONNX and quantized by ONNX Runtime's
   ``quantize_dynamic`` (int8 MatMul/Gemm weights); deployed as ``model.onnx`` (protobuf, loads without
-  unpickling) and loaded back as an :class:`tools.onnx_runtime.OrtModel`, a callable that is not an
+  unpickling) and loaded back as an :class:`tools.deploy.onnxruntime.OrtModel`, a callable that is not an
   ``nn.Module``: ONNX Runtime is then the deployment runtime.
 * ``auto`` (a name, not a backend) — ``onnxruntime`` where ``onnx`` and ``onnxruntime`` import, else
   ``torch-ao-dynamic``.
@@ -233,7 +233,7 @@ class TorchAODynamicBackend:
 class OnnxRuntimeDynamicBackend:
     """ONNX Runtime's dynamic int8 quantization of the exported float model; ONNX Runtime runs it.
 
-    The float model is exported with :func:`tools.onnx_runtime.export_onnx` (TorchScript exporter),
+    The float model is exported with :func:`tools.deploy.onnxruntime.export_onnx` (TorchScript exporter),
     preprocessed, and quantized by ``quantize_dynamic`` (int8 symmetric per-channel weights, uint8
     activations quantized per call). Layers are selected by value: every selected ``nn.Linear`` is
     matched to the MatMul/Gemm nodes that apply its weight. When the selection is every Linear at
@@ -351,7 +351,7 @@ def quantize(
     """Return a dynamically quantized copy of ``model`` (on the CPU) and what was quantized.
 
     In memory, so for torch backends only; ``onnxruntime`` quantizes while saving
-    (:func:`tools.ops.quantize`, or :func:`tools.artifacts.save_quantized`).
+    (:func:`tools.ops.quantize`, or :func:`tools.store.artifacts.save_quantized`).
     """
     impl = get_backend(backend)
     if not isinstance(impl, ModuleBackend):

@@ -1,0 +1,1 @@
+"""Deployment runtimes: ONNX export, ONNX Runtime quantization and inference (``onnxruntime``)."""

@@ -9,8 +9,8 @@ This module does that baseline end to end:
 * :func:`quantize_onnx` — ``onnxruntime.quantization.quantize_dynamic`` of the ``MatMul``/``Gemm``
   weights to int8 (activations quantized per call, as ``torch.ao`` dynamic quantization does);
 * :class:`OrtModel` — an ``InferenceSession`` behind ``model(pixel_values) -> logits`` (a torch
-  tensor), so that :func:`tools.evaluation.evaluate_accuracy`, :func:`~tools.evaluation.measure_latency`
-  and :func:`~tools.evaluation.compare_latencies` take it like any model;
+  tensor), so that :func:`tools.evaluation.accuracy.evaluate_accuracy`, :func:`~tools.evaluation.cost.measure_latency`
+  and :func:`~tools.evaluation.cost.compare_latencies` take it like any model;
 * :func:`onnx_baseline` — export + quantize into a directory, idempotent (complete files are reused).
 
 Every file is written under a temporary name and moved into place, so a file that exists is complete.
@@ -33,7 +33,8 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from tools.models.sources import logits_of
+from tools.models.base import logits_of
+from tools.text import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def export_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, *, op
                 dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
             )
     except Exception as exc:
-        raise OnnxRuntimeError(f"ONNX export of {type(model).__name__} failed: {_first_line(exc)}") from exc
+        raise OnnxRuntimeError(f"ONNX export of {type(model).__name__} failed: {first_line(exc)}") from exc
     finally:
         model.to(device)
         model.train(was_training)
@@ -132,7 +133,7 @@ def preprocess_onnx(fp32_path: Path, out_path: Path) -> Path:
                     quant_pre_process(str(fp32_path), str(tmp), skip_symbolic_shape=skip_symbolic)
                 return out_path
             except Exception as exc:
-                problem = problem or _first_line(exc)
+                problem = problem or first_line(exc)
     logger.warning("quant_pre_process failed (%s); quantizing the model as exported", problem)
     return fp32_path
 
@@ -174,7 +175,7 @@ def quantize_onnx(
                 )
         except Exception as exc:
             raise OnnxRuntimeError(
-                f"ONNX Runtime dynamic quantization of {fp32_path} failed: {_first_line(exc)}"
+                f"ONNX Runtime dynamic quantization of {fp32_path} failed: {first_line(exc)}"
             ) from exc
     logger.info("quantized %s to %s (%.2f MB)", fp32_path, out_path, out_path.stat().st_size / 1e6)
     return out_path
@@ -277,7 +278,7 @@ class OrtModel:
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise OnnxRuntimeError(f"cannot open {self.path} with ONNX Runtime: {_first_line(exc)}") from exc
+            raise OnnxRuntimeError(f"cannot open {self.path} with ONNX Runtime: {first_line(exc)}") from exc
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1:
             raise OnnxRuntimeError(f"{self.path} has {len(inputs)} inputs: expected one (pixel_values)")
@@ -342,11 +343,6 @@ def onnx_baseline(
         quantized_size_mb=round(quantized.stat().st_size / 1e6, 4),
         threads=int(threads) if threads and threads > 0 else torch.get_num_threads(),
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 __all__: list[str] = [

@@ -1,0 +1,1 @@
+"""Evaluation: dataset sources and loading, label matching, accuracy, and cost (latency, throughput, size)."""

@@ -11,7 +11,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from tools.store.artifacts import atomic_write_json, atomic_write_text
+from tools.reporting.format import accuracy_pct, millions, millis, percent_less, signed_points, times
+from tools.store.files import atomic_write_json, atomic_write_text
 
 Row = dict[str, Any]
 Table = tuple[list[str], list[list[str]]]
@@ -23,20 +24,8 @@ def _by_method(rows: list[Row]) -> dict[str, Row]:
 
 def _delta(row: Row, base: Row) -> str:
     if row["accuracy"] is None or base["accuracy"] is None:
-        return "n/a"
-    return f"{100 * (row['accuracy'] - base['accuracy']):+.2f}"
-
-
-def _pct_less(value: float, base: float) -> str:
-    return f"{100 * (1 - value / base):.1f}%" if base else "-"
-
-
-def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:.2f}"
-
-
-def _top1(row: Row) -> str:
-    return "n/a" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
+        return signed_points(None)
+    return signed_points(100 * (row["accuracy"] - base["accuracy"]))
 
 
 def table1(model: str, rows: list[Row]) -> Table:
@@ -53,8 +42,8 @@ def table1(model: str, rows: list[Row]) -> Table:
                     r["method"],
                     ratio,
                     _delta(r, base),
-                    f"{r['params'] / 1e6:.3f}",
-                    _pct_less(r["params"], base["params"]),
+                    millions(r["params"], unit=""),
+                    percent_less(r["params"], base["params"]),
                 ]
             )
     return header, body
@@ -79,16 +68,16 @@ def table3(model: str, rows: list[Row]) -> Table:
         r = methods.get(name)
         if r is None:
             continue
-        gain = f"{ort['latency_s'] / r['latency_s']:.2f}x" if ort and r["latency_s"] else "-"
+        gain = times(ort["latency_s"], r["latency_s"]) if ort and r["latency_s"] else "-"
         body.append(
             [
                 model,
                 name,
                 _delta(r, base),
                 f"{r['memory_mb']:.2f}",
-                _pct_less(r["memory_mb"], base["memory_mb"]),
-                f"{_ms(base['latency_s'])} → {_ms(r['latency_s'])}",
-                f"{base['latency_s'] / r['latency_s']:.2f}x",
+                percent_less(r["memory_mb"], base["memory_mb"]),
+                f"{millis(base['latency_s'], unit='')} → {millis(r['latency_s'], unit='')}",
+                times(base["latency_s"], r["latency_s"]),
                 gain,
             ]
         )
@@ -113,10 +102,10 @@ def table4(model: str, rows: list[Row]) -> Table:
             [
                 model,
                 label,
-                f"{_top1(base)} → {_top1(r)}",
-                _pct_less(r["memory_mb"], base["memory_mb"]),
-                _pct_less(r["params"], base["params"]),
-                f"{base['latency_s'] / r['latency_s']:.2f}x",
+                f"{accuracy_pct(base['accuracy'])} → {accuracy_pct(r['accuracy'])}",
+                percent_less(r["memory_mb"], base["memory_mb"]),
+                percent_less(r["params"], base["params"]),
+                times(base["latency_s"], r["latency_s"]),
             ]
         )
     return header, body
@@ -139,7 +128,7 @@ def _csv(table: Table) -> str:
 
 def tradeoff_plot(model: str, rows: list[Row]) -> bytes:
     """Accuracy against parameters and against latency, every method on the same axes."""
-    from tools.reporting.plots import Panel, Point, scatter_panels
+    from tools.reporting.charts import Panel, Point, scatter_panels
 
     def note(r: Row) -> str:
         return "" if r["ratio"] is None else f"{r['ratio']:g}"

@@ -1,9 +1,27 @@
-"""The run's final report: ``report.json`` (machine-readable) and ``report.md`` (for people)."""
+"""The run's final report: ``report.json`` (machine-readable) and ``report.md`` (for people).
+
+:func:`build_report` gathers the finished graph state into a :class:`~tools.schemas.RunReport`;
+:func:`write_report_files` writes it as ``report.md``, ``report.html`` and, last, ``report.json``.
+Readers take a ``RunReport`` or the dict read back from ``report.json``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from tools.reporting.format import (
+    accuracy_pct,
+    drop_as_change,
+    millions,
+    millis,
+    named_entries,
+    percent_less,
+    signed_points,
+    speedup,
+)
+from tools.schemas import RunReport
 
 METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
 
@@ -19,7 +37,7 @@ def metrics_view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
     """Every model file of the run with its size (10^6 bytes) and SHA-256, to check what is deployed."""
-    from tools.store.artifacts import sha256_of
+    from tools.store.files import sha256_of
 
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".onnx"))
     return [
@@ -28,7 +46,12 @@ def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def build_report(state: dict[str, Any], settings: dict[str, Any]) -> RunReport:
+    """The finished run's report, from the graph state and the run's settings."""
+    return RunReport.model_validate(_report_fields(state, settings))
+
+
+def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     info = state["model_info"]
     rounds = [
         {
@@ -56,9 +79,9 @@ def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
         "quantized_original": metrics_view(state.get("quantized_original")),
         "rounds": rounds,
         "plan": {
-            "source": state.get("plan_source"),
-            **(state.get("plan") or {}),
-            "planner_state": state.get("plan_planner_state"),
+            "source": (state.get("plan") or {}).get("source"),
+            **((state.get("plan") or {}).get("plan") or {}),
+            "planner_state": (state.get("plan") or {}).get("planner_state"),
         },
         "profile": {"path": state.get("profile_path"), **(state.get("profile_summary") or {})},
         "untrained": info.get("untrained", False),
@@ -68,38 +91,26 @@ def build_report(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
     }
 
 
-def _fmt_acc(value: float | None) -> str:
-    return "n/a (untrained)" if value is None else f"{100 * value:.2f}%"
+def report_json(report: RunReport) -> dict[str, Any]:
+    """What ``report.json`` holds: exactly the keys :func:`build_report` set, as JSON values."""
+    return report.model_dump(mode="json", exclude_unset=True)
 
 
-def _fmt_delta(drop_points: float | None) -> str:
-    """An accuracy drop in points as a signed change: 0.5 -> '-0.50', 0 -> '+0.00' (never '-0.00')."""
-    return "-" if drop_points is None else f"{(round(-drop_points, 2) or 0.0):+.2f}"
-
-
-def _fmt_params(value: int | None) -> str:
-    return "-" if value is None else f"{value / 1e6:.3f} M"
-
-
-def _fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{1000 * value:.2f} ms"
-
-
-def _ratio(base: float | None, other: float | None) -> str:
-    return "-" if not base or not other else f"{base / other:.2f}x"
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    model = report["model"]
-    base = report["baseline"] or {}
+def render_markdown(report: RunReport | dict[str, Any]) -> str:
+    """``report.md``: the summary table, the plan, the rounds, the planner's decisions, the profile and notes."""
+    report = RunReport.model_validate(report)
+    model = report.model
+    base = report.baseline
+    base_latency = base.latency_s if base else None
+    base_memory = base.memory_mb if base else None
     lines = [
         f"# ProfilingAgent report: {model['spec']}",
         "",
         f"- model class: `{model['model_class']}` (family `{model['family']}`, source {model['source']})",
         f"- input shape: {model.get('input_shape')}",
-        f"- dataset: {report['dataset']['spec'] or 'none (latency and memory only)'}",
+        f"- dataset: {report.dataset['spec'] or 'none (latency and memory only)'}",
     ]
-    if report["untrained"]:
+    if report.untrained:
         lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
     lines += [
         "",
@@ -108,37 +119,24 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| model | accuracy | Δacc (pts) | params | MACs | latency (batch 1) | speed-up | memory (MB) | memory saved |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for key, label in (
-        ("baseline", "original"),
-        ("pruned", "best pruned"),
-        ("quantized", "pruned + quantized"),
-        ("quantized_original", "original quantized"),
-    ):
-        m = report.get(key)
-        if not m:
-            continue
-        drop = m.get("accuracy_drop_points")
-        saved = (1 - m["memory_mb"] / base["memory_mb"]) * 100 if base.get("memory_mb") else 0.0
-        macs = "-" if m.get("macs") is None else f"{m['macs'] / 1e6:.1f} M"
+    for _, label, m in named_entries(report):
         lines.append(
-            f"| {label} | {_fmt_acc(m.get('accuracy'))} | {_fmt_delta(drop)} | "
-            f"{_fmt_params(m.get('params'))} | {macs} | {_fmt_ms(m.get('latency_s'))} | "
-            f"{_ratio(base.get('latency_s'), m.get('latency_s'))} | {m['memory_mb']:.2f} | {saved:.1f}% |"
+            f"| {label} | {accuracy_pct(m.accuracy, 'n/a (untrained)')} | {drop_as_change(m.accuracy_drop_points)} | "
+            f"{millions(m.params)} | {millions(m.macs, digits=1)} | {millis(m.latency_s)} | "
+            f"{speedup(base_latency, m.latency_s)} | {m.memory_mb:.2f} | "
+            f"{percent_less(m.memory_mb, base_memory, missing='0.0%')} |"
         )
-    pruned = report.get("pruned")
-    if pruned is not None and pruned.get("within_budget") is False:
+    if report.pruned is not None and report.pruned.within_budget is False:
         lines += [
             "",
             "**No pruned candidate stayed within the accuracy budget: 'best pruned' is the original.**",
         ]
-    lines += ["", "## Plan (analysis agent)", "", f"source: {report['plan'].get('source')}", ""]
-    for rec in report["plan"].get("pruning_recommendations", []):
-        lines.append(
-            f"- prune `{rec['layer']}` ({rec['pruning_type']}, ratio {rec['pruning_ratio']}): {rec['justification']}"
-        )
-    for rec in report["plan"].get("quantization_recommendations", []):
-        lines.append(f"- quantize `{rec['layer']}` ({rec['quantization_type']} {rec['dtype']}): {rec['justification']}")
-    if report["rounds"]:
+    lines += ["", "## Plan (analysis agent)", "", f"source: {report.plan.source}", ""]
+    for rec in report.plan.pruning_recommendations:
+        lines.append(f"- prune `{rec.layer}` ({rec.pruning_type}, ratio {rec.pruning_ratio}): {rec.justification}")
+    for q in report.plan.quantization_recommendations:
+        lines.append(f"- quantize `{q.layer}` ({q.quantization_type} {q.dtype}): {q.justification}")
+    if report.rounds:
         lines += [
             "",
             "## Pruning rounds",
@@ -146,21 +144,15 @@ def render_markdown(report: dict[str, Any]) -> str:
             "| round | source | accuracy | Δacc (pts) | params | latency | within budget | plan |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for r in report["rounds"]:
-            m = r["metrics"]
-            plan = ", ".join(
-                f"{p['pruning_type']} {p['layer']} {p['pruning_ratio']}"
-                for p in r["plan"].get("pruning_recommendations", [])
-            )
-            drop = r.get("accuracy_drop_points")
+        for r in report.rounds:
+            plan = ", ".join(f"{p.pruning_type} {p.layer} {p.pruning_ratio}" for p in r.plan.pruning_recommendations)
             lines.append(
-                f"| {r['round']} | {r['source']} | {_fmt_acc(m.get('accuracy'))} | "
-                f"{_fmt_delta(drop)} | {_fmt_params(m.get('params'))} | "
-                f"{_fmt_ms(m.get('latency_s'))} | {'yes' if r['within_budget'] else 'NO'} | {plan} |"
+                f"| {r.round} | {r.source} | {accuracy_pct(r.metrics.accuracy, 'n/a (untrained)')} | "
+                f"{drop_as_change(r.accuracy_drop_points)} | {millions(r.metrics.params)} | "
+                f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | {plan} |"
             )
     lines += _planner_decisions(report)
-    profile = report.get("profile") or {}
-    if profile.get("top_groups"):
+    if report.profile.get("top_groups"):
         lines += [
             "",
             "## Profile: most expensive layer groups",
@@ -168,20 +160,20 @@ def render_markdown(report: dict[str, Any]) -> str:
             "| layer group | latency share | MACs share |",
             "|---|---|---|",
         ]
-        for g in profile["top_groups"]:
+        for g in report.profile["top_groups"]:
             lines.append(f"| `{g['pattern']}` | {100 * g['latency_share']:.1f}% | {100 * g['macs_share']:.1f}% |")
-    if report["notes"]:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
-    if report.get("artifacts"):
+    if report.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    if report.artifacts:
         lines += ["", "## Artifacts", "", "| file | size (MB) | SHA-256 |", "|---|---|---|"]
-        lines += [f"| `{a['path']}` | {a['size_mb']:.3f} | `{a['sha256'][:16]}…` |" for a in report["artifacts"]]
+        lines += [f"| `{a['path']}` | {a['size_mb']:.3f} | `{a['sha256'][:16]}…` |" for a in report.artifacts]
     return "\n".join(lines) + "\n"
 
 
-def _planner_decisions(report: dict[str, Any]) -> list[str]:
+def _planner_decisions(report: RunReport) -> list[str]:
     """Which planner wrote each plan, and every rejected plan with its reasons (LLM planner)."""
-    steps = [("analysis", report["plan"].get("source"), report["plan"].get("planner_state") or {})]
-    steps += [(f"round {r['round']}", r["source"], r.get("planner_state") or {}) for r in report["rounds"]]
+    steps = [("analysis", report.plan.source, report.plan.planner_state or {})]
+    steps += [(f"round {r.round}", r.source, r.planner_state or {}) for r in report.rounds]
     if all(source in (None, "rules") for _, source, _ in steps):
         return []
     lines = ["", "## Planner decisions", ""]
@@ -194,36 +186,41 @@ def _planner_decisions(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report_files(report: dict[str, Any], json_path: Path, md_path: Path) -> None:
-    from tools.store.artifacts import atomic_write_json, atomic_write_text
-
-    atomic_write_text(md_path, render_markdown(report))
+def write_report_files(report: RunReport | dict[str, Any], json_path: Path, md_path: Path) -> None:
+    """Write ``report.md``, ``report.html`` next to it, and ``report.json``, each atomically."""
     from tools.reporting.html import load_profile, write_html_report
+    from tools.store.files import atomic_write_json, atomic_write_text
 
+    report = RunReport.model_validate(report)
+    atomic_write_text(md_path, render_markdown(report))
     write_html_report(report, load_profile(report), md_path.with_name("report.html"))
-    atomic_write_json(json_path, report)  # last: a run that has a report.json has finished
+    atomic_write_json(json_path, report_json(report))  # last: a run that has a report.json has finished
 
 
-def llm_comparison_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def llm_comparison_rows(reports: Mapping[str, RunReport | dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per LLM: ΔAccuracy of its best pruned model, original and pruned parameters, plan sources."""
     rows = []
-    for name, report in reports.items():
-        base, pruned = report["baseline"], report.get("pruned") or report["baseline"]
+    for name, given in reports.items():
+        report = RunReport.model_validate(given)
+        base = report.baseline
+        if base is None:
+            raise ValueError(f"the report of {name} has no baseline")
+        pruned = report.pruned or base
         sources: dict[str, int] = {}
         rejected = 0
-        for r in report["rounds"]:
-            sources[r["source"]] = sources.get(r["source"], 0) + 1
-            rejected += len((r.get("planner_state") or {}).get("rejected", []))
+        for r in report.rounds:
+            sources[r.source] = sources.get(r.source, 0) + 1
+            rejected += len(r.planner_state.get("rejected", []))
         drop = None
-        if base.get("accuracy") is not None and pruned.get("accuracy") is not None:
-            drop = round(100 * (pruned["accuracy"] - base["accuracy"]), 2)
+        if base.accuracy is not None and pruned.accuracy is not None:
+            drop = round(100 * (pruned.accuracy - base.accuracy), 2)
         rows.append(
             {
                 "llm": name,
                 "delta_accuracy_points": drop,
-                "original_params": base["params"],
-                "pruned_params": pruned["params"],
-                "within_budget": pruned.get("within_budget"),
+                "original_params": base.params,
+                "pruned_params": pruned.params,
+                "within_budget": pruned.within_budget,
                 "round_sources": sources,
                 "rejected_plans": rejected,
             }
@@ -239,10 +236,10 @@ def render_llm_comparison(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        drop = "n/a" if row["delta_accuracy_points"] is None else f"{row['delta_accuracy_points']:+.2f}"
         sources = ", ".join(f"{k}: {v}" for k, v in row["round_sources"].items())
         lines.append(
-            f"| {row['llm']} | {drop} | {row['original_params'] / 1e6:.3f} | {row['pruned_params'] / 1e6:.3f} | "
+            f"| {row['llm']} | {signed_points(row['delta_accuracy_points'])} | "
+            f"{millions(row['original_params'], unit='')} | {millions(row['pruned_params'], unit='')} | "
             f"{'yes' if row['within_budget'] else 'no'} | {sources} | {row['rejected_plans']} |"
         )
     return "\n".join(lines) + "\n"

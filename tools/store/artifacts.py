@@ -1,8 +1,10 @@
-"""Run-dir layout, atomic writes, and safe save / load of original, pruned and quantized models.
+"""Safe save / load of original, pruned and quantized models, and the structure that rebuilds them.
 
 Every model artifact is a directory with its deployed file (no pickle) and ``artifact.json``:
 
-* ``original``: a ``save_pretrained`` directory (config, ``model.safetensors``, image processor).
+* ``original``: written and read back by the model's source (:func:`tools.models.sources.source_named`):
+  a ``save_pretrained`` directory (config, ``model.safetensors``, image processor), or a factory model's
+  ``model.safetensors`` and ``factory.json``.
 * ``pruned``: ``model.safetensors`` plus a description of how the structure differs from the original
   (per-module attributes and parameter shapes), so the model is rebuilt from the original's config,
   resized, and loaded, without unpickling anything.
@@ -15,14 +17,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -35,56 +33,14 @@ from tools.compression.quantization import (
     QuantReport,
     get_backend,
 )
-from tools.models.sources import LoadedModel, family_of
+from tools.models.base import LoadedModel, family_of
+from tools.models.sources import source_named
+from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
 
-META_FILE = "artifact.json"
-WEIGHTS_FILE = "model.safetensors"
 ArtifactKind = Literal["original", "pruned", "quantized"]
 _SIMPLE = (int, float, bool, str)
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-# --- atomic files -----------------------------------------------------------------------------------
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write to a temporary file in the same folder, fsync, then rename: a file that exists is complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; outputs should read like any other file
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def deployed_file(artifact_dir: Path) -> Path:
@@ -105,26 +61,6 @@ def deployed_file(artifact_dir: Path) -> Path:
 def is_complete(artifact_dir: Path) -> bool:
     """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
     return (artifact_dir / META_FILE).is_file() and deployed_file(artifact_dir).is_file()
-
-
-class _StagingDir:
-    """Write a directory under a temporary name and rename it into place when done."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-
-    def __enter__(self) -> Path:
-        return self.tmp
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        if self.target.exists():
-            shutil.rmtree(self.target)
-        os.replace(self.tmp, self.target)
 
 
 # --- structure of a compressed model ---------------------------------------------------------------
@@ -189,32 +125,10 @@ def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> N
 
 
 def save_original(loaded: LoadedModel, out_dir: Path) -> Path:
-    """Save the acquired model once, so that every node starts from the same weights."""
+    """Save the acquired model once, so that every node starts from the same weights (its source's format)."""
     if is_complete(out_dir):
         return out_dir
-    if loaded.source == "factory":
-        from tools.models.factory import FactoryModel, save_factory_original
-
-        if not isinstance(loaded, FactoryModel) or loaded.factory_spec is None:
-            raise ValueError(f"factory model {loaded.spec!r} carries no FactorySpec: build it with build_factory_model")
-        with _StagingDir(out_dir) as tmp:
-            save_factory_original(loaded, loaded.factory_spec, tmp)
-        return out_dir
-    with _StagingDir(out_dir) as tmp:
-        cast(Any, loaded.model).save_pretrained(tmp, safe_serialization=True)
-        if loaded.processor is not None:
-            loaded.processor.save_pretrained(tmp)
-        meta = {
-            "format": 1,
-            "kind": "original",
-            "spec": loaded.spec,
-            "source": loaded.source,
-            "family": loaded.family,
-            "untrained": loaded.untrained,
-            "model_class": type(loaded.model).__name__,
-        }
-        atomic_write_json(tmp / "profiling_agent.json", meta)
-        atomic_write_json(tmp / META_FILE, meta)
+    source_named(loaded.source).save_original(loaded, out_dir)
     return out_dir
 
 
@@ -265,7 +179,7 @@ def save_compressed(
             qmodel=model if in_memory else None,
         )
     reference = load_original(base_dir).model
-    with _StagingDir(out_dir) as tmp:
+    with StagingDir(out_dir) as tmp:
         save_file(_state_for_save(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         atomic_write_json(tmp / META_FILE, _meta(kind, base_dir, out_dir, reference, model, recipe, None))
     return out_dir
@@ -285,7 +199,7 @@ def save_quantized(
     in-memory torch backend's result). The report written is the one the backend carried out."""
     reference = load_original(base_dir).model
     backend = get_backend(report.backend)
-    with _StagingDir(out_dir) as tmp:
+    with StagingDir(out_dir) as tmp:
         done = backend.save(float_model, report, tmp, example_input=example_input, qmodel=qmodel)
         atomic_write_json(tmp / META_FILE, _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done))
     return out_dir
@@ -319,22 +233,11 @@ _ORIGINALS: dict[tuple[str, float], LoadedModel] = {}
 
 def load_original(path: Path) -> LoadedModel:
     """The original model saved by :func:`save_original` (cached per process; a fresh copy each call)."""
-    from tools.models.sources import acquire_model
-
     key = (str(path.resolve()), (path / WEIGHTS_FILE).stat().st_mtime)
     if key not in _ORIGINALS:
         _ORIGINALS.clear()
         meta = read_json(path / META_FILE)
-        loaded: LoadedModel
-        if meta.get("source") == "factory":
-            from tools.models.factory import load_factory_original
-
-            loaded = load_factory_original(path)
-        else:
-            loaded = acquire_model(str(path), device="cpu")
-            loaded.spec, loaded.source = meta.get("spec", loaded.spec), meta.get("source", loaded.source)
-            loaded.untrained = bool(meta.get("untrained", False))
-        _ORIGINALS[key] = loaded
+        _ORIGINALS[key] = source_named(meta.get("source")).load_original(path, meta)
     cached = _ORIGINALS[key]
     # replace() keeps the subclass (FactoryModel) and every field, preprocessing included
     return dataclasses.replace(cached, model=copy.deepcopy(cached.model), id2label=dict(cached.id2label))
@@ -344,7 +247,7 @@ def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | Quanti
     """Rebuild any model artifact (original, pruned or quantized) without unpickling, ready to run.
 
     An ``nn.Module``, except for a quantized artifact whose backend deploys another runtime: an
-    ``onnxruntime`` artifact loads as an :class:`tools.onnx_runtime.OrtModel` (callable
+    ``onnxruntime`` artifact loads as an :class:`tools.deploy.onnxruntime.OrtModel` (callable
     ``pixel_values -> logits``, CPU, ``torch.get_num_threads()`` threads). :func:`load_module` insists
     on an ``nn.Module``.
     """
@@ -389,45 +292,3 @@ def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bo
     state = model.state_dict()
     ptr = state[key].data_ptr()
     return any(state[k].data_ptr() == ptr for k in tensors if k in state)
-
-
-class RunPaths:
-    """Fixed locations inside a run directory, so that a resumed node finds what it wrote before."""
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-
-    @property
-    def settings(self) -> Path:
-        return self.root / "settings.json"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints.sqlite"
-
-    @property
-    def original(self) -> Path:
-        return self.root / "models" / "original"
-
-    @property
-    def profile(self) -> Path:
-        return self.root / "profile"
-
-    def round(self, index: int) -> Path:
-        return self.root / "rounds" / f"round-{index:02d}"
-
-    @property
-    def quantized(self) -> Path:
-        return self.root / "models" / "quantized"
-
-    @property
-    def quantized_original(self) -> Path:
-        return self.root / "models" / "quantized-original"
-
-    @property
-    def report_json(self) -> Path:
-        return self.root / "report.json"
-
-    @property
-    def report_md(self) -> Path:
-        return self.root / "report.md"

@@ -1,20 +1,17 @@
-"""Planners turn a profile (and, in the loop, earlier rounds) into an :class:`OptimizationPlan`.
+"""The default ``rules`` planner: offline and deterministic (the same profile and history give the same plan).
 
-The default ``rules`` planner is offline and deterministic: the same profile and history give the
-same plan. It targets the layer groups that cost the most latency and can be pruned without touching
-a residual stream (attention heads, MLP expansion layers, convolutions inside residual blocks), and
-searches the pruning level across rounds: more while accuracy stays within budget, less once it drops.
+It targets the layer groups that cost the most latency and can be pruned without touching a residual
+stream (attention heads, MLP expansion layers, convolutions inside residual blocks), and searches the
+pruning level across rounds: more while accuracy stays within budget, less once it drops.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
+from agents.planning.base import PlanningContext, PlanResult
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
     ModelProfile,
@@ -23,47 +20,9 @@ from tools.schemas import (
     QuantizationRecommendation,
 )
 
+__all__ = ["RulesPlanner", "exact_pattern"]
+
 TRANSFORMER_FAMILIES = {"vit", "deit", "swin", "transformer"}
-
-
-class RoundRecord(BaseModel):
-    """What a planner sees of one finished round."""
-
-    round: int
-    plan: OptimizationPlan
-    source: str
-    accuracy: float | None = None
-    accuracy_drop_points: float | None = None
-    params: int
-    latency_s: float
-    within_budget: bool
-    planner_state: dict[str, Any] = Field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PlanningContext:
-    """What a planner knows besides the profile."""
-
-    profile: ModelProfile
-    prunable: dict[str, Any]
-    baseline_accuracy: float | None
-    max_accuracy_drop: float
-    max_ratio: float = 0.6
-    history: list[RoundRecord] = field(default_factory=list)
-
-
-class PlanResult(BaseModel):
-    plan: OptimizationPlan
-    source: str
-    planner_state: dict[str, Any] = Field(default_factory=dict)
-
-
-class Planner(Protocol):
-    name: str
-
-    def analyze(self, ctx: PlanningContext) -> PlanResult: ...
-
-    def next_plan(self, ctx: PlanningContext) -> PlanResult: ...
 
 
 def exact_pattern(members: list[str], universe: list[str]) -> str:
@@ -230,13 +189,3 @@ class RulesPlanner:
             level = self._widest_gap(sorted({0.0, *(lvl for lvl, _ in tried)}), bad if bad is not None else cap)
             note += " The search has converged: probing the widest untried interval."
         return self._plan_at(ctx, level, note)
-
-
-PLANNERS: dict[str, Planner] = {"rules": RulesPlanner()}
-
-
-def get_planner(name: str) -> Planner:
-    try:
-        return PLANNERS[name]
-    except KeyError:
-        raise ValueError(f"unknown planner {name!r}: choose one of {', '.join(PLANNERS)}") from None

@@ -1,0 +1,62 @@
+"""What every planner shares: the records it reads and writes, and the :class:`Planner` protocol.
+
+A planner turns a profile (and, in the iterative loop, the earlier rounds) into an
+:class:`~tools.schemas.OptimizationPlan`. :mod:`agents.planning.rules` holds the offline rules planner,
+:mod:`agents.planning.llm_planner` the LLM planner, :mod:`agents.planning.registry` the names they go by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from tools.schemas import ModelProfile, OptimizationPlan
+
+__all__ = ["PlanResult", "Planner", "PlanningContext", "RoundRecord"]
+
+
+class RoundRecord(BaseModel):
+    """What a planner sees of one finished round."""
+
+    round: int
+    plan: OptimizationPlan
+    source: str
+    accuracy: float | None = None
+    accuracy_drop_points: float | None = None
+    params: int
+    latency_s: float
+    within_budget: bool
+    planner_state: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlanningContext:
+    """What a planner knows besides the profile."""
+
+    profile: ModelProfile
+    prunable: dict[str, Any]
+    baseline_accuracy: float | None
+    max_accuracy_drop: float
+    max_ratio: float = 0.6
+    history: list[RoundRecord] = field(default_factory=list)
+
+
+class PlanResult(BaseModel):
+    """A plan, who wrote it (``rules``, ``llm``, ``llm-repaired``, ``rules-fallback``) and the planner's own
+    state, which later rounds read back from the history."""
+
+    plan: OptimizationPlan
+    source: str
+    planner_state: dict[str, Any] = Field(default_factory=dict)
+
+
+class Planner(Protocol):
+    """Writes the first plan from the profile (:meth:`analyze`) and each later round's (:meth:`next_plan`)."""
+
+    name: str
+
+    def analyze(self, ctx: PlanningContext) -> PlanResult: ...
+
+    def next_plan(self, ctx: PlanningContext) -> PlanResult: ...

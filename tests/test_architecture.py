@@ -1,0 +1,114 @@
+"""The house's rules, checked from the code: one-way imports, no cycles, every module importable alone.
+
+``graph/`` imports ``agents/``, ``agents/`` imports ``tools/``, never back; the graph's shared vocabulary
+(``graph/state.py``, ``graph/context.py``) is the one part of ``graph/`` that nodes may import, and it
+imports no node. Nothing in ``tools/`` knows about LangGraph.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("graph", "agents", "tools")
+VOCABULARY = {"graph.state", "graph.context"}
+MAX_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {
+    _module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py")) if "assets" not in p.parts
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module named by an import statement of ``path`` (top level, functions and TYPE_CHECKING too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _project_imports(path: Path) -> set[str]:
+    """The project modules ``path`` imports (a package's name counts as its ``__init__``)."""
+    return {name for name in _imports(path) if name in MODULES}
+
+
+def test_tools_never_import_the_graph_the_agents_or_langgraph() -> None:
+    offenders = {
+        name: sorted(i for i in _imports(path) if i.split(".")[0] in {"graph", "agents", "langgraph"})
+        for name, path in MODULES.items()
+        if name.startswith("tools")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_agents_import_only_the_graphs_vocabulary() -> None:
+    offenders = {
+        name: sorted(i for i in _project_imports(path) if i.startswith("graph") and i not in VOCABULARY)
+        for name, path in MODULES.items()
+        if name.startswith("agents")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_vocabulary_imports_no_node() -> None:
+    for name in VOCABULARY:
+        assert not {i for i in _project_imports(MODULES[name]) if i.startswith(("agents", "graph"))}, name
+
+
+def test_no_import_cycle_between_project_files() -> None:
+    graph = {name: _project_imports(path) - {name} for name, path in MODULES.items()}
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> None:
+        if node in trail:
+            cycle = [*trail[trail.index(node) :], node]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if node in done:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, [*trail, node])
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_no_project_file_is_too_long() -> None:
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_every_module_imports_on_its_own() -> None:
+    """Each module imported with no project module loaded before it (third-party ones stay cached)."""
+    script = f"""
+import importlib, sys, traceback
+failed = []
+for name in {sorted(MODULES)!r}:
+    for loaded in [m for m in sys.modules if m.split(".")[0] in {PACKAGES!r}]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,48 @@
+"""The paper's uniform pruning baselines: every prunable layer at one ratio, and the ratio matching a size.
+
+``profiling-agent bench`` (:mod:`graph.bench`) prunes the original with :func:`uniform_plan` at fixed ratios
+and at :func:`matched_ratio`, the uniform ratio whose model is as small as the agent's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tools.compression.pruning import apply_pruning, count_params
+from tools.models.base import example_input
+from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
+from tools.store.artifacts import load_original
+
+
+def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
+    """The baseline: every prunable layer at the same ratio (channels, and heads where there are any)."""
+    why = f"uniform baseline: every prunable layer at ratio {ratio}"
+    recs = [PruningRecommendation(layer=".*", pruning_type="structured", pruning_ratio=ratio, justification=why)]
+    if prunable.get("heads"):
+        recs.append(PruningRecommendation(layer=".*", pruning_type="head", pruning_ratio=ratio, justification=why))
+    return OptimizationPlan(pruning_recommendations=recs)
+
+
+def _params_at(original: Path, shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:
+    model = load_original(original).model
+    apply_pruning(model, uniform_plan(ratio, prunable).pruning_recommendations, example_input(shape))
+    return count_params(model)
+
+
+def matched_ratio(original: Path, shape: InputShape, prunable: dict[str, Any], target_params: int) -> float:
+    """The uniform ratio whose pruned model has (about) ``target_params`` parameters, by bisection."""
+    counts = {0.0: _params_at(original, shape, 0.0, prunable), 0.9: _params_at(original, shape, 0.9, prunable)}
+    low, high = 0.0, 0.9
+    for _ in range(7):
+        mid = round((low + high) / 2, 4)
+        counts[mid] = _params_at(original, shape, mid, prunable)
+        if counts[mid] > target_params:
+            low = mid
+        else:
+            high = mid
+    # channel and head counts are integers: take whichever bracket lands closer to the target
+    return min((low, high), key=lambda r: abs(counts[r] - target_params))
+
+
+__all__ = ["matched_ratio", "uniform_plan"]

@@ -1,0 +1,361 @@
+"""Structured channel pruning through Torch-Pruning's ``DependencyGraph``.
+
+A ``structured`` recommendation's ``layer`` is a regex matched (``re.search``) against the names of
+``nn.Conv2d`` / ``nn.Linear`` modules. For each match, ``pruning_ratio`` of *that module's* output channels
+is removed with its whole coupled group (BatchNorm, the next layers' input channels, residual adds, ...),
+ranked by a group importance from :data:`tools.compression.importance.IMPORTANCE`. A coupled group is pruned
+at most once per ``apply_pruning`` call (``claimed``): the first matched module in forward order prunes it.
+
+:class:`PruningContext` holds the traced graph and what may not be pruned (the classifier, layers fed by the
+model input, q/k/v projections and head dimensions, transformer residual streams); :func:`channel_issue`
+says why a layer is blocked, :func:`apply_structured` applies one recommendation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from tools.compression.forward import check_forward, forward_logits, one_line, restore, snapshot
+from tools.compression.heads import attention_modules, has_attention
+from tools.compression.reports import AppliedPruning, SkippedPruning
+from tools.schemas import PruningRecommendation
+
+logger = logging.getLogger(__name__)
+
+_PRUNABLE_TYPES = (nn.Conv2d, nn.Linear)
+
+
+def _input_tensors(inputs: Any) -> list[torch.Tensor]:
+    if isinstance(inputs, torch.Tensor):
+        return [inputs]
+    values: Iterable[Any] = inputs.values() if isinstance(inputs, Mapping) else inputs
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+@contextmanager
+def _grad_tracing(model: nn.Module) -> Iterator[None]:
+    """Autograd on and every parameter requiring grad, as Torch-Pruning's tracer needs; restored after."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Analysis: dependency graph, output heads, input layers
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PruningContext:
+    """A model being pruned, its example inputs, and its traced dependency graph (``dg``; None: stale)."""
+
+    model: nn.Module
+    inputs: Any
+    num_classes: int
+    dg: Any = None
+    names: dict[nn.Module, str] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    output_heads: set[nn.Module] = field(default_factory=set)
+    input_layers: set[nn.Module] = field(default_factory=set)
+    qkv: dict[nn.Module, str] = field(default_factory=dict)
+    head_dims: dict[nn.Module, str] = field(default_factory=dict)
+    transformer: bool = False
+
+    def rebuild(self) -> None:
+        """(Re)trace the model with one forward pass: call after any change made outside the graph."""
+        model, inputs = self.model, self.inputs
+        self.names = {m: n for n, m in model.named_modules()}
+        order: list[str] = []
+        input_layers: set[nn.Module] = set()
+        raw = {id(t) for t in _input_tensors(inputs)}
+        captured: list[torch.Tensor] = []
+
+        def hook(module: nn.Module, args: tuple[Any, ...], _out: Any) -> None:
+            order.append(self.names[module])
+            if any(isinstance(a, torch.Tensor) and id(a) in raw for a in args):
+                input_layers.add(module)
+
+        def forward(m: nn.Module, x: Any) -> torch.Tensor:
+            out = forward_logits(m, x)
+            captured.append(out)
+            return out
+
+        handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, _PRUNABLE_TYPES)]
+        try:
+            with _grad_tracing(model):
+                self.dg = tp.DependencyGraph().build_dependency(
+                    model, example_inputs=inputs, forward_fn=forward, verbose=False
+                )
+        finally:
+            for h in handles:
+                h.remove()
+        if self.num_classes < 0:
+            self.num_classes = int(captured[0].shape[-1])
+        self.order = list(dict.fromkeys(order))
+        self.input_layers = input_layers
+        self.output_heads = _find_output_heads(model, self.dg)
+
+        self.qkv, self.head_dims = {}, {}
+        for name, (module, spec) in attention_modules(model).items():
+            for proj in (spec.q, spec.k, spec.v):
+                self.qkv[getattr(module, proj)] = name
+                self.head_dims[getattr(module, proj)] = name
+            self.head_dims[getattr(module, spec.o)] = name
+        self.transformer = has_attention(model)
+
+    def ensure_graph(self) -> None:
+        if self.dg is None:
+            self.rebuild()
+
+
+def _find_output_heads(model: nn.Module, dg: Any) -> set[nn.Module]:
+    """Conv2d/Linear modules whose outputs reach the logits without crossing another Conv2d/Linear."""
+    heads: set[nn.Module] = set()
+    for module, node in dg.module2node.items():
+        if not isinstance(module, _PRUNABLE_TYPES):
+            continue
+        stack, seen = [node], {id(node)}
+        while stack:
+            current = stack.pop()
+            if not current.outputs:  # a sink of the traced graph: the logits
+                heads.add(module)
+                break
+            for nxt in current.outputs:
+                if id(nxt) in seen or isinstance(nxt.module, _PRUNABLE_TYPES):
+                    continue
+                seen.add(id(nxt))
+                stack.append(nxt)
+    get_out = getattr(model, "get_output_embeddings", None)
+    if callable(get_out):
+        try:
+            emb = get_out()
+        except Exception:
+            emb = None
+        if isinstance(emb, nn.Module):
+            heads.add(emb)
+    return heads
+
+
+def new_context(model: nn.Module, inputs: Any, *, graph: bool = True) -> PruningContext:
+    """Context with the number of classes; traced now when ``graph``, else on ``ensure_graph``."""
+    model.eval()
+    if graph:
+        ctx = PruningContext(model=model, inputs=inputs, num_classes=-1)
+        ctx.rebuild()
+        return ctx
+    with torch.no_grad():
+        num_classes = int(forward_logits(model, inputs).shape[-1])
+    return PruningContext(model=model, inputs=inputs, num_classes=num_classes)
+
+
+def _out_fn(module: nn.Module) -> Callable[..., Any]:
+    return tp.prune_conv_out_channels if isinstance(module, nn.Conv2d) else tp.prune_linear_out_channels
+
+
+def _out_channels(module: nn.Module) -> int:
+    if isinstance(module, nn.Conv2d):
+        return module.out_channels
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    raise TypeError(f"not a Conv2d/Linear: {type(module).__name__}")
+
+
+def _static_issue(ctx: PruningContext, module: nn.Module) -> str | None:
+    """Why ``module``'s output channels may not be pruned, judged on the module alone."""
+    if module in ctx.output_heads:
+        return "classifier / output head: its output channels are the logits"
+    if module not in ctx.dg.module2node:
+        return "not reached by the traced forward pass"
+    if module in ctx.qkv:
+        return f"q/k/v projection of {ctx.qkv[module]}: prune it with pruning_type='head'"
+    if _out_channels(module) <= 1:
+        return "has a single output channel"
+    return None
+
+
+def _group_issue(ctx: PruningContext, module: nn.Module, group: Any) -> str | None:
+    """Why the coupled group rooted at ``module`` may not be pruned."""
+    dg = ctx.dg
+    widths = {_out_channels(m) for m in _group_out_modules(ctx, group) if isinstance(m, _PRUNABLE_TYPES)}
+    if len(widths) > 1:  # e.g. a zero-padding shortcut, which the dependency graph takes for element-wise
+        return (
+            f"coupled to layers of other widths ({', '.join(map(str, sorted(widths)))} channels) across an op the "
+            "dependency graph does not model, such as a zero-padding shortcut"
+        )
+    for dep, _idxs in group:
+        target = dep.target.module
+        out_fn = dg.is_out_channel_pruning_fn(dep.handler)
+        in_fn = dg.is_in_channel_pruning_fn(dep.handler)
+        label = ctx.names.get(target, dep.target.name) if isinstance(target, nn.Module) else dep.target.name
+        if target is not module and isinstance(target, nn.Module):
+            if out_fn and target in ctx.output_heads:
+                return f"coupled to the classifier outputs ({label})"
+            if in_fn and target in ctx.input_layers:
+                return f"coupled to the model input channels ({label})"
+            if target in ctx.head_dims:
+                return f"coupled to the attention head dimensions of {ctx.head_dims[target]} ({label})"
+        if ctx.transformer and isinstance(target, nn.LayerNorm):
+            return (
+                f"coupled to the residual stream / embedding channels through LayerNorm {label} "
+                "(not pruned in transformer families; prune MLP hidden channels or heads instead)"
+            )
+    return None
+
+
+def _full_group(ctx: PruningContext, module: nn.Module) -> Any:
+    return ctx.dg.get_pruning_group(module, _out_fn(module), list(range(_out_channels(module))))
+
+
+def _group_out_modules(ctx: PruningContext, group: Any) -> set[nn.Module]:
+    return {
+        dep.target.module
+        for dep, _ in group
+        if isinstance(dep.target.module, nn.Module) and ctx.dg.is_out_channel_pruning_fn(dep.handler)
+    }
+
+
+def channel_issue(ctx: PruningContext, name: str) -> tuple[str | None, int]:
+    """(why the output channels of layer ``name`` may not be pruned or None, layers pruned with it)."""
+    module = ctx.model.get_submodule(name)
+    issue = _static_issue(ctx, module)
+    group = None
+    if issue is None:
+        try:
+            group = _full_group(ctx, module)
+            issue = _group_issue(ctx, module, group)
+        except Exception as exc:
+            issue = f"dependency graph cannot group it: {one_line(exc)}"
+    if issue is not None:
+        return issue, 0
+    return None, sum(isinstance(m, _PRUNABLE_TYPES) for m in _group_out_modules(ctx, group))
+
+
+def prunable_names(ctx: PruningContext) -> list[str]:
+    """Conv2d/Linear names, those run by the forward first (in forward order), then the others."""
+    all_names = [n for n, m in ctx.model.named_modules() if isinstance(m, _PRUNABLE_TYPES)]
+    known, ran_set = set(all_names), set(ctx.order)
+    return [n for n in ctx.order if n in known] + [n for n in all_names if n not in ran_set]
+
+
+# --------------------------------------------------------------------------------------------------
+# Structured pruning
+# --------------------------------------------------------------------------------------------------
+
+
+def _kept_channels(n: int, ratio: float, round_to: int | None) -> int:
+    keep = n - math.floor(ratio * n + 0.5)
+    if round_to:
+        keep = math.floor(keep / round_to + 0.5) * round_to
+        keep = max(keep, round_to)
+    return max(1, min(n, keep))
+
+
+def _prune_one(
+    ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any
+) -> tuple[int, int, set[nn.Module]] | str:
+    """Prune ``ratio`` of ``module``'s output channels with its group; (before, after, group) or a reason."""
+    issue = _static_issue(ctx, module)
+    if issue:
+        return issue
+    group = _full_group(ctx, module)
+    issue = _group_issue(ctx, module, group)
+    if issue:
+        return issue
+    n = _out_channels(module)
+    if round_to and n <= round_to:
+        return f"{n} output channels, not more than round_to={round_to}"
+    keep = _kept_channels(n, ratio, round_to)
+    n_prune = n - keep
+    if n_prune <= 0:
+        return f"ratio {ratio} removes no channel of {n}"
+    scores = importance(group)
+    if scores is None:
+        return "importance undefined: no parameterised layer in its group"
+    scores = torch.nan_to_num(scores.detach().float().cpu(), nan=0.0)  # e.g. all-zero weights
+    order = torch.argsort(scores, stable=True)
+    idxs = sorted(int(i) for i in order[:n_prune])
+    pruning_group = ctx.dg.get_pruning_group(module, _out_fn(module), idxs)
+    if not ctx.dg.check_pruning_group(pruning_group):
+        return "would remove every channel of a coupled layer"
+    members = _group_out_modules(ctx, pruning_group)
+    with torch.no_grad():
+        pruning_group.prune()
+    return n, _out_channels(module), members
+
+
+def apply_structured(
+    ctx: PruningContext,
+    rec: PruningRecommendation,
+    regex: re.Pattern[str],
+    round_to: int | None,
+    importance: Any,
+    claimed: dict[nn.Module, str],
+    *,
+    verify_each: bool,
+) -> tuple[AppliedPruning | None, list[SkippedPruning]]:
+    """Apply one structured recommendation to every layer ``regex`` selects whose group is not ``claimed``.
+
+    ``verify_each``: check the forward after each layer and roll that layer back on failure.
+    """
+    skipped: list[SkippedPruning] = []
+    modules: list[str] = []
+    before = after = 0
+    for name in [n for n in prunable_names(ctx) if regex.search(n)]:
+        module = ctx.model.get_submodule(name)
+        if module in claimed:
+            skipped.append(SkippedPruning(target=name, reason=f"output channels already pruned with {claimed[module]}"))
+            continue
+        snap = snapshot(ctx.model)
+        try:
+            result = _prune_one(ctx, module, rec.pruning_ratio, round_to, importance)
+        except Exception as exc:
+            restore(snap)
+            ctx.rebuild()
+            result = f"pruning raised {one_line(exc)}"
+        if isinstance(result, tuple) and verify_each:
+            problem = check_forward(ctx.model, ctx.inputs, ctx.num_classes)
+            if problem:
+                restore(snap)
+                ctx.rebuild()
+                result = problem
+        if isinstance(result, str):
+            logger.info("structured %r: skip %s (%s)", rec.layer, name, result)
+            skipped.append(SkippedPruning(target=name, reason=result))
+            continue
+        n_before, n_after, members = result
+        for member in members:
+            claimed.setdefault(member, f"the group of {name} ({rec.layer!r})")
+        modules.append(name)
+        before += n_before
+        after += n_after
+        logger.debug("structured %r: %s %d -> %d channels", rec.layer, name, n_before, n_after)
+    if not modules:
+        return None, skipped
+    applied = AppliedPruning(
+        pattern=rec.layer,
+        pruning_type="structured",
+        ratio=rec.pruning_ratio,
+        modules=modules,
+        before=before,
+        after=after,
+    )
+    return applied, skipped
+
+
+__all__ = ["PruningContext", "apply_structured", "channel_issue", "new_context", "prunable_names"]

@@ -1,0 +1,207 @@
+"""Attention-head pruning: the registry of head-prunable attention classes and how their heads are removed.
+
+A ``head`` recommendation's ``layer`` is a regex matched against the name of a head-prunable attention
+module *or* the names of its q/k/v/o projections (``attention`` and ``attention\\.q_proj`` select the same
+modules). ``round(ratio * heads)`` heads are removed (at least one is kept), ranked by the norm of each
+head's q/k/v rows and o columns (``HEAD_NORM_P``; other criteria rank randomly). Supported attention
+classes are listed in ``ATTENTION_SPECS`` (ViT, DeiT, Swin, DINOv2); a new family is one table entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tools.compression.forward import check_forward, one_line, restore, snapshot
+from tools.compression.importance import HEAD_NORM_P
+from tools.compression.reports import AppliedPruning, SkippedPruning
+from tools.schemas import PruningRecommendation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How to prune the heads of one attention class.
+
+    ``per_head_params``: dotted parameter paths (relative to the attention module) with one slice per
+    head along ``dim`` (Swin's relative-position bias table has one column per head).
+    ``size_attrs``: attributes holding ``heads * head_dim`` that the forward may read.
+    """
+
+    q: str = "q_proj"
+    k: str = "k_proj"
+    v: str = "v_proj"
+    o: str = "o_proj"
+    heads_attr: str = "num_attention_heads"
+    head_dim_attr: str = "head_dim"
+    size_attrs: tuple[str, ...] = ("all_head_size",)
+    per_head_params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def projections(self) -> tuple[str, str, str, str]:
+        return (self.q, self.k, self.v, self.o)
+
+
+_VIT_LIKE = AttentionSpec()
+
+#: Attention class name -> how to prune its heads (transformers 5.x module layout).
+ATTENTION_SPECS: dict[str, AttentionSpec] = {
+    "ViTAttention": _VIT_LIKE,
+    "DeiTAttention": _VIT_LIKE,
+    "Dinov2Attention": _VIT_LIKE,
+    "SwinAttention": AttentionSpec(
+        per_head_params=(("relative_position_bias.relative_position_bias_table", 1),),
+    ),
+}
+
+
+def attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, AttentionSpec]]:
+    """Head-prunable attention modules of ``model``, by name, with their spec."""
+    found: dict[str, tuple[nn.Module, AttentionSpec]] = {}
+    for name, module in model.named_modules():
+        spec = ATTENTION_SPECS.get(type(module).__name__)
+        if spec is None:
+            continue
+        if all(isinstance(getattr(module, p, None), nn.Linear) for p in spec.projections) and isinstance(
+            getattr(module, spec.heads_attr, None), int
+        ):
+            found[name] = (module, spec)
+        else:
+            logger.warning("%s (%s) does not have the expected layout; not head-prunable", name, spec)
+    return found
+
+
+def has_attention(model: nn.Module) -> bool:
+    """Whether ``model`` is of a transformer family: it contains a known or a torch attention module."""
+    return any(type(m).__name__ in ATTENTION_SPECS or isinstance(m, nn.MultiheadAttention) for m in model.modules())
+
+
+def _head_scores(module: nn.Module, spec: AttentionSpec, heads: int, importance: str, gen: torch.Generator) -> Any:
+    if importance not in HEAD_NORM_P:
+        return torch.rand(heads, generator=gen)
+    p = HEAD_NORM_P[importance]
+    head_dim = int(getattr(module, spec.head_dim_attr))
+    scores = torch.zeros(heads)
+    for proj in (spec.q, spec.k, spec.v):
+        layer: nn.Linear = getattr(module, proj)
+        w = layer.weight.detach().float().abs().pow(p).reshape(heads, head_dim, -1).sum(dim=(1, 2))
+        scores += w.cpu()
+        if layer.bias is not None:
+            scores += layer.bias.detach().float().abs().pow(p).reshape(heads, head_dim).sum(1).cpu()
+    o: nn.Linear = getattr(module, spec.o)
+    scores += o.weight.detach().float().abs().pow(p).reshape(-1, heads, head_dim).sum(dim=(0, 2)).cpu()
+    return scores
+
+
+def _slice_linear(layer: nn.Linear, keep: torch.Tensor, dim: int) -> None:
+    keep = keep.to(layer.weight.device)
+    grad = layer.weight.requires_grad
+    layer.weight = nn.Parameter(layer.weight.detach().index_select(dim, keep).clone(), requires_grad=grad)
+    if dim == 0:
+        if layer.bias is not None:
+            bias = layer.bias.detach().index_select(0, keep).clone()
+            layer.bias = nn.Parameter(bias, requires_grad=layer.bias.requires_grad)
+        layer.out_features = len(keep)
+    else:
+        layer.in_features = len(keep)
+
+
+def _prune_heads_of(
+    module: nn.Module, spec: AttentionSpec, ratio: float, importance: str, gen: torch.Generator
+) -> tuple[int, int] | str:
+    heads = int(getattr(module, spec.heads_attr))
+    head_dim = int(getattr(module, spec.head_dim_attr))
+    n_prune = min(heads - 1, math.floor(ratio * heads + 0.5))
+    if n_prune <= 0:
+        return f"ratio {ratio} removes no head of {heads}" if heads > 1 else "has a single head"
+    for proj in spec.projections:
+        layer = getattr(module, proj)
+        size = layer.in_features if proj == spec.o else layer.out_features
+        if size != heads * head_dim:
+            return f"{proj} has {size} features, not {heads} heads x {head_dim}"
+    scores = _head_scores(module, spec, heads, importance, gen)
+    kept_heads = torch.sort(torch.argsort(scores, descending=True, stable=True)[: heads - n_prune]).values
+    keep = (kept_heads[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
+    with torch.no_grad():
+        for proj in (spec.q, spec.k, spec.v):
+            _slice_linear(getattr(module, proj), keep, 0)
+        _slice_linear(getattr(module, spec.o), keep, 1)
+        for path, dim in spec.per_head_params:
+            owner_path, _, attr = path.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            param = getattr(owner, attr)
+            new = param.detach().index_select(dim, kept_heads.to(param.device)).clone()
+            setattr(owner, attr, nn.Parameter(new, requires_grad=param.requires_grad))
+    kept = heads - n_prune
+    setattr(module, spec.heads_attr, kept)
+    for attr in spec.size_attrs:
+        if hasattr(module, attr):
+            setattr(module, attr, kept * head_dim)
+    return heads, kept
+
+
+def head_targets(model: nn.Module, regex: re.Pattern[str]) -> list[tuple[str, nn.Module, AttentionSpec]]:
+    """The attention modules ``regex`` selects, by their own name or one of their projections' names."""
+    targets = []
+    for name, (module, spec) in attention_modules(model).items():
+        candidates = [name, *(f"{name}.{p}" for p in spec.projections)]
+        if any(regex.search(c) for c in candidates):
+            targets.append((name, module, spec))
+    return targets
+
+
+def apply_heads(
+    model: nn.Module,
+    inputs: Any,
+    num_classes: int,
+    rec: PruningRecommendation,
+    regex: re.Pattern[str],
+    importance: str,
+    gen: torch.Generator,
+) -> tuple[AppliedPruning | None, list[SkippedPruning], bool]:
+    """Apply one head recommendation, checked by a forward pass (rolled back on failure).
+
+    Returns (applied, skipped, changed).
+    """
+    skipped: list[SkippedPruning] = []
+    modules: list[str] = []
+    before = after = 0
+    snap = snapshot(model)
+    for name, module, spec in head_targets(model, regex):
+        try:
+            result = _prune_heads_of(module, spec, rec.pruning_ratio, importance, gen)
+        except Exception as exc:
+            result = f"head pruning raised {one_line(exc)}"
+        if isinstance(result, str):
+            skipped.append(SkippedPruning(target=name, reason=result))
+            continue
+        modules.append(name)
+        before += result[0]
+        after += result[1]
+        logger.debug("head %r: %s %d -> %d heads", rec.layer, name, *result)
+    if not modules:
+        return None, skipped, False
+    problem = check_forward(model, inputs, num_classes)
+    if problem:
+        restore(snap)
+        skipped.extend(SkippedPruning(target=n, reason=problem) for n in modules)
+        return None, skipped, True
+    applied = AppliedPruning(
+        pattern=rec.layer,
+        pruning_type="head",
+        ratio=rec.pruning_ratio,
+        modules=modules,
+        before=before,
+        after=after,
+    )
+    return applied, skipped, True
+
+
+__all__ = ["ATTENTION_SPECS", "AttentionSpec", "apply_heads", "attention_modules", "has_attention", "head_targets"]

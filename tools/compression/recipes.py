@@ -1,0 +1,67 @@
+"""Compression recipes as config objects, in the spirit of torchao's ``quantize_(model, config)``.
+
+A recipe says *how* to compress, independently of *what* (the plan's recommendations say which layers, by
+how much, to which dtype): :class:`PruningConfig` for :func:`tools.compression.pruning.apply_pruning` and
+``tools.ops.prune``, :class:`QuantizationConfig` for ``tools.ops.quantize``. Fields are checked against
+their registries when a config is built (``ValueError``, one line per field), so a bad name fails at the
+start of a run rather than deep inside it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tools.compression.importance import IMPORTANCE, unknown_importance
+from tools.compression.quantization import BACKEND_CHOICES, DEFAULT_BACKEND
+
+
+class PruningConfig(BaseModel):
+    """How pruning recommendations are applied."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    importance: str = Field(default="l1", description="Channel/head importance: a name of IMPORTANCE (l1, l2, random).")
+    round_to: int = Field(default=0, description="Round kept channel counts to a multiple of this (0: off).")
+    seed: int = Field(default=0, description="Seed for random importance.")
+    max_ratio: float = Field(default=0.6, description="Highest per-layer pruning ratio a planner may use.")
+
+    @field_validator("importance")
+    @classmethod
+    def _known_importance(cls, value: str) -> str:
+        if value not in IMPORTANCE:
+            raise ValueError(unknown_importance(value))
+        return value
+
+    @field_validator("round_to")
+    @classmethod
+    def _non_negative_round_to(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"round_to must be 0 (off) or a positive integer, got {value}")
+        return value
+
+    @field_validator("max_ratio")
+    @classmethod
+    def _ratio_in_range(cls, value: float) -> float:
+        if not 0 < value < 1:
+            raise ValueError(f"max_ratio must be in (0, 1), got {value}")
+        return value
+
+
+class QuantizationConfig(BaseModel):
+    """How quantization recommendations are carried out (per-layer dtypes are the plan's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str = Field(
+        default=DEFAULT_BACKEND, description="A name of QUANTIZATION_BACKENDS, or auto (ONNX Runtime where installed)."
+    )
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in BACKEND_CHOICES:
+            raise ValueError(f"unknown quantization backend {value!r}: choose one of {', '.join(BACKEND_CHOICES)}")
+        return value
+
+
+__all__ = ["PruningConfig", "QuantizationConfig"]

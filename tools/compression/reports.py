@@ -1,0 +1,53 @@
+"""What pruning reports: recommendations applied or skipped, parameter counts, and what a model can prune."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class AppliedPruning(BaseModel):
+    """One recommendation as applied: what it pruned and by how much (channels or heads, summed)."""
+
+    pattern: str
+    pruning_type: Literal["structured", "head"]
+    ratio: float
+    modules: list[str] = Field(description="Pruned modules: group roots (structured) or attention modules.")
+    before: int = Field(description="Output channels (structured) or heads (head) of `modules`, before.")
+    after: int = Field(description="The same count after pruning.")
+
+
+class SkippedPruning(BaseModel):
+    """A module (or a whole pattern) that a recommendation targeted but that was left untouched."""
+
+    target: str = Field(description="Module name, or the recommendation's pattern when nothing matched.")
+    reason: str
+
+
+class PruneReport(BaseModel):
+    applied: list[AppliedPruning] = Field(default_factory=list)
+    skipped: list[SkippedPruning] = Field(default_factory=list)
+    params_before: int
+    params_after: int
+
+
+class PrunableLayers(BaseModel):
+    """What ``apply_pruning`` can prune in a model.
+
+    ``structured``: Conv2d/Linear names (forward order) whose output channels can be pruned.
+    ``heads``: attention-module name -> number of heads, for head pruning.
+    ``blocked``: Conv2d/Linear name -> why its output channels are not prunable.
+    """
+
+    structured: list[str] = Field(default_factory=list)
+    heads: dict[str, int] = Field(default_factory=dict)
+    blocked: dict[str, str] = Field(default_factory=dict)
+    coupling: dict[str, int] = Field(
+        default_factory=dict,
+        description="structured name -> Conv2d/Linear layers whose outputs are pruned with it (1: internal "
+        "to its block; more: coupled, e.g. through a residual add).",
+    )
+
+
+__all__ = ["AppliedPruning", "PrunableLayers", "PruneReport", "SkippedPruning"]

@@ -1,0 +1,120 @@
+"""What a model costs: latency and throughput (median of interleaved, seeded-order runs) and size on disk."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tools.evaluation.common import EvaluationError, eval_mode
+
+__all__ = ["compare_latencies", "file_size_mb", "measure_latency", "measure_throughput"]
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def _invoke(model: Callable[..., Any], example: Any) -> Any:
+    if isinstance(example, Mapping):
+        return model(**example)
+    return model(example)
+
+
+def _needs_cuda_sync(example: Any) -> bool:
+    values = example.values() if isinstance(example, Mapping) else [example]
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
+
+
+def _batch_size_of(example: Any) -> int:
+    values = list(example.values()) if isinstance(example, Mapping) else [example]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            return int(value.shape[0])
+        if hasattr(value, "shape") and len(value.shape) > 0:
+            return int(value.shape[0])
+    raise EvaluationError("cannot tell the batch size: pass a tensor (or dict of tensors) with a batch dim")
+
+
+def _check_counts(warmup: int, repeats: int) -> None:
+    if warmup < 0:
+        raise EvaluationError(f"warmup must be >= 0, not {warmup}")
+    if repeats < 1:
+        raise EvaluationError(f"repeats must be >= 1, not {repeats}")
+
+
+def compare_latencies(
+    models: Mapping[str, Callable[..., Any]],
+    example_input: Any,
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+) -> dict[str, float]:
+    """Median seconds per call of each model on ``example_input``, measured interleaved.
+
+    Each repetition runs every model once, in a fresh seeded random order, so that drifting machine load
+    affects all models alike and no model always runs after the same neighbour (which measurably biases
+    the one that follows, e.g. an ONNX Runtime session after a PyTorch model); the ratios then hold.
+    Works for nn.Modules (run in eval mode under ``torch.inference_mode``) and any callable (e.g. an
+    ONNX Runtime wrapper).
+    A dict input is passed as keyword arguments.
+    """
+    _check_counts(warmup, repeats)
+    if not models:
+        raise EvaluationError("no models to time: pass a mapping name -> model")
+    names = list(models)
+    sync = _needs_cuda_sync(example_input) and torch.cuda.is_available()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with eval_mode(list(models.values())), torch.inference_mode():
+        for _ in range(warmup):
+            for name in names:
+                _invoke(models[name], example_input)
+        if sync:
+            torch.cuda.synchronize()
+        order = random.Random(0)
+        for _ in range(repeats):
+            for name in order.sample(names, len(names)):
+                start = time.perf_counter()
+                _invoke(models[name], example_input)
+                if sync:
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - start)
+    return {name: float(statistics.median(values)) for name, values in times.items()}
+
+
+def measure_latency(model: Callable[..., Any], example_input: Any, *, warmup: int = 3, repeats: int = 10) -> float:
+    """Median seconds per call at the batch of ``example_input`` (give a batch of 1 for per-image latency)."""
+    return compare_latencies({"model": model}, example_input, warmup=warmup, repeats=repeats)["model"]
+
+
+def measure_throughput(model: Callable[..., Any], example_batch: Any, *, warmup: int = 1, repeats: int = 3) -> float:
+    """Images per second at the batch size of ``example_batch`` (batch / median seconds per call)."""
+    batch = _batch_size_of(example_batch)
+    seconds = measure_latency(model, example_batch, warmup=warmup, repeats=repeats)
+    return batch / seconds if seconds > 0 else float("inf")
+
+
+# ---------------------------------------------------------------------------------------------- size
+
+
+def file_size_mb(*paths: Path | str) -> float:
+    """Total size in MB (10^6 bytes) of files and directories (directories: every file below, recursively)."""
+    total = 0
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            total += path.stat().st_size
+        elif path.is_dir():
+            for dirpath, _dirnames, filenames in os.walk(path):
+                for name in filenames:
+                    file = Path(dirpath, name)
+                    if file.is_file():
+                        total += file.stat().st_size
+        else:
+            raise FileNotFoundError(f"{path} does not exist: cannot measure its size")
+    return total / 1e6

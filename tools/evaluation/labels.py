@@ -1,0 +1,247 @@
+"""Label matching: which model class each dataset class is, so that accuracy can be counted.
+
+Dataset class names are matched to the model's ``id2label`` by name, substrings included (as in the
+paper), with guards that keep it honest:
+
+1. names are normalised (case, ``_``/``-``/punctuation -> space, apostrophes dropped, single-digit
+   tokens spelled out) and synonym lists (``"tench, Tinca tinca"``, ``"T-shirt/top"``) give
+   alternatives: the whole name and each part;
+2. tiers, loosest last: ``exact`` (equal alternatives), ``variant`` (equal after singularising each
+   word and dropping spaces: ``cats`` ~ ``cat``, ``t shirt`` ~ ``tshirt``), ``word`` (one name is
+   a whole-word run inside the other: ``cat`` ~ ``tabby cat``), and ``substring`` (the shorter,
+   >= 4 letters, ends where a word of the longer ends: ``plane`` ~ ``airplane``, but never
+   ``cat`` ~ ``catamaran``);
+3. a dataset class takes the first tier where it has any candidate, and only if that candidate is
+   unique (within ``exact``/``variant``, a single candidate matched by its primary name wins);
+   several candidates make it ambiguous, so it stays unmatched;
+4. a model class serves at most one dataset class: classes matched in a tighter tier are taken
+   first, and two dataset classes claiming the same model class in one tier both stay unmatched.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from tools.evaluation.common import EvaluationError
+from tools.text import preview
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MATCH_TIERS",
+    "MIN_SUBSTRING_LETTERS",
+    "LabelMatch",
+    "LabelMatchError",
+    "label_alternatives",
+    "match_labels",
+    "normalise_label",
+]
+
+MATCH_TIERS: tuple[str, ...] = ("exact", "variant", "word", "substring")
+MIN_SUBSTRING_LETTERS = 4
+_DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_SYNONYM_SEPARATORS = re.compile(r"[,;/|]")
+_GENERIC_LABEL = re.compile(r"^label[ _]?\d+$", re.IGNORECASE)
+
+
+class LabelMatchError(EvaluationError):
+    """No dataset class could be matched to a model class."""
+
+
+class LabelMatch(BaseModel):
+    """How dataset classes map onto model classes.
+
+    ``mapping``: dataset label index -> model class index; ``unmatched``: dataset class names that
+    match nothing (or several things); ``matched_names``: dataset name -> model name.
+    """
+
+    mapping: dict[int, int]
+    unmatched: list[str] = Field(default_factory=list)
+    matched_names: dict[str, str] = Field(default_factory=dict)
+    match_kinds: dict[str, str] = Field(default_factory=dict, description="Dataset name -> matching tier.")
+    ambiguous: dict[str, list[str]] = Field(
+        default_factory=dict, description="Unmatched dataset name -> model names it could not choose from."
+    )
+
+    @property
+    def matched_count(self) -> int:
+        return len(self.mapping)
+
+    def is_complete(self) -> bool:
+        return not self.unmatched
+
+
+def normalise_label(name: str) -> str:
+    """Lower case; ``_``, ``-``, punctuation -> space; apostrophes dropped; single digits spelled out."""
+    text = unicodedata.normalize("NFKC", str(name)).lower()
+    text = re.sub(r"['’`]", "", text)
+    text = re.sub(r"[^\w]+|_", " ", text)
+    words = [_DIGIT_WORDS[int(w)] if len(w) == 1 and w.isdigit() else w for w in text.split()]
+    return " ".join(words)
+
+
+def label_alternatives(name: str) -> list[str]:
+    """Normalised alternatives of a class name: the primary part first, then the others and the whole name."""
+    parts = [normalise_label(p) for p in _SYNONYM_SEPARATORS.split(str(name))]
+    whole = normalise_label(str(name))
+    ordered: list[str] = []
+    for alt in [*parts, whole]:
+        if alt and alt not in ordered:
+            ordered.append(alt)
+    return ordered
+
+
+def _singular(word: str) -> str:
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("ches", "shes", "sses", "xes", "zes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def _stem(alt: str) -> str:
+    return " ".join(_singular(w) for w in alt.split())
+
+
+def _contains_words(outer: str, inner: str) -> bool:
+    """``inner``'s words appear as a contiguous run of whole words in ``outer`` (and the two differ)."""
+    return outer != inner and f" {inner} " in f" {outer} "
+
+
+def _contains_word_end(outer: str, inner: str) -> bool:
+    """``inner`` (>= MIN_SUBSTRING_LETTERS letters) occurs in ``outer``, ending where a word of it ends."""
+    if outer == inner or len(inner.replace(" ", "")) < MIN_SUBSTRING_LETTERS:
+        return False
+    start = outer.find(inner)
+    while start >= 0:
+        end = start + len(inner)
+        if end == len(outer) or outer[end] == " ":
+            return True
+        start = outer.find(inner, start + 1)
+    return False
+
+
+@dataclass(frozen=True)
+class _Name:
+    """A class name's normalised alternatives (primary first) and their singularised forms."""
+
+    alts: tuple[str, ...]
+    stems: tuple[str, ...]
+
+    @classmethod
+    def of(cls, name: str) -> _Name:
+        alts = tuple(label_alternatives(name))
+        return cls(alts, tuple(_stem(a) for a in alts))
+
+    def keys(self, tier: str) -> tuple[str, ...]:
+        """Lookup keys of the index-based tiers: the alternatives, or their stems with spaces removed."""
+        return self.alts if tier == "exact" else tuple(s.replace(" ", "") for s in self.stems)
+
+
+def _loose_hit(tier: str, d: _Name, m: _Name) -> bool:
+    if tier == "word":
+        return any(_contains_words(sm, sd) or _contains_words(sd, sm) for sm in m.stems for sd in d.stems)
+    return any(_contains_word_end(am, ad) or _contains_word_end(ad, am) for am in m.alts for ad in d.alts)
+
+
+def _candidates(tier: str, d: _Name, models: dict[int, _Name], index: dict[str, dict[int, bool]]) -> dict[int, bool]:
+    """Model classes that ``d`` matches in ``tier`` -> whether the model's primary name took part."""
+    if tier in ("exact", "variant"):
+        hits: dict[int, bool] = {}
+        for key in d.keys(tier):
+            for m_index, primary in index.get(key, {}).items():
+                hits[m_index] = hits.get(m_index, False) or primary
+        if len(hits) > 1:
+            primaries = [m for m, p in hits.items() if p]
+            if len(primaries) == 1:
+                return {primaries[0]: True}
+        return hits
+    return {m_index: False for m_index, m in models.items() if _loose_hit(tier, d, m)}
+
+
+def _build_index(tier: str, models: dict[int, _Name]) -> dict[str, dict[int, bool]]:
+    index: dict[str, dict[int, bool]] = {}
+    if tier in ("exact", "variant"):
+        for m_index, m in models.items():
+            for position, key in enumerate(m.keys(tier)):
+                slot = index.setdefault(key, {})
+                slot[m_index] = slot.get(m_index, False) or position == 0
+    return index
+
+
+def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_labels: Sequence[str]) -> LabelMatch:
+    """Match dataset class names to model classes (rules in the module docstring).
+
+    Raises :class:`LabelMatchError` when no dataset class matches any model class.
+    """
+    if not dataset_labels:
+        raise LabelMatchError("the dataset has no class names: cannot match it to the model's classes")
+    if not model_id2label:
+        raise LabelMatchError("the model has no id2label: set config.id2label to its class names")
+    model_names = {int(k): str(v) for k, v in model_id2label.items()}
+    models = {m_index: _Name.of(name) for m_index, name in model_names.items()}
+    wanted = [_Name.of(str(n)) for n in dataset_labels]
+
+    mapping: dict[int, int] = {}
+    kinds: dict[int, str] = {}
+    ambiguous: dict[int, list[int]] = {}
+    for tier in MATCH_TIERS:
+        claimed = set(mapping.values())
+        free = {m_index: m for m_index, m in models.items() if m_index not in claimed}
+        index = _build_index(tier, free)
+        proposals: dict[int, int] = {}
+        for d_index, d in enumerate(wanted):
+            if d_index in mapping or d_index in ambiguous or not d.alts:
+                continue
+            hits = _candidates(tier, d, free, index)
+            if len(hits) == 1:
+                proposals[d_index] = next(iter(hits))
+            elif hits:
+                ambiguous[d_index] = sorted(hits)
+        taken: dict[int, list[int]] = {}
+        for d_index, m_index in proposals.items():
+            taken.setdefault(m_index, []).append(d_index)
+        for m_index, d_indices in taken.items():
+            if len(d_indices) == 1:
+                mapping[d_indices[0]] = m_index
+                kinds[d_indices[0]] = tier
+            else:
+                for d_index in d_indices:
+                    ambiguous[d_index] = [m_index]
+
+    if not mapping:
+        hint = ""
+        if all(_GENERIC_LABEL.match(n) for n in model_names.values()):
+            hint = " (the model's labels are generic LABEL_n: its config carries no class names)"
+        raise LabelMatchError(
+            f"no dataset class ({preview(dataset_labels, 5, quote=True)}) matches a model class "
+            f"({preview(list(model_names.values()), 5, quote=True)}){hint}: use a dataset of the model's classes"
+        )
+    result = LabelMatch(
+        mapping=dict(sorted(mapping.items())),
+        unmatched=[str(n) for i, n in enumerate(dataset_labels) if i not in mapping],
+        matched_names={str(dataset_labels[d]): model_names[m] for d, m in sorted(mapping.items())},
+        match_kinds={str(dataset_labels[d]): kinds[d] for d in sorted(mapping)},
+        ambiguous={str(dataset_labels[d]): [model_names[m] for m in ms] for d, ms in sorted(ambiguous.items())},
+    )
+    if result.unmatched:
+        logger.warning(
+            "%d/%d dataset classes match no model class and are left out: %s",
+            len(result.unmatched),
+            len(dataset_labels),
+            preview(result.unmatched, 5, quote=True),
+        )
+    loose = {d: k for d, k in result.match_kinds.items() if k != "exact"}
+    if loose:
+        logger.info("label matches beyond exact names: %s", {d: result.matched_names[d] for d in loose})
+    return result

@@ -1,0 +1,109 @@
+"""Hugging Face image classifiers: ``save_pretrained`` directories and hub ids, loaded and saved as originals.
+
+:func:`load_pretrained` reads a local directory (or the HF cache) first and the hub only when it can be
+reached; :func:`save_pretrained_original` writes the run's original artifact of such a model (also used
+for the built-in and demo models): the ``save_pretrained`` files, the image processor, and the metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+from tools.models.base import LoadedModel, ModelLoadError, family_of, id2label_of
+from tools.store.files import META_FILE, StagingDir, atomic_write_json
+from tools.text import first_line
+
+logger = logging.getLogger(__name__)
+
+#: The metadata copy a saved original keeps next to its ``save_pretrained`` files (read back: ``untrained``).
+MARKER_FILE = "profiling_agent.json"
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (no retries, no long waits)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _read_config(spec: str, source: str) -> Any:
+    """The model's config: local files first, then the hub if it can be reached (failing fast if not)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(spec, local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError/HF errors here
+        if source != "hub":
+            raise ModelLoadError(f"cannot read a model config from directory {spec!r}: {first_line(exc)}") from exc
+    if not hub_reachable():
+        raise ModelLoadError(
+            f"model {spec!r} is not a local directory, not in the Hugging Face cache, and the hub cannot be "
+            "reached: pass a save_pretrained directory or check the network"
+        )
+    try:
+        return AutoConfig.from_pretrained(spec)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load {spec!r} from the Hugging Face hub: {first_line(exc)}") from exc
+
+
+def load_pretrained(spec: str, source: str) -> LoadedModel:
+    """An image classifier and its image processor from a ``save_pretrained`` directory or a hub id."""
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    config = _read_config(spec, source)
+    try:
+        model = AutoModelForImageClassification.from_pretrained(spec, config=config)
+    except ValueError as exc:
+        raise ModelLoadError(
+            f"{spec!r} is a {config.model_type!r} model, not an image classifier: "
+            "pass a model with an image-classification head"
+        ) from exc
+    try:
+        processor = AutoImageProcessor.from_pretrained(spec)
+    except Exception as exc:  # no preprocessor_config.json
+        logger.warning("no image processor for %s (%s); using config-derived preprocessing", spec, exc)
+        processor = None
+    untrained = False
+    marker = Path(spec) / MARKER_FILE
+    if marker.is_file():
+        untrained = bool(json.loads(marker.read_text()).get("untrained", False))
+    return LoadedModel(
+        model=model.eval(),
+        processor=processor,
+        family=family_of(model),
+        source=source,
+        spec=spec,
+        untrained=untrained,
+        id2label=id2label_of(model),
+    )
+
+
+def save_pretrained_original(loaded: LoadedModel, out_dir: Path) -> None:
+    """Write ``out_dir`` atomically: ``save_pretrained`` files (safetensors), the processor, then the metadata."""
+    with StagingDir(out_dir) as tmp:
+        cast(Any, loaded.model).save_pretrained(tmp, safe_serialization=True)
+        if loaded.processor is not None:
+            loaded.processor.save_pretrained(tmp)
+        meta = {
+            "format": 1,
+            "kind": "original",
+            "spec": loaded.spec,
+            "source": loaded.source,
+            "family": loaded.family,
+            "untrained": loaded.untrained,
+            "model_class": type(loaded.model).__name__,
+        }
+        atomic_write_json(tmp / MARKER_FILE, meta)
+        atomic_write_json(tmp / META_FILE, meta)

@@ -1,0 +1,67 @@
+"""How reports name and print things: the named models and small number formatters.
+
+Shared by ``report.md``, ``report.html``, the CLI summary and the benchmark tables. Text tables write a
+missing value as ``-`` (:data:`DASH`), the HTML page as an en dash (:data:`EN_DASH`): formatters that can
+meet a missing value take it as ``missing``.
+"""
+
+from __future__ import annotations
+
+from tools.schemas import ModelEntry, RunReport
+
+DASH = "-"
+EN_DASH = "–"
+
+#: The report's named models, in table order: (key in report.json, label for people).
+NAMED_MODELS = (
+    ("baseline", "original"),
+    ("pruned", "best pruned"),
+    ("quantized", "pruned + quantized"),
+    ("quantized_original", "original quantized"),
+)
+
+
+def named_entries(report: RunReport) -> list[tuple[str, str, ModelEntry]]:
+    """``(key, label, entry)`` of every named model the report holds, in table order."""
+    entries = (report.baseline, report.pruned, report.quantized, report.quantized_original)
+    return [(key, label, e) for (key, label), e in zip(NAMED_MODELS, entries, strict=True) if e is not None]
+
+
+def accuracy_pct(fraction: float | None, missing: str = "n/a") -> str:
+    """An accuracy fraction as a percentage: 0.984 -> ``98.40%``."""
+    return missing if fraction is None else f"{100 * fraction:.2f}%"
+
+
+def millis(seconds: float | None, missing: str = DASH, unit: str = " ms") -> str:
+    """Seconds as milliseconds: 0.00147 -> ``1.47 ms``."""
+    return missing if seconds is None else f"{1000 * seconds:.2f}{unit}"
+
+
+def millions(count: float | None, digits: int = 3, unit: str = " M", missing: str = DASH) -> str:
+    """A count (parameters, MACs) in millions: 250314 -> ``0.250 M``."""
+    return missing if count is None else f"{count / 1e6:.{digits}f}{unit}"
+
+
+def times(base: float, other: float) -> str:
+    """How many times ``other`` goes into ``base`` (a speed-up when both are latencies): ``1.33x``."""
+    return f"{base / other:.2f}x"
+
+
+def speedup(base: float | None, other: float | None, missing: str = DASH) -> str:
+    """:func:`times`, or ``missing`` when either value is missing or zero."""
+    return missing if not base or not other else times(base, other)
+
+
+def percent_less(value: float, base: float | None, missing: str = DASH) -> str:
+    """How much smaller ``value`` is than ``base``, in percent: 0.8 of 1.0 -> ``20.0%``."""
+    return f"{100 * (1 - value / base):.1f}%" if base else missing
+
+
+def signed_points(points: float | None, missing: str = "n/a") -> str:
+    """A change in points with its sign: ``+0.50``, ``-1.25``."""
+    return missing if points is None else f"{points:+.2f}"
+
+
+def drop_as_change(drop_points: float | None) -> str:
+    """An accuracy drop in points as a signed change: 0.5 -> ``-0.50``, 0 -> ``+0.00`` (never ``-0.00``)."""
+    return DASH if drop_points is None else signed_points(round(-drop_points, 2) or 0.0)

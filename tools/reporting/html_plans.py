@@ -1,0 +1,153 @@
+"""The HTML report's sections about plans: the analysis plan, the pruning rounds and the planner's decisions.
+
+Each takes the :class:`~tools.schemas.RunReport` and returns its ``<section>``.
+"""
+
+from __future__ import annotations
+
+from tools.reporting.html_parts import (
+    acc_text,
+    as_number,
+    badge,
+    budget_badge,
+    delta_html,
+    esc,
+    ms_text,
+    params_text,
+    section,
+    short,
+    table,
+)
+from tools.schemas import PruningRecommendation, QuantizationRecommendation, RoundResult, RunReport
+
+
+def _recommendation(rec: PruningRecommendation | QuantizationRecommendation) -> str:
+    layer = rec.layer
+    if isinstance(rec, QuantizationRecommendation):
+        kind, what = " quant", f"quantize {short(layer) if layer != 'all' else 'all Linear layers'}"
+        tags = badge(str(rec.quantization_type or ""), "accent") + " " + badge(str(rec.dtype), "neutral")
+    else:
+        kind, what = "", f"prune {short(layer)}"
+        tags = badge(str(rec.pruning_type or ""), "accent") + " " + badge(f"ratio {rec.pruning_ratio:.2f}", "neutral")
+    return (
+        f'<div class="rec{kind}"><div class="head"><span class="what">{esc(what)}</span>{tags}'
+        f"<code>{esc(layer)}</code></div>"
+        f'<div class="why">{esc(rec.justification or "(no justification given)")}</div></div>'
+    )
+
+
+def plan(report: RunReport) -> str:
+    """The analysis agent's plan: every pruning and quantization recommendation with its justification."""
+    pruning = report.plan.pruning_recommendations
+    quant = report.plan.quantization_recommendations
+    source = badge(str(report.plan.source or "–"), "neutral")
+    parts = [
+        f'<p class="muted">Written by the analysis agent from the profile; source {source}. '
+        "Later rounds adjust it (see the rounds table).</p>"
+    ]
+    if pruning:
+        parts.append("<h3>Pruning</h3>" + "".join(_recommendation(r) for r in pruning))
+    if quant:
+        parts.append("<h3>Quantization</h3>" + "".join(_recommendation(r) for r in quant))
+    if not pruning and not quant:
+        parts.append('<p class="muted">The plan has no recommendations.</p>')
+    return section("plan", "Plan (analysis agent)", "".join(parts))
+
+
+def _round_plan(r: RoundResult) -> str:
+    """A round's pruning recommendations, what each changed, and what pruning skipped."""
+    applied = {a.get("pattern"): a for a in (r.prune_report or {}).get("applied") or []}
+    items = []
+    for p in r.plan.pruning_recommendations:
+        text = f"{p.pruning_type} {short(p.layer)} {p.pruning_ratio:.2f}"
+        done = applied.get(p.layer)
+        change = ""
+        if done and done.get("before") is not None:
+            unit = "heads" if p.pruning_type == "head" else "ch"
+            change = f' <span class="muted">({esc(done["before"])}→{esc(done.get("after"))} {unit})</span>'
+        items.append(f'<li title="{esc(p.layer)}">{esc(text)}{change}</li>')
+    skipped = (r.prune_report or {}).get("skipped") or []
+    if skipped:
+        reasons = "; ".join(f"{s.get('target')}: {s.get('reason')}" for s in skipped)
+        items.append(f'<li class="muted small">skipped: {esc(reasons)}</li>')
+    return f'<ul class="plan-list">{"".join(items)}</ul>' if items else '<span class="muted">–</span>'
+
+
+def rounds(report: RunReport) -> str:
+    """One row per pruning round, the best one marked."""
+    if not report.rounds:
+        return section("rounds", "Pruning rounds", '<p class="muted">No pruning round ran.</p>')
+    best = report.pruned.round if report.pruned else None
+    headers = [
+        ("round", True),
+        ("source", False),
+        ("plan", False),
+        ("accuracy", True),
+        ("Δaccuracy (pts)", True),
+        ("params", True),
+        ("latency", True),
+        ("within budget", False),
+    ]
+    rows = []
+    for r in report.rounds:
+        m = r.metrics
+        is_best = best is not None and r.round == best
+        label = esc(r.round) + (" " + badge("best", "accent") if is_best else "")
+        rows.append(
+            (
+                "best" if is_best else "",
+                [
+                    label,
+                    esc(r.source),
+                    _round_plan(r),
+                    acc_text(m.accuracy),
+                    delta_html(r.accuracy_drop_points),
+                    params_text(m.params),
+                    ms_text(m.latency_s),
+                    budget_badge(r.within_budget),
+                ],
+            )
+        )
+    note = (
+        '<p class="muted small">Every round prunes an intact copy of the original. Round latencies are measured as '
+        "each round is evaluated.</p>"
+    )
+    return section("rounds", "Pruning rounds", table(headers, rows) + note)
+
+
+def planner(report: RunReport) -> str:
+    """Which planner wrote each plan, with its attempts, fallbacks and rejected plans."""
+    steps = [("analysis", report.plan.source, report.plan.planner_state or {})]
+    steps += [(f"round {r.round}", r.source, r.planner_state or {}) for r in report.rounds]
+    items = []
+    for step, source, state in steps:
+        bits = [f"<strong>{esc(step)}</strong>: {badge(str(source or '–'), 'neutral')}"]
+        if "attempts" in state:
+            bits.append(f"after {esc(state['attempts'])} attempt(s)")
+        if state.get("model"):
+            bits.append(f"model <code>{esc(state['model'])}</code>")
+        if state.get("level") is not None and as_number(state.get("level")) is not None:
+            bits.append(f'<span class="muted">level {float(state["level"]):.3g}</span>')
+        usage = state.get("token_usage") or {}
+        if usage.get("total_tokens"):
+            bits.append(f'<span class="muted">{esc(usage["total_tokens"])} tokens</span>')
+        line = " ".join(bits)
+        if state.get("fallback_reason"):
+            line += f'<br><span class="bad">fell back to the rules planner: {esc(state["fallback_reason"])}</span>'
+        rejected = state.get("rejected") or []
+        if rejected:
+            sub = []
+            for rej in rejected:
+                reasons = rej.get("reasons") or [rej.get("failure") or "unparsable answer"]
+                attempt = f"attempt {rej['attempt']}: " if rej.get("attempt") is not None else ""
+                sub.append(f"<li>{esc(attempt)}rejected: {esc('; '.join(str(x) for x in reasons))}</li>")
+            line += f"<ul>{''.join(sub)}</ul>"
+        items.append(f"<li>{line}</li>")
+    if all(source in (None, "rules") for _, source, _ in steps):
+        intro = (
+            '<p class="muted">Every plan came from the rules planner (offline, deterministic); none was rejected.</p>'
+        )
+    else:
+        n_rejected = sum(len(s.get("rejected") or []) for _, _, s in steps)
+        intro = f'<p class="muted">{esc(n_rejected)} plan(s) rejected in all.</p>'
+    return section("planner", "Planner decisions", f'{intro}<ul class="decisions">{"".join(items)}</ul>')

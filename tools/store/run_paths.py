@@ -1,0 +1,47 @@
+"""The run directory's layout: where each node writes, so that a resumed run finds what it wrote before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RunPaths:
+    """Fixed locations inside a run directory, so that a resumed node finds what it wrote before."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def settings(self) -> Path:
+        return self.root / "settings.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints.sqlite"
+
+    @property
+    def original(self) -> Path:
+        return self.root / "models" / "original"
+
+    @property
+    def profile(self) -> Path:
+        return self.root / "profile"
+
+    def round(self, index: int) -> Path:
+        return self.root / "rounds" / f"round-{index:02d}"
+
+    @property
+    def quantized(self) -> Path:
+        return self.root / "models" / "quantized"
+
+    @property
+    def quantized_original(self) -> Path:
+        return self.root / "models" / "quantized-original"
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "report.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
