@@ -13,7 +13,7 @@ from agents.planning.registry import get_planner
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.schemas import ModelProfile, OptimizationPlan
+from tools.schemas import ModelProfile, RoundResult
 from tools.store.files import atomic_write_json, read_json
 
 
@@ -22,20 +22,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
     run = paths(state)
     profile = ModelProfile.model_validate(read_json(Path(state["profile_path"])))
     prunable = ops.prunable(run.original, shape_of(state), run.profile)
-    history = [
-        RoundRecord(
-            round=r["round"],
-            plan=OptimizationPlan.model_validate(r["plan"]),
-            source=r["source"],
-            accuracy=r["metrics"].get("accuracy"),
-            accuracy_drop_points=r.get("accuracy_drop_points"),
-            params=r["metrics"]["params"],
-            latency_s=r["metrics"]["latency_s"],
-            within_budget=r["within_budget"],
-            planner_state=r.get("planner_state") or {},
-        )
-        for r in state.get("rounds") or []
-    ]
+    history = [RoundRecord.of(RoundResult.model_validate(r)) for r in state.get("rounds") or []]
     return PlanningContext(
         profile=profile,
         prunable=prunable,

@@ -12,7 +12,7 @@ from agents.planning.selection import accuracy_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.schemas import Metrics
+from tools.schemas import Metrics, RoundResult
 from tools.store.files import atomic_write_json
 
 
@@ -47,12 +47,14 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     pending = dict(state["pending_round"] or {})
     metrics = _evaluate(data, ctx, Path(pending["artifact"]), f"round {pending['round']}")
     drop = accuracy_drop_points(state["baseline"].get("accuracy"), metrics.accuracy)
-    record = {
-        **{k: v for k, v in pending.items() if k != "artifact"},
-        "metrics": metrics.model_dump(),
-        "accuracy_drop_points": drop,
-        "within_budget": within_budget(drop, ctx.max_accuracy_drop),
-    }
+    record = RoundResult.model_validate(
+        {
+            **{k: v for k, v in pending.items() if k != "artifact"},
+            "metrics": metrics,
+            "accuracy_drop_points": drop,
+            "within_budget": within_budget(drop, ctx.max_accuracy_drop),
+        }
+    ).model_dump()
     atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log
     return {"rounds": [record], "pending_round": None}
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from tools.schemas import ModelProfile, OptimizationPlan
+from tools.schemas import ModelProfile, OptimizationPlan, RoundResult
 
 __all__ = ["PlanResult", "Planner", "PlanningContext", "RoundRecord"]
 
@@ -29,6 +29,22 @@ class RoundRecord(BaseModel):
     latency_s: float
     within_budget: bool
     planner_state: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result: RoundResult) -> RoundRecord:
+        """The planner's view of an evaluated round."""
+        m = result.metrics
+        return cls(
+            round=result.round,
+            plan=result.plan,
+            source=result.source,
+            accuracy=m.accuracy,
+            accuracy_drop_points=result.accuracy_drop_points,
+            params=m.params,
+            latency_s=m.latency_s,
+            within_budget=result.within_budget,
+            planner_state=result.planner_state,
+        )
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import matplotlib
-
-matplotlib.use("Agg")  # before anything imports pyplot; this module itself never does
-
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter

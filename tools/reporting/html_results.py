@@ -304,7 +304,8 @@ def artifacts(report: RunReport) -> str:
     if not rows:
         return section("artifacts", "Artifacts", '<p class="muted">No artifact paths recorded.</p>')
     hint = (
-        '<p class="muted small">Models reload without unpickling: <code>from tools import load_compressed; load_compressed(path)</code>. '
+        '<p class="muted small">Models reload without unpickling: '
+        "<code>from tools import load_compressed; load_compressed(path)</code>. "
         "Open the trace in Perfetto or <code>chrome://tracing</code>.</p>"
     )
     return section("artifacts", "Artifacts", table([("what", False), ("path", False)], rows) + hint)
