@@ -1,6 +1,6 @@
 """Train the two small digit classifiers that ship with the project for the offline demo.
 
-Both are Hugging Face image classifiers trained on the ``"train"`` split of :mod:`tools.digits`
+Both are Hugging Face image classifiers trained on the ``"train"`` split of :mod:`tools.evaluation.digits`
 (scikit-learn's bundled 8x8 handwritten digits, shown as 32x32 RGB) and saved with
 ``save_pretrained`` (model and image processor) under ``--out``:
 
@@ -518,7 +518,7 @@ def train_one(kind: str, out: Path, epochs: int | None, seed: int, threads: int)
         "threads": threads,
         "epochs": settings.epochs,
         "settings": asdict(settings),
-        "dataset": "sklearn.datasets.load_digits via tools.digits.digits_dataset (train split)",
+        "dataset": "sklearn.datasets.load_digits via tools.evaluation.digits.digits_dataset (train split)",
         "train_size": len(train_y),
         "test_size": len(loaded_y),
         "train_accuracy": round(accuracy(loaded, train_x, train_y), 4),
