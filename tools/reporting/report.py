@@ -186,15 +186,17 @@ def _planner_decisions(report: RunReport) -> list[str]:
     return lines
 
 
-def write_report_files(report: RunReport | dict[str, Any], json_path: Path, md_path: Path) -> None:
-    """Write ``report.md``, ``report.html`` next to it, and ``report.json``, each atomically."""
+def write_report_files(report: RunReport | dict[str, Any], json_path: Path, md_path: Path) -> dict[str, Any]:
+    """Write ``report.md``, ``report.html`` next to it, and ``report.json``, each atomically; returns the JSON."""
     from tools.reporting.html import load_profile, write_html_report
     from tools.store.files import atomic_write_json, atomic_write_text
 
     report = RunReport.model_validate(report)
     atomic_write_text(md_path, render_markdown(report))
     write_html_report(report, load_profile(report), md_path.with_name("report.html"))
-    atomic_write_json(json_path, report_json(report))  # last: a run that has a report.json has finished
+    written = report_json(report)
+    atomic_write_json(json_path, written)  # last: a run that has a report.json has finished
+    return written
 
 
 def llm_comparison_rows(reports: Mapping[str, RunReport | dict[str, Any]]) -> list[dict[str, Any]]:
