@@ -30,6 +30,9 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
         max_accuracy_drop=ctx.max_accuracy_drop,
         max_ratio=ctx.pruning_config().max_ratio,
         history=history,
+        importance=ctx.importance,
+        # recovery needs calibration images: without a dataset every prune goes unrepaired
+        recovery=ctx.recovery if state.get("dataset") and ctx.calibration_samples > 0 else "none",
     )
 
 

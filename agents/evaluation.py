@@ -17,11 +17,15 @@ from tools.store.files import atomic_write_json
 
 
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
+    """The run's data: its disjoint calibration, evaluation, holdout and finetune parts, and how to batch it."""
     return ops.EvalSpec(
         dataset=state.get("dataset"),
         split=state.get("dataset_split"),
         label_match=state.get("label_match"),
         samples=ctx.eval_samples,
+        calibration_samples=ctx.calibration_samples,
+        holdout_samples=ctx.holdout_samples,
+        finetune_samples=ctx.finetune_samples,
         seed=ctx.seed,
         batch_size=ctx.batch_size,
         device=ctx.device,
@@ -34,10 +38,14 @@ def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) ->
 
 
 def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Evaluate the original model (the dataset's labels were matched at acquisition)."""
+    """Evaluate the original model (the dataset's labels were matched at acquisition).
+
+    The entry also records ``data_parts``: how many rows each disjoint part of the data holds.
+    """
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
-    return {"baseline": _evaluate(data, ctx, paths(data).original, "baseline").model_dump()}
+    metrics = _evaluate(data, ctx, paths(data).original, "baseline")
+    return {"baseline": {**metrics.model_dump(), "data_parts": ops.part_sizes(eval_spec(data, ctx))}}
 
 
 def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -52,7 +60,7 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             **{k: v for k, v in pending.items() if k != "artifact"},
             "metrics": metrics,
             "accuracy_drop_points": drop,
-            "within_budget": within_budget(drop, ctx.max_accuracy_drop),
+            "within_budget": within_budget(drop, ctx.max_accuracy_drop, metrics.paired),
         }
     ).model_dump()
     atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log

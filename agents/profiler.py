@@ -28,3 +28,22 @@ def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "top_groups": top,
     }
     return {"profile_path": str(run.profile / "profile.json"), "profile_summary": summary}
+
+
+def profile_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Measure each prunable unit's damage on the calibration images (into ``profile.json``), when possible."""
+    from agents.evaluation import eval_spec
+
+    ctx = settings(runtime)
+    data: dict[str, Any] = dict(state)
+    if not (ctx.sensitivity and ctx.prune):
+        return {}
+    run = paths(data)
+    result = ops.sensitivity(
+        run.original, shape_of(data), run.profile, eval_spec(data, ctx), ctx.pruning_config(), ctx.recovery_config()
+    )
+    if result is None:
+        return {"notes": ["sensitivity profile skipped: no calibration images (a dataset is needed)"]}
+    summary = dict(state.get("profile_summary") or {})
+    summary["sensitivity"] = {"units": len(result.units), "samples": result.samples, "seconds": result.seconds}
+    return {"profile_summary": summary}

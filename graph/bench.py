@@ -1,12 +1,20 @@
 """``profiling-agent bench``: the agent's pipeline and the paper's baselines, side by side, in one process.
 
 For each model: the agent's full run (profile-guided pruning rounds, then dynamic quantization), the
-uniform structured-pruning baselines (L1, L2, random importance at fixed ratios, plus the ratio that
-matches the agent's parameter count), and ONNX Runtime's dynamic quantization of the original. Every
-model is evaluated on the same seeded subset; batch-1 latencies are measured interleaved, in this one
-process, with warm-up and repetitions, and reported as medians, so that ratios hold on a noisy machine.
+uniform structured-pruning baselines, and ONNX Runtime's dynamic quantization of the original. The
+uniform baselines prune every prunable layer at one ratio (fixed ratios, plus the ratio that matches the
+agent's parameter count) with L1, L2 and random importance -- and the run's own importance where it is
+another one (``act``) -- each twice: without recovery, as in the paper, and with the run's training-free
+recovery on the run's calibration images. So at the agent's size the tables separate what recovery buys
+(uniform without vs with recovery) from what the planner buys (uniform with recovery vs the agent).
+
+Every model is evaluated on the agent run's evaluation images (the same seeded part of the data, disjoint
+from its calibration images), paired with the original where ``ops.evaluate`` pairs; batch-1 latencies
+are measured interleaved, in this one process, with warm-up and repetitions, and reported as medians, so
+that ratios hold on a noisy machine.
 
 Writes, in the output directory: ``bench.json``, ``table1.md``/``.csv`` (pruning baselines vs the agent),
+``table1-matched.md``/``.csv`` (the same at the agent's parameter count, one line per model),
 ``table3.md``/``.csv`` (quantization vs ONNX Runtime), ``table4.md``/``.csv`` (pruning vs quantization)
 and ``<model>-tradeoffs.png`` plots. Runs are kept in ``runs/<model>`` and reused when present.
 """
@@ -22,12 +30,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.runner import RunError, UpdateHook, finished_report, resume_run, start_run
 from tools import ops
 from tools.compression.baselines import matched_ratio, uniform_plan
-from tools.compression.recipes import PruningConfig
-from tools.schemas import InputShape, Metrics, RunReport
+from tools.compression.recipes import PruningConfig, RecoveryConfig
+from tools.schemas import InputShape, Metrics, PairedAccuracy, RunReport
 from tools.store.artifacts import is_complete, load_compressed, load_original
 from tools.store.files import atomic_write_json, read_json
 from tools.store.run_paths import RunPaths
@@ -39,11 +48,24 @@ CRITERIA = ("l1", "l2", "random")
 DEFAULT_RATIOS = (0.01, 0.1, 0.2)
 
 
+#: Settings a run written before the calibration split had (its evaluation images are the first part).
+_OLD_RUN_SETTINGS = {"calibration_samples": 0, "holdout_samples": 0, "finetune_samples": 0, "recovery": "none"}
+
+
 class BenchRow(BaseModel):
-    """One method on one model: accuracy a fraction (None when not meaningful), sizes in 10^6 bytes."""
+    """One method on one model: accuracy a fraction (None when not meaningful), sizes in 10^6 bytes.
+
+    ``method`` is ``original``, ``agent-prune``, ``agent-quant``, ``agent-prune+quant``, ``uniform`` or
+    ``onnxruntime-quant``; ``importance`` and ``recovery`` say how a pruned model was pruned and repaired
+    (``finetune_steps``: distillation steps after recovery, the agent's only); ``paired``: its accuracy
+    against the original's on the same images, where measured.
+    """
 
     model: str
     method: str
+    importance: str | None = None
+    recovery: str = "none"
+    finetune_steps: int = 0
     ratio: float | None = None
     matched: bool = False
     accuracy: float | None
@@ -51,6 +73,7 @@ class BenchRow(BaseModel):
     latency_s: float
     memory_mb: float
     artifact: str
+    paired: PairedAccuracy | None = None
 
 
 class _ModelBench:
@@ -89,33 +112,45 @@ class _ModelBench:
         report = self.agent_report(model_options, on_update)
         self.original = RunPaths(self.run_dir).original
         self.shape = InputShape.model_validate(report.model["input_shape"])
-        self.eval_spec = ops.EvalSpec(
-            dataset=self.dataset,
-            split=self.split,
-            label_match=report.dataset["label_match"],
-            samples=self.ctx.eval_samples,
-            seed=self.ctx.seed,
-            batch_size=self.ctx.batch_size,
-            progress=self.ctx.progress,
+        # the agent run's own settings: its evaluation images, calibration images, importance and recovery
+        self.run_ctx = Context.from_dict({**_OLD_RUN_SETTINGS, **report.settings}) if report.settings else self.ctx
+        data = {"dataset": self.dataset, "dataset_split": self.split, "label_match": report.dataset["label_match"]}
+        self.eval_spec = eval_spec(data, self.run_ctx).model_copy(
+            update={"batch_size": self.ctx.batch_size, "device": self.ctx.device, "progress": self.ctx.progress}
         )
         if report.baseline is None or report.pruned is None:
             raise RunError(f"the agent's run in {self.run_dir} has no original or pruned model to compare")
-        rows = [
-            self._row(name, entry)
-            for name, entry in (
-                ("original", report.baseline),
-                ("agent-prune", report.pruned),
-                ("agent-quant", report.quantized_original),
-                ("agent-prune+quant", report.quantized),
-            )
-            if entry is not None
-        ]
+        self.data_parts = ops.part_sizes(self.eval_spec) if self.dataset else {}
+        agent = {
+            "importance": self.run_ctx.importance,
+            "recovery": self._recovery_of(report),
+            "finetune_steps": self.run_ctx.finetune_steps,
+        }
+        named: tuple[tuple[str, Metrics | None, dict[str, Any]], ...] = (
+            ("original", report.baseline, {}),
+            ("agent-prune", report.pruned, agent),
+            ("agent-quant", report.quantized_original, {}),  # the original, quantized: nothing pruned
+            ("agent-prune+quant", report.quantized, agent),
+        )
+        rows = [self._row(name, entry, **how) for name, entry, how in named if entry is not None]
         rows += self._pruning_baselines(ratios, report.pruned.params)
         rows.append(self._onnxruntime(report.baseline.params))
         return self._interleaved_latency(rows)
 
+    def _recovery_of(self, report: RunReport) -> str:
+        """The recovery the agent's pruned models went through: none without calibration images."""
+        method = self.run_ctx.recovery
+        if method != "none" and (report.dataset.get("spec") is None or self.run_ctx.calibration_samples < 1):
+            return "none"
+        return method
+
     def _row(
-        self, method: str, metrics: Metrics | dict[str, Any], ratio: float | None = None, matched: bool = False
+        self,
+        method: str,
+        metrics: Metrics | dict[str, Any],
+        ratio: float | None = None,
+        matched: bool = False,
+        **how: Any,
     ) -> BenchRow:
         m = Metrics.model_validate(metrics)
         return BenchRow(
@@ -128,30 +163,63 @@ class _ModelBench:
             latency_s=m.latency_s,
             memory_mb=m.memory_mb,
             artifact=str(m.artifact),
+            paired=m.paired,
+            **how,
         )
 
     def _pruning_baselines(self, ratios: list[float], agent_params: int) -> list[BenchRow]:
+        """Uniform pruning at each ratio and at the agent's size: per criterion, without and with recovery."""
         prunable = ops.prunable(self.original, self.shape, self.run_dir / "profile")
         matched = matched_ratio(self.original, self.shape, prunable, agent_params)
+        calibration = ops.calibration_batch(self.original, self.shape, self.eval_spec)
+        criteria = list(CRITERIA)
+        if self.run_ctx.importance not in criteria and calibration is not None:
+            criteria.append(self.run_ctx.importance)  # the agent's importance, uniformly applied
+        recoveries = ["none"]
+        if self.run_ctx.recovery != "none":
+            if calibration is None:
+                logger.warning("bench: no calibration images: the uniform baselines run without recovery only")
+            else:
+                recoveries.append(self.run_ctx.recovery)
         rows = []
-        for criterion in CRITERIA:
-            for ratio in [*ratios, matched]:
-                out = self.run_dir / "baselines" / f"{criterion}-{ratio:g}"
-                metrics_file = out / "metrics.json"
-                if not metrics_file.is_file() or not is_complete(out / "model"):
-                    ops.prune(
-                        self.original,
-                        uniform_plan(ratio, prunable),
-                        self.shape,
-                        out / "model",
-                        PruningConfig(importance=criterion, seed=self.ctx.seed),
-                    )
-                    metrics = ops.evaluate(
-                        out / "model", self.original, self.shape, self.eval_spec, f"{criterion} {ratio:g}"
-                    )
-                    atomic_write_json(metrics_file, metrics.model_dump())
-                rows.append(self._row(criterion, read_json(metrics_file), ratio, matched=ratio == matched))
+        for criterion in criteria:
+            for recovery in recoveries:
+                for ratio in sorted({*ratios, matched}):
+                    metrics = self._baseline(criterion, recovery, ratio, prunable, calibration)
+                    how = {"importance": criterion, "recovery": recovery}
+                    rows.append(self._row("uniform", metrics, ratio, matched=ratio == matched, **how))
         return rows
+
+    def _baseline(
+        self,
+        criterion: str,
+        recovery: str,
+        ratio: float,
+        prunable: dict[str, Any],
+        calibration: ops.Calibration | None,
+    ) -> Metrics:
+        """One uniform baseline, pruned (and repaired) once and evaluated on the run's evaluation images."""
+        name = f"{criterion}-{ratio:g}" if recovery == "none" else f"{criterion}-{recovery}-{ratio:g}"
+        out = self.run_dir / "baselines" / name
+        metrics_file = out / "metrics.json"
+        images = self.eval_spec.model_dump(include={"dataset", "split", "samples", "calibration_samples", "seed"})
+        if metrics_file.is_file() and is_complete(out / "model"):
+            saved = read_json(metrics_file)
+            if saved.get("eval") == images:
+                return Metrics.model_validate(saved)
+        ops.prune(
+            self.original,
+            uniform_plan(ratio, prunable),
+            self.shape,
+            out / "model",
+            PruningConfig(importance=criterion, seed=self.run_ctx.seed),
+            recovery=RecoveryConfig.model_validate({"method": recovery}),
+            calibration=calibration,
+        )
+        label = f"{criterion} {ratio:g}" + ("" if recovery == "none" else f" +{recovery}")
+        metrics = ops.evaluate(out / "model", self.original, self.shape, self.eval_spec, label)
+        atomic_write_json(metrics_file, {**metrics.model_dump(mode="json"), "eval": images})
+        return metrics
 
     def _onnxruntime(self, params: int) -> BenchRow:
         from tools.deploy.onnxruntime import onnx_baseline
@@ -210,17 +278,23 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     ops.set_threads(ctx.threads)
     rows: list[BenchRow] = []
+    parts: dict[str, dict[str, int]] = {}
     for spec in models:
         logger.info("bench: %s", spec)
         bench = _ModelBench(spec, dataset=dataset, split=split, out_dir=out_dir, ctx=ctx)
         options = model_options if model_options and ":" in spec else None
         rows += bench.run(list(ratios or DEFAULT_RATIOS), options, on_update)
+        parts[spec] = bench.data_parts
     result = {
         "dataset": dataset,
         "eval_samples": ctx.eval_samples,
+        "calibration_samples": ctx.calibration_samples,
+        "importance": ctx.importance,
+        "recovery": ctx.recovery,
         "threads": torch.get_num_threads(),
         "latency": f"batch 1, median of {ctx.latency_repeats} interleaved repetitions after 3 warm-up runs",
         "models": {spec: [r.model_dump() for r in rows if r.model == spec] for spec in models},
+        "data_parts": parts,  # rows of each disjoint part of the data, as in each agent run
     }
     write_bench_outputs(result, out_dir)
     return result

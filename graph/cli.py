@@ -38,7 +38,21 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         parser.add_argument("--run-dir", required=True, help="directory for checkpoints, models and reports")
         parser.add_argument("--thread-id", help="checkpoint thread id (default: random)")
     parser.add_argument("--iterations", type=int, default=defaults.iterations, help="iterative pruning rounds T")
-    parser.add_argument("--eval-samples", type=int, default=defaults.eval_samples)
+    parser.add_argument(
+        "--eval-samples", type=int, default=defaults.eval_samples, help="images rounds are judged on (seeded)"
+    )
+    parser.add_argument(
+        "--calibration-samples",
+        type=int,
+        default=defaults.calibration_samples,
+        help="images for importance, sensitivity and recovery, disjoint from the evaluation images (default 256)",
+    )
+    parser.add_argument(
+        "--holdout-samples",
+        type=int,
+        default=defaults.holdout_samples,
+        help="re-evaluate the chosen model on this many images used by neither calibration nor selection",
+    )
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch CPU threads (0: default)")
@@ -65,6 +79,28 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         help="round kept channel counts to a multiple of this",
     )
     parser.add_argument("--max-pruning-ratio", type=float, default=defaults.max_pruning_ratio)
+    parser.add_argument(
+        "--recovery",
+        default=defaults.recovery,
+        choices=_recovery_names(),
+        help="after every prune: reconstruct (least-squares refit of the next layer + BatchNorm statistics, "
+        "default), bn (BatchNorm statistics only) or none",
+    )
+    parser.add_argument(
+        "--no-sensitivity", action="store_true", help="skip the per-unit sensitivity profile (planning is blinder)"
+    )
+    parser.add_argument(
+        "--finetune-steps",
+        type=int,
+        default=defaults.finetune_steps,
+        help="knowledge-distillation steps against the original after each prune (default 0: off)",
+    )
+    parser.add_argument(
+        "--finetune-samples",
+        type=int,
+        default=defaults.finetune_samples,
+        help="unlabelled images for distillation (default: the calibration images)",
+    )
     parser.add_argument(
         "--approve-plan",
         action="store_true",
@@ -94,6 +130,12 @@ def _importance_names() -> list[str]:
     from tools.compression.importance import IMPORTANCE
 
     return list(IMPORTANCE)
+
+
+def _recovery_names() -> list[str]:
+    from tools.compression.recovery import RECOVERY_METHODS
+
+    return list(RECOVERY_METHODS)
 
 
 def _quant_backends() -> list[str]:
@@ -195,6 +237,8 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         run_dir=run_dir,
         iterations=args.iterations,
         eval_samples=args.eval_samples,
+        calibration_samples=args.calibration_samples,
+        holdout_samples=args.holdout_samples,
         batch_size=args.batch_size,
         seed=args.seed,
         threads=args.threads,
@@ -204,6 +248,10 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         selection=args.selection,
         importance=args.importance,
         round_to=args.round_to,
+        recovery=args.recovery,
+        sensitivity=not args.no_sensitivity,
+        finetune_steps=args.finetune_steps,
+        finetune_samples=args.finetune_samples,
         llm_model=args.llm_model,
         llm_base_url=args.llm_base_url,
         llm_timeout=args.llm_timeout,
@@ -240,14 +288,23 @@ class _Progress:
 
 def _summary(report: RunReport | dict[str, Any]) -> str:
     from tools.reporting.format import accuracy_pct, millions, millis, named_entries
+    from tools.reporting.paired_text import agreement, change_ci, holdout_text, split_text
     from tools.schemas import RunReport
 
-    rows = [("model", "accuracy", "params (M)", "latency (ms)", "memory (MB)")]
-    for key, _, m in named_entries(RunReport.model_validate(report)):
+    report = RunReport.model_validate(report)
+    rows = [("model", "accuracy", "Δacc pts [95% CI]", "agreement", "params (M)", "latency (ms)", "memory (MB)")]
+    for key, _, m in named_entries(report):
         params, latency = millions(m.params, unit=""), millis(m.latency_s, unit="")
-        rows.append((key, accuracy_pct(m.accuracy), params, latency, f"{m.memory_mb:.2f}"))
+        change = "" if key == "baseline" else change_ci(m.accuracy_drop_points, m.paired)
+        agree = "" if key == "baseline" else agreement(m.paired)
+        rows.append((key, accuracy_pct(m.accuracy), change, agree, params, latency, f"{m.memory_mb:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    split = split_text(report.dataset)
+    chosen = "; the best round was chosen on the evaluation images" if report.rounds else ""
+    lines += [f"data: {split}{chosen}"] if split else []
+    holdout = holdout_text(report)
+    return "\n".join(lines + ([holdout] if holdout else []))
 
 
 def _finish(result: RunResult) -> None:

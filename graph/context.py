@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
-    from tools.compression.recipes import PruningConfig, QuantizationConfig
+    from tools.compression.recipes import PruningConfig, QuantizationConfig, RecoveryConfig
 
 Selection = Literal["accuracy", "smallest-within-budget"]
 
@@ -37,7 +37,21 @@ class Context:
 
     run_dir: str = _setting("Directory for checkpoints, artifacts and reports. Empty: runs/<thread id>.", "RUN_DIR", "")
     iterations: int = _setting("Iterative pruning rounds T after the first plan.", "ITERATIONS", 5, int)
-    eval_samples: int = _setting("Evaluation samples (seeded random subset).", "EVAL_SAMPLES", 500, int)
+    eval_samples: int = _setting(
+        "Evaluation samples (seeded random subset, disjoint from the calibration images).", "EVAL_SAMPLES", 1000, int
+    )
+    calibration_samples: int = _setting(
+        "Calibration images (seeded, disjoint from evaluation) for importance, sensitivity and recovery.",
+        "CALIBRATION_SAMPLES",
+        256,
+        int,
+    )
+    holdout_samples: int = _setting(
+        "Images used by neither calibration nor selection, to re-evaluate the chosen model on (0: none).",
+        "HOLDOUT_SAMPLES",
+        0,
+        int,
+    )
     batch_size: int = _setting("Evaluation batch size.", "BATCH_SIZE", 32, int)
     seed: int = _setting("Seed for subsets, random importance and built-in weights.", "SEED", 0, int)
     threads: int = _setting("torch CPU threads; 0 keeps torch's default.", "THREADS", 0, int)
@@ -62,10 +76,24 @@ class Context:
     selection: Selection = _setting(  # noqa: RUF009
         "accuracy (accuracy, then params, then latency) or smallest-within-budget.", "SELECTION", "accuracy"
     )
-    importance: str = _setting("Channel/head importance: l1, l2 or random.", "IMPORTANCE", "l1")
+    importance: str = _setting(
+        "Channel/head importance: act (activation-aware, default), l1, l2 or random.", "IMPORTANCE", "act"
+    )
+    recovery: str = _setting(
+        "Training-free recovery after every prune: none, bn or reconstruct (default).", "RECOVERY", "reconstruct"
+    )
+    sensitivity: bool = _setting(
+        "Measure each prunable unit's sensitivity on the calibration images before planning.", "SENSITIVITY", True, bool
+    )
+    finetune_steps: int = _setting(
+        "Knowledge-distillation steps after each prune and recovery (0: off).", "FINETUNE_STEPS", 0, int
+    )
+    finetune_samples: int = _setting(
+        "Unlabelled images for distillation (0: the calibration images).", "FINETUNE_SAMPLES", 0, int
+    )
     round_to: int = _setting("Round kept channel counts to a multiple of this (0: off).", "ROUND_TO", 0, int)
     max_pruning_ratio: float = _setting(
-        "Highest per-layer pruning ratio a planner may use.", "MAX_PRUNING_RATIO", 0.6, float
+        "Highest per-layer pruning ratio a planner may use.", "MAX_PRUNING_RATIO", 0.9, float
     )
     approve_plan: bool = _setting(
         "Pause after analysis for a human to approve, edit or reject the plan.", "APPROVE_PLAN", False, bool
@@ -88,6 +116,14 @@ class Context:
             errors.append("--eval-samples must be at least 1")
         if self.batch_size < 1:
             errors.append("--batch-size must be at least 1")
+        if self.calibration_samples < 0:
+            errors.append("--calibration-samples must be 0 or more")
+        if self.holdout_samples < 0:
+            errors.append("--holdout-samples must be 0 or more")
+        if self.finetune_steps < 0:
+            errors.append("--finetune-steps must be 0 or more")
+        if self.finetune_samples < 0:
+            errors.append("--finetune-samples must be 0 or more")
         if not 0 <= self.max_accuracy_drop <= 100:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
         errors += self._recipe_errors()
@@ -108,6 +144,12 @@ class Context:
             importance=self.importance, round_to=self.round_to, seed=self.seed, max_ratio=self.max_pruning_ratio
         )
 
+    def recovery_config(self) -> RecoveryConfig:
+        """How this run repairs each pruned model without training (none, bn or reconstruct)."""
+        from tools.compression.recipes import RecoveryConfig
+
+        return RecoveryConfig(method=self.recovery)  # type: ignore[arg-type]
+
     def quantization_config(self) -> QuantizationConfig:
         """How this run quantizes (the backend; per-layer dtypes are the plan's)."""
         from tools.compression.recipes import QuantizationConfig
@@ -126,10 +168,12 @@ class Context:
             "round_to": "--round-to must be 0 or more",
             "seed": "--seed must be an integer",
             "max_ratio": "--max-pruning-ratio must be in (0, 1)",
+            "method": "--recovery must be one of none, bn, reconstruct",
             "backend": f"--quant-backend must be one of {', '.join(BACKEND_CHOICES)}",
         }
         errors: list[str] = []
-        for build in (self.pruning_config, self.quantization_config):
+        builds: tuple[Any, ...] = (self.pruning_config, self.recovery_config, self.quantization_config)
+        for build in builds:
             try:
                 build()
             except ValidationError as exc:

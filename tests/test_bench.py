@@ -1,4 +1,8 @@
-"""`profiling-agent bench` on a tiny model: every method's row, the three tables, CSV and plots."""
+"""`profiling-agent bench` on a tiny model: every method's row, the tables, CSV and plots.
+
+Every uniform baseline appears twice, without recovery and with the run's recovery, at the same sizes,
+evaluated on the agent run's evaluation images (disjoint from its calibration images).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,11 @@ from pathlib import Path
 
 from graph.cli import main
 from tests.helpers import save_tiny, tiny_vit
+from tools.text import slug
 
-METHODS = {"original", "l1", "l2", "random", "agent-prune", "agent-quant", "agent-prune+quant", "onnxruntime-quant"}
+METHODS = {"original", "uniform", "agent-prune", "agent-quant", "agent-prune+quant", "onnxruntime-quant"}
+# l1, l2 and random as in the paper, and the run's own importance (act) applied uniformly
+CRITERIA = {"l1", "l2", "random", "act"}
 
 
 def test_bench_writes_tables_and_plots(tmp_path: Path) -> None:
@@ -25,6 +32,8 @@ def test_bench_writes_tables_and_plots(tmp_path: Path) -> None:
         str(out),
         "--eval-samples",
         "30",
+        "--calibration-samples",
+        "64",
         "--iterations",
         "1",
         "--ratios",
@@ -38,16 +47,60 @@ def test_bench_writes_tables_and_plots(tmp_path: Path) -> None:
     rows = bench["models"][str(model_dir)]
     assert {r["method"] for r in rows} == METHODS
     for row in rows:
-        assert set(row) >= {"accuracy", "params", "latency_s", "memory_mb"} and row["latency_s"] > 0
-    l1 = {r["ratio"]: r for r in rows if r["method"] == "l1"}
-    assert len(l1) == 3 and sum(r["matched"] for r in l1.values()) == 1
+        assert set(row) >= {"accuracy", "params", "latency_s", "memory_mb", "recovery"} and row["latency_s"] > 0
+
+    # the baselines saw the agent run's data parts: the same evaluation images, after 64 calibration images
+    report = json.loads((out / "runs" / slug(str(model_dir)) / "report.json").read_text())
+    assert bench["data_parts"][str(model_dir)] == report["baseline"]["data_parts"]
+    assert bench["data_parts"][str(model_dir)]["calibration"] == 64
+
+    uniform = [r for r in rows if r["method"] == "uniform"]
+    assert {r["importance"] for r in uniform} == CRITERIA
+    by = {(r["importance"], r["recovery"], r["ratio"]): r for r in uniform}
+    assert len(by) == len(uniform) == len(CRITERIA) * 2 * 3  # 2 ratios and the matched one, with and without
+    matched = {r["ratio"] for r in uniform if r["matched"]}
+    assert len(matched) == 1 and 0.3 < matched.pop() < 1
+    ratios = sorted({r["ratio"] for r in uniform})
+    l1 = {ratio: by[("l1", "none", ratio)] for ratio in ratios}
     assert l1[0.3]["params"] < l1[0.1]["params"]
+    for criterion in CRITERIA:
+        for ratio in ratios:
+            plain, repaired = by[(criterion, "none", ratio)], by[(criterion, "reconstruct", ratio)]
+            # same size whichever criterion, with or without recovery; a different model all the same
+            assert plain["params"] == repaired["params"] == l1[ratio]["params"]
+            assert plain["matched"] == repaired["matched"] and plain["artifact"] != repaired["artifact"]
+            recipe = json.loads((Path(repaired["artifact"]) / "artifact.json").read_text())["recipe"]
+            assert recipe["recovery"]["method"] == "reconstruct" and recipe["recovery"]["reconstructed"]
+            assert recipe["recovery"]["calibration_samples"] == 64 and recipe["importance"] == criterion
+            recipe = json.loads((Path(plain["artifact"]) / "artifact.json").read_text())["recipe"]
+            assert recipe["recovery"]["method"] == "none"
     agent = next(r for r in rows if r["method"] == "agent-prune")
-    matched = next(r for r in l1.values() if r["matched"])
-    assert abs(matched["params"] - agent["params"]) <= 0.15 * agent["params"]  # 4 heads: coarse steps
-    for name in ("table1", "table3", "table4"):
+    assert (agent["importance"], agent["recovery"]) == ("act", "reconstruct")
+    at_agent = next(r for r in uniform if r["matched"])
+    assert abs(at_agent["params"] - agent["params"]) <= 0.15 * agent["params"]  # 4 heads: coarse steps
+
+    for name in ("table1", "table1-matched", "table3", "table4"):
         assert (out / f"{name}.md").read_text().startswith("# Table")
         assert len(list(csv.reader((out / f"{name}.csv").open()))) > 1
+    table1 = list(csv.DictReader((out / "table1.csv").open()))
+    assert len(table1) == 2 + len(uniform)  # the original, the agent, every uniform baseline
+    for line in table1:
+        if line["method"] == "uniform":
+            twin = next(
+                t
+                for t in table1
+                if t["method"] == "uniform"
+                and t["importance"] == line["importance"]
+                and t["ratio"] == line["ratio"]
+                and t["recovery"] != line["recovery"]
+            )
+            assert line["params (M)"] == twin["params (M)"] and line["Δparams"] == twin["Δparams"]
+    (matched_line,) = list(csv.DictReader((out / "table1-matched.csv").open()))
+    assert matched_line["agent"].startswith("act, reconstruct: ")
+    assert matched_line["best uniform, no recovery"].split(",")[0] in {"l1", "l2", "random"}
+    assert ", none: " in matched_line["best uniform, no recovery"]
+    assert ", reconstruct: " in matched_line["best uniform + recovery"]
+    assert matched_line["uniform, agent's importance + recovery"].startswith("act, reconstruct: ")
     assert "onnxruntime-quant" in (out / "table3.md").read_text()
     assert (out / "vit-tradeoffs.png").stat().st_size > 1000
     assert main(argv) == 0, "a second bench reuses the runs"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from tools.llm.client import (
 )
 from tools.llm.structured import LLMExchange
 from tools.profiling.profile import profile_model
-from tools.schemas import OptimizationPlan
+from tools.schemas import OptimizationPlan, SensitivityPoint, SensitivityProfile, SensitivityUnit
 
 HEADS = r"^vit\.layers\.\d+\.attention$"
 FC1 = r"^vit\.layers\.\d+\.mlp\.fc1$"
@@ -310,6 +311,47 @@ def test_next_plan_reads_the_history_and_keeps_quantization(server: FakeOpenAI, 
     prompt = exchange.prompt[1]["content"]
     assert "Round 1 broke the accuracy budget by 4.00 points" in prompt
     assert "Round 0 [llm]" in prompt and "params 15,000" in prompt
+
+
+def _with_sensitivity(ctx: PlanningContext) -> PlanningContext:
+    """``ctx`` with a measured sensitivity profile of its attention modules and the run's settings."""
+    units = [
+        SensitivityUnit(
+            pattern="^" + re.escape(name) + "$",
+            pruning_type="head",
+            modules=[name],
+            size=heads,
+            points=[
+                SensitivityPoint(ratio=r, params_saved=int(1000 * r), agreement=1 - (i + 1) * r / 10, kl=(i + 1) * r)
+                for r in (0.25, 0.5)
+            ],
+        )
+        for i, (name, heads) in enumerate(sorted(ctx.prunable["heads"].items()))
+    ]
+    sens = SensitivityProfile(
+        samples=128, importance="act", recovery="reconstruct", ratios=[0.25, 0.5], seconds=1.0, units=units
+    )
+    profile = ctx.profile.model_copy(update={"sensitivity": sens})
+    return dataclasses.replace(ctx, profile=profile, importance="act", recovery="reconstruct")
+
+
+def test_the_sensitivity_table_and_recovery_reach_the_llm(server: FakeOpenAI, ctx: PlanningContext) -> None:
+    measured = _with_sensitivity(ctx)
+    server.script = [_json(GOOD), _json(GOOD)]
+    log: list[LLMExchange] = []
+    planner = _planner(server, log)
+    _check(planner.analyze(measured), measured)
+    history = [_round(0, OptimizationPlan.model_validate(GOOD), "llm", True, {"planner": "llm"})]
+    _check(planner.next_plan(dataclasses.replace(measured, history=history)), measured)
+    assert [e.purpose for e in log] == ["analysis", "iteration"]
+    for request in server.chat_requests:
+        prompt = request["messages"][1]["content"]
+        assert "recovery 'reconstruct' after every prune" in prompt and "importance 'act'" in prompt
+        assert "pruned ALONE at 25%, 50%" in prompt and "on 128 calibration images" in prompt
+        rows = [line for line in prompt.splitlines() if line.startswith("- ^vit") and ": agree " in line]
+        # layer 0 is the less damaging (KL 0.5 vs 1.0 at 50 %, same parameters saved): listed first
+        assert [row.split(" ")[1] for row in rows] == [r"^vit\.layers\.0\.attention$", r"^vit\.layers\.1\.attention$"]
+        assert "50%: agree 95.0%, KL 0.5000" in rows[0] and "50%: agree 90.0%, KL 1.0000" in rows[1]
 
 
 def test_iteration_fallback_continues_the_rules_level_search(server: FakeOpenAI, ctx: PlanningContext) -> None:

@@ -8,27 +8,41 @@ functions are exposed as LangChain tools in :mod:`tools.lc_tools`.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel
 from torch import nn
 
-from tools.compression.recipes import PruningConfig, QuantizationConfig
+from tools.compression.recipes import PruningConfig, QuantizationConfig, RecoveryConfig
 from tools.models.base import (
     LoadedModel,
     ModelLoadError,
-    build_preprocess,
     example_input,
     logits_of,
     resolve_device,
 )
 from tools.models.sources import acquire_model
-from tools.schemas import InputShape, Metrics, ModelProfile, OptimizationPlan, QuantizationRecommendation
+from tools.run_data import (
+    Calibration,
+    EvalSpec,
+    calibration_batch,
+    finetune_batch,
+    match_dataset_labels,
+    part_sizes,
+    preprocess_of,
+)
+from tools.schemas import (
+    InputShape,
+    Metrics,
+    ModelProfile,
+    OptimizationPlan,
+    QuantizationRecommendation,
+    SensitivityProfile,
+)
 from tools.store.artifacts import (
     deployed_file,
     is_complete,
@@ -41,20 +55,35 @@ from tools.store.artifacts import (
 )
 from tools.store.files import atomic_write_json, read_json
 
+if TYPE_CHECKING:
+    from tools.compression.distill import DistillConfig
+    from tools.evaluation.paired import ImagePredictions, PartAccuracy
+
 logger = logging.getLogger(__name__)
 
-
-class EvalSpec(BaseModel):
-    """What every evaluation of a run shares: the data, its subset, and how to batch it."""
-
-    dataset: str | None
-    split: str | None = None
-    label_match: dict[str, Any] | None = None
-    samples: int = 500
-    seed: int = 0
-    batch_size: int = 32
-    device: str = "cpu"
-    progress: bool = True
+__all__ = [  # the run's data operations live in tools.run_data; they are re-exported here for the nodes
+    "Calibration",
+    "EvalSpec",
+    "ModelInfo",
+    "acquire",
+    "calibration_batch",
+    "compare_latency",
+    "evaluate",
+    "evaluate_accuracy_on",
+    "finetune_batch",
+    "match_dataset_labels",
+    "part_sizes",
+    "predictions_on",
+    "preprocess_of",
+    "profile",
+    "prunable",
+    "prune",
+    "quantize",
+    "resolve_input_shape",
+    "sensitivity",
+    "set_threads",
+    "shape_problem",
+]
 
 
 class ModelInfo(BaseModel):
@@ -194,6 +223,44 @@ def prunable(original_dir: Path, shape: InputShape, out_dir: Path) -> dict[str, 
     return result
 
 
+def sensitivity(
+    original_dir: Path,
+    shape: InputShape,
+    out_dir: Path,
+    spec: EvalSpec,
+    config: PruningConfig | None = None,
+    recovery: RecoveryConfig | None = None,
+) -> SensitivityProfile | None:
+    """Per-unit sensitivity on the calibration images (``sensitivity.json``, also put into ``profile.json``).
+
+    None without calibration images (no dataset, or ``calibration_samples`` 0).
+    """
+    from tools.compression.sensitivity import measure_sensitivity, prunable_units
+
+    target = out_dir / "sensitivity.json"
+    if target.is_file():
+        return SensitivityProfile.model_validate(read_json(target))
+    calibration = calibration_batch(original_dir, shape, spec)
+    if calibration is None:
+        return None
+    profile_file = out_dir / "profile.json"
+    model_profile = ModelProfile.model_validate(read_json(profile_file))
+    units = prunable_units(prunable(original_dir, shape, out_dir), model_profile.layers)
+    result = measure_sensitivity(
+        load_original(original_dir).model,
+        calibration.images,
+        units,
+        targets=calibration.targets,
+        layers=model_profile.layers,
+        pruning=config,
+        recovery=recovery,
+        batch_size=spec.batch_size,
+    )
+    atomic_write_json(target, result.model_dump())
+    atomic_write_json(profile_file, model_profile.model_copy(update={"sensitivity": result}).model_dump())
+    return result
+
+
 # --- pruning and quantization -----------------------------------------------------------------------
 
 
@@ -203,27 +270,53 @@ def prune(
     shape: InputShape,
     out_dir: Path,
     config: PruningConfig | None = None,
+    *,
+    recovery: RecoveryConfig | None = None,
+    calibration: Calibration | None = None,
+    finetune: DistillConfig | None = None,
+    finetune_images: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """Apply a plan's pruning recommendations to an intact copy of the original; save the result.
+    """Apply a plan's pruning recommendations to an intact copy of the original, repair it, save it.
 
-    ``config`` (default ``PruningConfig()``): importance, round_to and seed, written into the recipe.
+    ``config`` (default ``PruningConfig()``): importance, round_to and seed. ``calibration`` feeds the
+    data-aware importance and ``recovery`` (default ``RecoveryConfig(method="none")``: none without it);
+    ``finetune`` (steps > 0) distils the repaired model against the original on ``finetune_images``
+    (default: the calibration images). The recipe written with the model records all of it; the returned
+    report adds ``recovery`` and ``finetune`` (what each did, with its seconds).
     """
     from tools.compression.pruning import apply_pruning
+    from tools.compression.recovery import recover_
 
     if is_complete(out_dir):
-        return dict(read_json(out_dir / "artifact.json")["recipe"]["report"])
+        recipe_done = read_json(out_dir / "artifact.json")["recipe"]
+        return {**recipe_done["report"], **{k: recipe_done[k] for k in ("recovery", "finetune") if k in recipe_done}}
     config = config or PruningConfig()
+    recovery = recovery or RecoveryConfig(method="none")
+    images = calibration.images if calibration is not None else None
+    original = load_original(original_dir).model.eval()
     model = load_original(original_dir).model.eval()
     torch.manual_seed(config.seed)
-    report = apply_pruning(model, plan.pruning_recommendations, example_input(shape), config)
+    report = apply_pruning(model, plan.pruning_recommendations, example_input(shape), config, calibration=images)
+    repaired = recover_(model, original, images, report.consumers(), recovery)
+    tuned: dict[str, Any] | None = None
+    if finetune is not None and finetune.steps > 0 and report.applied:
+        from tools.compression.distill import distill_
+
+        data = finetune_images if finetune_images is not None else images
+        if data is None:
+            tuned = {"steps": 0, "skipped": "no images to distil on (no dataset)"}
+        else:
+            tuned = distill_(model, original, data, finetune).model_dump()
     # max_ratio bounds what a planner may ask; it is not part of how the plan was applied
     recipe = {
         "plan": plan.model_dump(),
         **config.model_dump(exclude={"max_ratio"}),
         "report": report.model_dump(),
+        "recovery": repaired.model_dump(),
+        "finetune": tuned,
     }
     save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe)
-    return report.model_dump()
+    return {**report.model_dump(), "recovery": repaired.model_dump(), "finetune": tuned}
 
 
 def quantize(
@@ -281,92 +374,77 @@ def quantize(
 # --- evaluation -------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=4)
-def _dataset(spec: str, split: str | None, samples: int, seed: int) -> Any:
-    from tools.evaluation.datasets import load_eval_dataset
-
-    return load_eval_dataset(spec, split=split, samples=samples, seed=seed)
-
-
-def match_dataset_labels(
-    original_dir: Path, dataset: str, split: str | None, samples: int, seed: int
-) -> dict[str, Any]:
-    from tools.evaluation.labels import match_labels
-
-    loaded = load_original(original_dir)
-    data = _dataset(dataset, split, samples, seed)
-    return match_labels(loaded.id2label, data.label_names).model_dump()
-
-
-class _MemoPreprocess:
-    """Preprocess each image once per process: every candidate of a run sees the same evaluation images."""
-
-    def __init__(self, preprocess: Callable[[list[Any]], torch.Tensor]) -> None:
-        self.preprocess = preprocess
-        self.done: dict[int, tuple[Any, torch.Tensor]] = {}
-
-    def __call__(self, images: list[Any]) -> torch.Tensor:
-        missing = [img for img in images if id(img) not in self.done]
-        if missing:
-            for img, tensor in zip(missing, self.preprocess(missing), strict=True):
-                self.done[id(img)] = (img, tensor)  # the image is kept, so its id stays unique
-        return torch.stack([self.done[id(img)][1] for img in images])
-
-
-_PREPROCESS: dict[tuple[str, tuple[int, int, int]], _MemoPreprocess] = {}
-
-
-def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]], torch.Tensor]:
-    """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
-    key = (str(original_dir.resolve()), shape.as_tuple())
-    if key not in _PREPROCESS:
-        from tools.models.specs import preprocess_for
-
-        loaded = load_original(original_dir)
-        _PREPROCESS.clear()  # one model's images at a time
-        _PREPROCESS[key] = _MemoPreprocess(
-            preprocess_for(loaded.preprocessing)
-            if loaded.preprocessing
-            else build_preprocess(loaded.processor, shape.as_tuple())
-        )
-    return _PREPROCESS[key]
-
-
 def accuracy_of(
     model: Callable[[torch.Tensor], Any], original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
 ) -> tuple[float | None, int]:
-    """Top-1 accuracy of any model callable (torch module, ONNX Runtime session) on the seeded subset.
-
-    None (and 0 samples) without a dataset, or for an untrained model.
-    """
+    """Top-1 accuracy of any model callable (torch module, ONNX Runtime session) on the evaluation part, and the
+    samples counted; (None, 0) without a dataset, or for an untrained model."""
     from tools.evaluation.accuracy import evaluate_accuracy
     from tools.evaluation.labels import LabelMatch
 
     if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
         return None, 0
+    data, match = spec.part("evaluation"), LabelMatch.model_validate(spec.label_match)
+    device, preprocess = str(resolve_device(spec.device)), preprocess_of(original_dir, shape)
     return evaluate_accuracy(
-        model,
-        preprocess_of(original_dir, shape),
-        _dataset(spec.dataset, spec.split, spec.samples, spec.seed),
-        LabelMatch.model_validate(spec.label_match),
-        batch_size=spec.batch_size,
-        device=str(resolve_device(spec.device)),
-        progress=spec.progress,
-        desc=desc,
+        model, preprocess, data, match, batch_size=spec.batch_size, device=device, progress=spec.progress, desc=desc
     )
+
+
+def predictions_on(
+    artifact_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: EvalSpec,
+    part: str = "evaluation",
+    desc: str = "evaluate",
+    model: Callable[[torch.Tensor], Any] | None = None,
+) -> ImagePredictions | None:
+    """Per-image top-1 predictions of an artifact on a part of the data, kept beside it (``paired.predictions_for``);
+    None without a dataset, or for an untrained model. ``model``: the artifact already loaded on its device."""
+    from tools.evaluation.paired import predictions_for
+
+    if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
+        return None
+    quantized = read_json(artifact_dir / "artifact.json")["kind"] == "quantized"
+    device = str(resolve_device("cpu" if quantized else spec.device))
+    load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
+    data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
+    return predictions_for(artifact_dir, part, data, spec.model_dump(), preprocess, load, device=device, desc=desc)
+
+
+def evaluate_accuracy_on(
+    artifact_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: EvalSpec,
+    part: str = "holdout",
+    desc: str | None = None,
+    model: Callable[[torch.Tensor], Any] | None = None,
+) -> PartAccuracy | None:
+    """An artifact's accuracy on a part of the data, paired with the original's on the same images (not for the
+    original itself); None without a dataset or for an untrained model. An empty part raises ``DatasetError``."""
+    from tools.evaluation.paired import PartAccuracy, pair
+
+    candidate = predictions_on(artifact_dir, original_dir, shape, spec, part, desc or part, model)
+    itself = artifact_dir.resolve() == original_dir.resolve()
+    reference = candidate if itself else predictions_on(original_dir, original_dir, shape, spec, part, "original")
+    if candidate is None or reference is None:
+        return None
+    return PartAccuracy.of(part, candidate, reference, None if itself else pair(reference, candidate))
 
 
 def evaluate(
     artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
 ) -> Metrics:
-    """Accuracy on the seeded subset, latency at batch 1, throughput, memory as saved, params, MACs."""
+    """Accuracy on the seeded subset (paired with the original's), latency at batch 1, throughput, memory, MACs."""
     from tools.evaluation.cost import file_size_mb, measure_latency, measure_throughput
 
     meta = read_json(artifact_dir / "artifact.json")
     quantized = meta["kind"] == "quantized"
     run_device = "cpu" if quantized else spec.device  # quantized kernels are CPU kernels (ONNX Runtime's too)
     model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
-    accuracy, counted = accuracy_of(model, original_dir, shape, spec.model_copy(update={"device": run_device}), desc)
+    measured = evaluate_accuracy_on(artifact_dir, original_dir, shape, spec, "evaluation", desc, model)
     single = example_input(shape, device=run_device, seed=spec.seed)
     latency = measure_latency(model, single, warmup=3, repeats=10)
     # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up
@@ -377,14 +455,15 @@ def evaluate(
     if not isinstance(float_model, nn.Module):
         raise TypeError(f"{artifact_dir} ({meta['kind']}) did not load as a torch module")
     return Metrics(
-        accuracy=accuracy,
+        accuracy=measured.accuracy if measured else None,
         params=sum(p.numel() for p in float_model.parameters()),
         macs=_macs(float_model.cpu(), shape),
         latency_s=latency,
         throughput_ips=throughput,
         memory_mb=round(file_size_mb(deployed_file(artifact_dir)), 4),
         artifact=str(artifact_dir),
-        samples=counted,
+        samples=measured.samples if measured else 0,
+        paired=measured.paired if measured else None,
     )
 
 
@@ -406,7 +485,6 @@ def compare_latency(
     """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds."""
     from tools.evaluation.cost import compare_latencies
 
-    models: dict[str, Callable[[torch.Tensor], Any]] = {}
-    for name, path in artifacts.items():
-        models[name] = load_compressed(path)  # an nn.Module, or an OrtModel for onnxruntime artifacts
+    # an nn.Module, or an OrtModel for onnxruntime artifacts
+    models: dict[str, Callable[[torch.Tensor], Any]] = {name: load_compressed(path) for name, path in artifacts.items()}
     return compare_latencies(models, example_input(shape, seed=seed), warmup=3, repeats=repeats)

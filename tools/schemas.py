@@ -102,6 +102,42 @@ class OperatorProfile(BaseModel):
     input_shapes: str = ""
 
 
+class SensitivityPoint(BaseModel):
+    """One unit pruned alone at one ratio (then recovered), measured on the calibration images."""
+
+    ratio: float
+    params_saved: int = Field(description="Parameters removed from the whole model.")
+    macs_saved: int = Field(default=0, description="MACs saved per image (profiled layer MACs x ratio).")
+    latency_saved_s: float = Field(default=0.0, description="Profiled latency of the unit's layers x ratio.")
+    agreement: float = Field(description="Fraction of calibration images with the original's top-1 class.")
+    kl: float = Field(description="Mean KL(original || pruned) of the softmax outputs, nats.")
+    accuracy_drop_points: float | None = Field(default=None, description="Where labels exist: points lost.")
+
+
+class SensitivityUnit(BaseModel):
+    """Something a plan addresses on its own: one attention module's heads, one MLP's hidden channels,
+    one block-internal conv group. ``pattern`` selects it in a ``PruningRecommendation``."""
+
+    pattern: str
+    pruning_type: PruningType
+    modules: list[str]
+    size: int = Field(description="Heads (head) or output channels (structured) of the unit.")
+    params: int = Field(default=0, description="Parameters of the unit's layers and their consumers.")
+    points: list[SensitivityPoint] = Field(default_factory=list)
+
+
+class SensitivityProfile(BaseModel):
+    """Measured damage of pruning each unit alone, after recovery; what planners allocate ratios from."""
+
+    samples: int
+    importance: str
+    recovery: str
+    ratios: list[float]
+    seconds: float
+    units: list[SensitivityUnit] = Field(default_factory=list)
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
 class ModelProfile(BaseModel):
     """What ``profile.json`` holds."""
 
@@ -117,6 +153,23 @@ class ModelProfile(BaseModel):
     groups: list[LayerGroupProfile] = Field(default_factory=list)
     operators: list[OperatorProfile] = Field(default_factory=list)
     trace_path: str | None = None
+    sensitivity: SensitivityProfile | None = None
+
+
+class PairedAccuracy(BaseModel):
+    """A candidate's accuracy against the original's on the same images, with a 95 % interval.
+
+    ``delta_points`` = candidate - original (negative: a loss); the interval is the normal approximation
+    of the mean paired difference of per-image correctness (each image counts +1, 0 or -1).
+    """
+
+    delta_points: float
+    ci95_low_points: float
+    ci95_high_points: float
+    agreement: float = Field(description="Fraction of images with the original's top-1 class.")
+    samples: int
+    gained: int = Field(description="Images the candidate gets right and the original wrong.")
+    lost: int = Field(description="Images the original gets right and the candidate wrong.")
 
 
 class Metrics(BaseModel):
@@ -131,6 +184,7 @@ class Metrics(BaseModel):
     artifact: str | None = None
     samples: int = 0
     within_budget: bool | None = None
+    paired: PairedAccuracy | None = Field(default=None, description="Against the original, same images.")
 
 
 # --- records of a run: what the nodes write, and what the report, plots, CLI and bench read -----------

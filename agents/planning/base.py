@@ -57,6 +57,9 @@ class PlanningContext:
     max_accuracy_drop: float
     max_ratio: float = 0.6
     history: list[RoundRecord] = field(default_factory=list)
+    #: The run's importance criterion and training-free recovery (``None``: not known to the planner).
+    importance: str | None = None
+    recovery: str | None = None
 
 
 class PlanResult(BaseModel):

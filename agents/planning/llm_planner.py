@@ -36,7 +36,7 @@ from agents.planning.prompts import (
     next_round,
     retry_message,
 )
-from agents.planning.rules import RulesPlanner
+from agents.planning.rules import SEARCH_KEYS, RulesPlanner
 from agents.planning.validation import validate_plan
 from tools.llm.client import LLMSettings, make_chat_model
 from tools.llm.structured import LLMExchange, ResponseFormatMode, invoke_structured
@@ -170,7 +170,7 @@ class LLMPlanner:
     def _fallback(self, ctx: PlanningContext, purpose: Purpose) -> PlanResult:
         if purpose == "iteration":
             # the rules search reads its own levels; LLM rounds have none
-            own = [r for r in ctx.history if "level" in r.planner_state]
+            own = [r for r in ctx.history if any(k in r.planner_state for k in SEARCH_KEYS)]
             if own:
                 return self.fallback.next_plan(replace(ctx, history=own))
         return self.fallback.analyze(ctx)
@@ -289,8 +289,9 @@ class LLMPlanner:
                 "fallback_state": dict(result.planner_state),
             }
         )
-        if "level" in result.planner_state:
-            state["level"] = result.planner_state["level"]
+        for key in SEARCH_KEYS:
+            if key in result.planner_state:
+                state[key] = result.planner_state[key]
         return PlanResult(plan=result.plan, source="rules-fallback", planner_state=state)
 
 

@@ -1,7 +1,9 @@
 """Prompts of the LLM planner: pure functions from a profile (and earlier rounds) to strings.
 
 * :func:`analysis_messages` — the analysis agent: the profile summary P, what can be pruned and how,
-  the budget, the plan schema and the rules; the LLM answers with an ``OptimizationPlan``.
+  the run's importance and recovery and the measured sensitivity of each unit
+  (:mod:`agents.planning.prompt_sensitivity`), the budget, the plan schema and the rules; the LLM answers
+  with an ``OptimizationPlan``.
 * :func:`iteration_messages` — the paper's Algorithm 1: P, every earlier round (plan A_i and
   evaluation E_i), and the request for the next pruning plan.
 * :func:`input_shape_messages` — the input-shape resolver: architectural metadata to ``{channels, height,
@@ -20,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.prompt_sensitivity import sensitivity_lines, settings_lines
 from agents.planning.rules import exact_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
@@ -267,6 +270,14 @@ def profile_summary(ctx: PlanningContext, top_k: int = 12) -> str:
     return "\n".join(out)
 
 
+def _measured(ctx: PlanningContext) -> list[str]:
+    """The pruning settings and the sensitivity table, each followed by a blank line (nothing if absent)."""
+    out: list[str] = []
+    for block in (settings_lines(ctx), sensitivity_lines(ctx)):
+        out += [*block, ""] if block else []
+    return out
+
+
 def _budget(ctx: PlanningContext) -> str:
     base = "unknown (untrained model: accuracy is not measured)"
     if ctx.baseline_accuracy is not None:
@@ -315,6 +326,7 @@ def analysis_prompt(ctx: PlanningContext) -> str:
             "",
             profile_summary(ctx),
             "",
+            *_measured(ctx),
             _budget(ctx),
             "",
             *_rules(ctx, iteration=False),
@@ -379,7 +391,8 @@ def next_round(ctx: PlanningContext) -> int:
 
 def iteration_prompt(ctx: PlanningContext) -> str:
     history = sorted(ctx.history, key=lambda r: r.round)
-    out = [f"Write the pruning plan for round {next_round(ctx)}.", "", profile_summary(ctx), "", _budget(ctx), ""]
+    out = [f"Write the pruning plan for round {next_round(ctx)}.", "", profile_summary(ctx), ""]
+    out += [*_measured(ctx), _budget(ctx), ""]
     if history:
         out.append("Earlier rounds (plan A_i, then its evaluation E_i):")
         for record in history:

@@ -1,8 +1,17 @@
 """The default ``rules`` planner: offline and deterministic (the same profile and history give the same plan).
 
-It targets the layer groups that cost the most latency and can be pruned without touching a residual
-stream (attention heads, MLP expansion layers, convolutions inside residual blocks), and searches the
-pruning level across rounds: more while accuracy stays within budget, less once it drops.
+With a sensitivity profile (``profile.sensitivity``, measured on the calibration images) it *allocates*
+per-unit ratios: every attention module's heads and every block-internal channel group is a unit with a
+measured damage at a few ratios (``1 - agreement + KL`` against the original, after recovery; linearly
+interpolated between the measured ratios) and a saving (its share of the model's parameters plus its
+share of MACs). Greedily, the step with the most saving per unit of damage is taken until the summed
+damage reaches the round's *damage budget*; heads and channels move independently. The rounds then
+search the damage budget with real evaluations: double it while the evaluated candidate stays within the
+accuracy budget, bisect once one does not. The saving uses parameters and MACs, not timed latency, so
+plans do not depend on timing noise.
+
+Without a sensitivity profile (no data, or ``--no-sensitivity``) it falls back to one global level over
+the groups that cost the most latency, searched the same way.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from agents.planning.base import PlanningContext, PlanResult
 from tools.profiling.profile import name_pattern
@@ -18,9 +28,17 @@ from tools.schemas import (
     OptimizationPlan,
     PruningRecommendation,
     QuantizationRecommendation,
+    SensitivityProfile,
+    SensitivityUnit,
 )
 
-__all__ = ["RulesPlanner", "exact_pattern"]
+__all__ = ["SEARCH_KEYS", "RulesPlanner", "allocate", "exact_pattern", "unit_damage"]
+
+#: planner_state keys that carry the rules planner's search (a round whose state has one is its own).
+SEARCH_KEYS: tuple[str, ...] = ("damage_budget", "level")
+
+#: Ratios the allocation may choose (those above the run's highest ratio are left out).
+ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 TRANSFORMER_FAMILIES = {"vit", "deit", "swin", "transformer"}
 
@@ -53,6 +71,71 @@ def exact_pattern(members: list[str], universe: list[str]) -> str:
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
+
+
+def _interpolate(points: list[tuple[float, float]], ratio: float) -> float | None:
+    """Piecewise-linear value at ``ratio`` through ``points`` (with (0, 0)); None beyond the last point."""
+    xs = [(0.0, 0.0), *sorted(points)]
+    for (r0, v0), (r1, v1) in itertools.pairwise(xs):
+        if r0 <= ratio <= r1:
+            return v0 if r1 == r0 else v0 + (v1 - v0) * (ratio - r0) / (r1 - r0)
+    return None
+
+
+def unit_damage(unit: SensitivityUnit) -> list[tuple[float, float]]:
+    """(ratio, damage) of a unit's measurements, damage = 1 - agreement + KL, made non-decreasing."""
+    out: list[tuple[float, float]] = []
+    worst = 0.0
+    for point in sorted(unit.points, key=lambda p: p.ratio):
+        worst = max(worst, (1.0 - point.agreement) + point.kl)
+        out.append((point.ratio, worst))
+    return out
+
+
+def allocate(
+    sensitivity: SensitivityProfile, total_params: int, total_macs: int, damage_budget: float, max_ratio: float
+) -> tuple[dict[str, float], float]:
+    """Per-unit ratios (by pattern) whose summed predicted damage stays within ``damage_budget``.
+
+    Greedy by saving per damage: at each step every unit may move from its ratio to any larger allowed one;
+    the move with the best marginal saving per marginal damage (free moves first, by saving) is taken.
+    Returns (ratio by unit pattern, predicted damage).
+    """
+    options: dict[str, list[tuple[float, float, float]]] = {}  # pattern -> [(ratio, damage, saving)]
+    for unit in sensitivity.units:
+        damage = unit_damage(unit)
+        saved = [
+            (p.ratio, p.params_saved / max(1, total_params) + p.macs_saved / max(1, total_macs)) for p in unit.points
+        ]
+        choices = []
+        for ratio in ALLOCATION_RATIOS:
+            if ratio > max_ratio + 1e-9:
+                continue
+            d, v = _interpolate(damage, ratio), _interpolate(saved, ratio)
+            if d is not None and v is not None:
+                choices.append((ratio, d, v))
+        if choices:
+            options[unit.pattern] = choices
+    chosen: dict[str, tuple[float, float, float]] = {p: (0.0, 0.0, 0.0) for p in options}
+    spent = 0.0
+    while True:
+        best: tuple[float, float, str, tuple[float, float, float]] | None = None
+        for pattern, choices in options.items():
+            _, d0, v0 = chosen[pattern]
+            for option in choices:
+                ratio, d, v = option
+                if ratio <= chosen[pattern][0] or v <= v0 or spent + (d - d0) > damage_budget + 1e-12:
+                    continue
+                gain, cost = v - v0, max(d - d0, 0.0)
+                key = (gain / max(cost, 1e-6), gain)
+                if best is None or key > best[:2]:
+                    best = (*key, pattern, option)
+        if best is None:
+            break
+        pattern, option = best[2], best[3]
+        spent += max(option[1] - chosen[pattern][1], 0.0)
+        chosen[pattern] = option
+    return {p: c[0] for p, c in chosen.items() if c[0] > 0}, spent
 
 
 @dataclass(frozen=True)
@@ -171,10 +254,149 @@ class RulesPlanner:
         gaps = [(b - a, (a + b) / 2) for a, b in itertools.pairwise(points)]
         return max(gaps)[1] if gaps else upper / 2
 
+    # --- allocation from the sensitivity profile ------------------------------------------------
+
+    def _initial_budget(self, ctx: PlanningContext) -> float:
+        """Damage budget of the first round: twice the accuracy budget as a fraction of predictions."""
+        return max(0.002, 2 * ctx.max_accuracy_drop / 100)
+
+    def _allocated(self, ctx: PlanningContext, budget: float, note: str) -> PlanResult:
+        sens = ctx.profile.sensitivity
+        assert sens is not None
+        ratios, _ = allocate(sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio)
+        for _ in range(12):  # a budget too small for any step would waste the round: raise it until one fits
+            if ratios:
+                break
+            budget *= 2
+            note += f" Raised the damage budget to {budget:.4f}: no unit fitted in less."
+            ratios, _ = allocate(sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio)
+        return self._plan_from(ctx, ratios, budget, note)
+
+    def _plan_from(self, ctx: PlanningContext, ratios: dict[str, float], budget: float, note: str) -> PlanResult:
+        """The plan that prunes each unit pattern of ``ratios`` at its ratio (same ratio, same recommendation)."""
+        sens = ctx.profile.sensitivity
+        assert sens is not None
+        units = {u.pattern: u for u in sens.units}
+        predicted = sum(_interpolate(unit_damage(units[p]), r) or 0.0 for p, r in ratios.items())
+        groups: dict[tuple[str, float], list[SensitivityUnit]] = {}
+        for pattern, ratio in ratios.items():
+            groups.setdefault((units[pattern].pruning_type, ratio), []).append(units[pattern])
+        universe = [m for u in sens.units for m in u.modules]
+        recs = []
+        for (kind, ratio), members in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+            names = [m for u in members for m in u.modules]
+            measured = "; ".join(self._measured(u, ratio) for u in members[:4])
+            more = f" (+{len(members) - 4} more)" if len(members) > 4 else ""
+            what = "attention heads" if kind == "head" else "output channels"
+            recs.append(
+                PruningRecommendation(
+                    layer=exact_pattern(names, universe) if len(names) > 1 else members[0].pattern,
+                    pruning_type=kind,  # type: ignore[arg-type]
+                    pruning_ratio=round(ratio, 4),
+                    justification=(
+                        f"{len(members)} unit(s) lose {_pct(ratio)} of their {what}; measured alone on "
+                        f"{sens.samples} calibration images after {sens.recovery} recovery: {measured}{more}. "
+                        f"{note}"
+                    ),
+                )
+            )
+        return PlanResult(
+            plan=OptimizationPlan(
+                pruning_recommendations=recs, quantization_recommendations=self._quantization(ctx.profile)
+            ),
+            source=self.name,
+            planner_state={
+                "damage_budget": round(budget, 6),
+                "predicted_damage": round(predicted, 6),
+                "allocation": {p: round(r, 4) for p, r in sorted(ratios.items())},
+            },
+        )
+
+    @staticmethod
+    def _measured(unit: SensitivityUnit, ratio: float) -> str:
+        nearest = min(unit.points, key=lambda p: abs(p.ratio - ratio))
+        return (
+            f"{unit.modules[0]} at {nearest.ratio:g}: {100 * nearest.agreement:.1f}% agreement, "
+            f"KL {nearest.kl:.4f}, -{nearest.params_saved} params"
+        )
+
+    def _next_budgets(self, ctx: PlanningContext) -> list[tuple[float, str]]:
+        """Damage budgets to try next, best first: double while within the accuracy budget, else bisect."""
+        tried = [
+            (float(r.planner_state["damage_budget"]), r.within_budget)
+            for r in ctx.history
+            if "damage_budget" in r.planner_state
+        ]
+        if not tried:
+            return [(self._initial_budget(ctx), "First allocation from the sensitivity profile.")]
+        good = max((b for b, ok in tried if ok), default=0.0)
+        bad = min((b for b, ok in tried if not ok), default=None)
+        if bad is None:
+            note = f"Damage budget {good:.4f} stayed within the accuracy budget: growing it."
+            return [(good * k, note) for k in (2, 3, 4, 6, 8)]
+        if good <= 0:
+            note = f"Damage budget {bad:.4f} broke the accuracy budget: shrinking it."
+            return [(bad * k, note) for k in (1 / 3, 2 / 3, 1 / 9)]
+        note = f"Damage budget {bad:.4f} broke the accuracy budget, {good:.4f} held: searching between them."
+        between = [(good * bad) ** 0.5] + [good + (bad - good) * k / 8 for k in (4, 2, 6, 1, 3, 5, 7)]
+        return [(b, note) for b in between]
+
+    def _coordinate_step(self, ctx: PlanningContext, seen: list[Any]) -> PlanResult | None:
+        """When the budget search only finds tried allocations: move one unit of the best one by one step.
+
+        From the smallest within-budget allocation (else the last one), grow one unit by 0.1, cheapest measured
+        damage first; failing that, shrink one unit by 0.1, most damaging first. The first allocation not
+        tried yet is planned; None when every neighbour was tried.
+        """
+        sens = ctx.profile.sensitivity
+        assert sens is not None
+        rounds = [r for r in ctx.history if isinstance(r.planner_state.get("allocation"), dict)]
+        good = [r for r in rounds if r.within_budget]
+        if not rounds:
+            return None
+        base_round = min(good, key=lambda r: r.params) if good else rounds[-1]
+        base = {str(k): float(v) for k, v in base_round.planner_state["allocation"].items()}
+        budget = float(base_round.planner_state.get("damage_budget", 0.0))
+
+        def damage_after(unit: SensitivityUnit, step: float) -> float:
+            ratio = min(ctx.max_ratio, max(0.0, base.get(unit.pattern, 0.0) + step))
+            return _interpolate(unit_damage(unit), ratio) or 1.0
+
+        for step in (0.1, -0.1) if good else (-0.1, 0.1):
+            for unit in sorted(sens.units, key=lambda u: damage_after(u, step), reverse=step < 0):
+                current = base.get(unit.pattern, 0.0)
+                ratio = round(current + step, 4)
+                if ratio > ctx.max_ratio + 1e-9 or ratio < 0 or (step < 0 and current <= 0):
+                    continue
+                ratios = {p: r for p, r in {**base, unit.pattern: ratio}.items() if r > 0}
+                if not ratios or {p: round(r, 4) for p, r in sorted(ratios.items())} in seen:
+                    continue
+                verb = "growing" if step > 0 else "shrinking"
+                note = f"Budget search converged: {verb} {unit.modules[0]} to {ratio:g} from round {base_round.round}."
+                return self._plan_from(ctx, ratios, budget, note)
+        return None
+
+    # --- the planner protocol -------------------------------------------------------------------
+
     def analyze(self, ctx: PlanningContext) -> PlanResult:
+        if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
+            budget = self._initial_budget(ctx)
+            return self._allocated(ctx, budget, f"Allocated under a damage budget of {budget:.4f}.")
         return self._plan_at(ctx, self.start_level, f"Initial level {self.start_level:.2f}, scaled by latency share.")
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
+        if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
+            seen = [r.planner_state.get("allocation") for r in ctx.history]
+            result = None
+            for budget, note in self._next_budgets(ctx):  # the first budget whose allocation is new
+                result = self._allocated(ctx, budget, note)
+                if result.planner_state["allocation"] not in seen:
+                    return result
+            refined = self._coordinate_step(ctx, seen)
+            if refined is not None:
+                return refined
+            assert result is not None
+            return result
         tried = [(float(r.planner_state.get("level", 0.0)), r.within_budget) for r in ctx.history]
         good = max((lvl for lvl, ok in tried if ok), default=0.0)
         bad = min((lvl for lvl, ok in tried if not ok), default=None)

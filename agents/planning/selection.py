@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from graph.context import Selection
+from tools.evaluation.paired import standard_error_points
+from tools.schemas import PairedAccuracy
 
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
@@ -14,13 +16,42 @@ def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> floa
     return round(100.0 * (baseline - accuracy), 4)
 
 
-def within_budget(drop_points: float | None, max_drop: float) -> bool:
-    """A candidate is within budget unless it measurably loses more than ``max_drop`` points."""
-    return drop_points is None or drop_points <= max_drop + 1e-9
+def budget_drop_points(
+    drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None = None
+) -> float | None:
+    """The drop the budget test holds against ``--max-accuracy-drop``: the measured drop plus one standard
+    error of the paired difference (``se`` = the 95 % interval's half-width / 1.96). Without a paired result,
+    the point estimate ``drop_points``; None when accuracy is unknown."""
+    if paired is None:
+        return drop_points
+    result = PairedAccuracy.model_validate(paired)
+    return -result.delta_points + standard_error_points(result)
+
+
+def within_budget(
+    drop_points: float | None, max_drop: float, paired: PairedAccuracy | dict[str, Any] | None = None
+) -> bool:
+    """The accuracy budget test, the one place it is decided.
+
+    With a paired comparison (``Metrics.paired``: the candidate and the original on the same images), a
+    candidate is within budget when its drop **plus one standard error** is at most ``max_drop``:
+    ``-delta + se <= max_drop``. A small evaluation subset has a large standard error, so a candidate whose
+    measured drop is just under the budget by chance is not taken; with many images, or few disagreements
+    with the original, ``se`` is small and the test is the measured drop. Without a paired result the
+    point estimate ``drop_points`` decides; an unknown accuracy (untrained model, no dataset) never rejects.
+    """
+    drop = budget_drop_points(drop_points, paired)
+    return drop is None or drop <= max_drop + 1e-9
 
 
 def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, Any] | None:
-    """The best round within budget: by accuracy, then params, then latency (or fewest params first)."""
+    """The best round within budget: by accuracy, then params, then latency (or fewest params first).
+
+    Accuracy differences the evaluation cannot resolve are ties: every round whose accuracy is within one
+    standard error (of the most accurate round's paired difference with the original) of the best counts
+    as equally accurate, and the fewest parameters, then the lowest latency, decide among them. Without
+    paired results, accuracies must be equal to tie.
+    """
     candidates = [r for r in rounds if r["within_budget"]]
     if not candidates:
         return None
@@ -35,4 +66,10 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, 
             return (m["params"], -accuracy(r), m["latency_s"], r["round"])
         return (-accuracy(r), m["params"], m["latency_s"], r["round"])
 
-    return min(candidates, key=key)
+    best = min(candidates, key=key)
+    if selection == "smallest-within-budget" or best["metrics"].get("accuracy") is None:
+        return best
+    paired = best["metrics"].get("paired")
+    tolerance = standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
+    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - tolerance - 1e-12]
+    return min(tied, key=lambda r: (r["metrics"]["params"], r["metrics"]["latency_s"], -accuracy(r), r["round"]))

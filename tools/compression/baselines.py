@@ -1,7 +1,9 @@
 """The paper's uniform pruning baselines: every prunable layer at one ratio, and the ratio matching a size.
 
 ``profiling-agent bench`` (:mod:`graph.bench`) prunes the original with :func:`uniform_plan` at fixed ratios
-and at :func:`matched_ratio`, the uniform ratio whose model is as small as the agent's.
+and at :func:`matched_ratio`, the uniform ratio whose model is as small as the agent's, with each
+importance criterion, once without recovery and once with the run's recovery. A model's parameter count
+depends on the ratio only (not on the criterion, nor on recovery, which refits weights in place).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.compression.pruning import apply_pruning, count_params
+from tools.compression.recipes import PruningConfig
 from tools.models.base import example_input
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
 from tools.store.artifacts import load_original
@@ -26,7 +29,9 @@ def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
 
 def _params_at(original: Path, shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:
     model = load_original(original).model
-    apply_pruning(model, uniform_plan(ratio, prunable).pruning_recommendations, example_input(shape))
+    # the count does not depend on which channels go: a data-free criterion, no calibration needed
+    config = PruningConfig(importance="l1")
+    apply_pruning(model, uniform_plan(ratio, prunable).pruning_recommendations, example_input(shape), config)
     return count_params(model)
 
 

@@ -266,10 +266,21 @@ def _kept_channels(n: int, ratio: float, round_to: int | None) -> int:
     return max(1, min(n, keep))
 
 
+def _group_consumers(ctx: PruningContext, group: Any) -> list[str]:
+    """Conv2d/Linear layers of ``group`` whose input channels it prunes."""
+    return [
+        ctx.names[dep.target.module]
+        for dep, _ in group
+        if isinstance(dep.target.module, _PRUNABLE_TYPES)
+        and ctx.dg.is_in_channel_pruning_fn(dep.handler)
+        and dep.target.module in ctx.names
+    ]
+
+
 def _prune_one(
     ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any
-) -> tuple[int, int, set[nn.Module]] | str:
-    """Prune ``ratio`` of ``module``'s output channels with its group; (before, after, group) or a reason."""
+) -> tuple[int, int, set[nn.Module], list[str]] | str:
+    """Prune ``ratio`` of ``module``'s output channels with its group; (before, after, group, consumers)."""
     issue = _static_issue(ctx, module)
     if issue:
         return issue
@@ -294,9 +305,10 @@ def _prune_one(
     if not ctx.dg.check_pruning_group(pruning_group):
         return "would remove every channel of a coupled layer"
     members = _group_out_modules(ctx, pruning_group)
+    consumers = _group_consumers(ctx, pruning_group)
     with torch.no_grad():
         pruning_group.prune()
-    return n, _out_channels(module), members
+    return n, _out_channels(module), members, consumers
 
 
 def apply_structured(
@@ -315,6 +327,7 @@ def apply_structured(
     """
     skipped: list[SkippedPruning] = []
     modules: list[str] = []
+    consumers: list[str] = []
     before = after = 0
     for name in [n for n in prunable_names(ctx) if regex.search(n)]:
         module = ctx.model.get_submodule(name)
@@ -338,7 +351,8 @@ def apply_structured(
             logger.info("structured %r: skip %s (%s)", rec.layer, name, result)
             skipped.append(SkippedPruning(target=name, reason=result))
             continue
-        n_before, n_after, members = result
+        n_before, n_after, members, used_by = result
+        consumers.extend(used_by)
         for member in members:
             claimed.setdefault(member, f"the group of {name} ({rec.layer!r})")
         modules.append(name)
@@ -354,6 +368,7 @@ def apply_structured(
         modules=modules,
         before=before,
         after=after,
+        consumers=list(dict.fromkeys(consumers)),
     )
     return applied, skipped
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from tools.compression.forward import check_forward, one_line, restore, snapshot
-from tools.compression.importance import HEAD_NORM_P
+from tools.compression.importance import HEAD_NORM_P, ChannelRMS, input_column_norms
 from tools.compression.reports import AppliedPruning, SkippedPruning
 from tools.schemas import PruningRecommendation
 
@@ -83,11 +83,19 @@ def has_attention(model: nn.Module) -> bool:
     return any(type(m).__name__ in ATTENTION_SPECS or isinstance(m, nn.MultiheadAttention) for m in model.modules())
 
 
-def _head_scores(module: nn.Module, spec: AttentionSpec, heads: int, importance: str, gen: torch.Generator) -> Any:
+def _head_scores(
+    module: nn.Module, spec: AttentionSpec, heads: int, importance: str, gen: torch.Generator, rms: ChannelRMS | None
+) -> Any:
+    head_dim = int(getattr(module, spec.head_dim_attr))
+    if importance == "act":  # what each head writes through the output projection on the calibration images
+        o_proj: nn.Linear = getattr(module, spec.o)
+        columns, act = input_column_norms(o_proj), (rms or {}).get(o_proj)
+        if columns is not None and act is not None and act.numel() == columns.numel():
+            return (columns * act).pow(2).reshape(heads, head_dim).sum(1).sqrt()
+        importance = "l2"
     if importance not in HEAD_NORM_P:
         return torch.rand(heads, generator=gen)
     p = HEAD_NORM_P[importance]
-    head_dim = int(getattr(module, spec.head_dim_attr))
     scores = torch.zeros(heads)
     for proj in (spec.q, spec.k, spec.v):
         layer: nn.Linear = getattr(module, proj)
@@ -114,7 +122,12 @@ def _slice_linear(layer: nn.Linear, keep: torch.Tensor, dim: int) -> None:
 
 
 def _prune_heads_of(
-    module: nn.Module, spec: AttentionSpec, ratio: float, importance: str, gen: torch.Generator
+    module: nn.Module,
+    spec: AttentionSpec,
+    ratio: float,
+    importance: str,
+    gen: torch.Generator,
+    rms: ChannelRMS | None = None,
 ) -> tuple[int, int] | str:
     heads = int(getattr(module, spec.heads_attr))
     head_dim = int(getattr(module, spec.head_dim_attr))
@@ -126,7 +139,7 @@ def _prune_heads_of(
         size = layer.in_features if proj == spec.o else layer.out_features
         if size != heads * head_dim:
             return f"{proj} has {size} features, not {heads} heads x {head_dim}"
-    scores = _head_scores(module, spec, heads, importance, gen)
+    scores = _head_scores(module, spec, heads, importance, gen, rms)
     kept_heads = torch.sort(torch.argsort(scores, descending=True, stable=True)[: heads - n_prune]).values
     keep = (kept_heads[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
     with torch.no_grad():
@@ -165,6 +178,7 @@ def apply_heads(
     regex: re.Pattern[str],
     importance: str,
     gen: torch.Generator,
+    rms: ChannelRMS | None = None,
 ) -> tuple[AppliedPruning | None, list[SkippedPruning], bool]:
     """Apply one head recommendation, checked by a forward pass (rolled back on failure).
 
@@ -172,17 +186,19 @@ def apply_heads(
     """
     skipped: list[SkippedPruning] = []
     modules: list[str] = []
+    consumers: list[str] = []
     before = after = 0
     snap = snapshot(model)
     for name, module, spec in head_targets(model, regex):
         try:
-            result = _prune_heads_of(module, spec, rec.pruning_ratio, importance, gen)
+            result = _prune_heads_of(module, spec, rec.pruning_ratio, importance, gen, rms)
         except Exception as exc:
             result = f"head pruning raised {one_line(exc)}"
         if isinstance(result, str):
             skipped.append(SkippedPruning(target=name, reason=result))
             continue
         modules.append(name)
+        consumers.append(f"{name}.{spec.o}")
         before += result[0]
         after += result[1]
         logger.debug("head %r: %s %d -> %d heads", rec.layer, name, *result)
@@ -200,6 +216,7 @@ def apply_heads(
         modules=modules,
         before=before,
         after=after,
+        consumers=consumers,
     )
     return applied, skipped, True
 

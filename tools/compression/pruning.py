@@ -54,10 +54,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from tools.compression.calibration import input_channel_rms
 from tools.compression.channels import apply_structured, channel_issue, new_context, prunable_names
 from tools.compression.forward import ExampleInputs, check_forward, restore, snapshot
 from tools.compression.heads import apply_heads, attention_modules, head_targets
-from tools.compression.importance import get_importance
+from tools.compression.importance import DATA_AWARE, get_importance
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
 from tools.schemas import PruningRecommendation
@@ -92,6 +93,8 @@ def apply_pruning(
     recommendations: Sequence[PruningRecommendation],
     example_inputs: ExampleInputs,
     config: PruningConfig | None = None,
+    calibration: torch.Tensor | None = None,
+    channel_rms: dict[str, torch.Tensor] | None = None,
 ) -> PruneReport:
     """Apply ``recommendations`` in order to ``model`` IN PLACE (pass a fresh copy) and report.
 
@@ -102,11 +105,22 @@ def apply_pruning(
     Recommendations that match nothing give no ``applied`` entry but a ``skipped`` one whose target is the
     pattern. Every recommendation that changed the model is checked with a forward pass (logits of the
     original size), and rolled back module by module on failure, so the returned model always runs.
-    Raises ``ValueError`` for an invalid regex.
+    Raises ``ValueError`` for an invalid regex. ``calibration`` (a batch of preprocessed images) feeds the
+    data-aware criteria (:data:`DATA_AWARE`); without it they fall back to ``l2``. ``channel_rms`` (input
+    RMS by layer name, as :func:`~tools.compression.calibration.input_channel_rms` gives for this model
+    unpruned) saves that forward pass when the caller prunes many copies of one model.
     """
     config = config or PruningConfig()
     importance, round_to, seed = config.importance, config.round_to or None, config.seed
-    imp = get_importance(importance)
+    rms = None
+    if importance in DATA_AWARE:
+        if channel_rms is None and calibration is not None:
+            channel_rms = input_channel_rms(model, calibration)
+        if channel_rms is None:
+            logger.warning("importance %r needs calibration images; ranking by l2 weight norm instead", importance)
+        else:
+            rms = {m: channel_rms[n] for n, m in model.named_modules() if n in channel_rms}
+    imp = get_importance(importance, rms)
     compiled: list[tuple[PruningRecommendation, re.Pattern[str]]] = []
     for rec in recommendations:
         try:
@@ -132,7 +146,7 @@ def apply_pruning(
                     )
                     continue
                 applied, skipped, changed = apply_heads(
-                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen
+                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen, rms
                 )
                 if changed:
                     ctx.dg = None  # shapes changed outside the dependency graph: retrace when needed

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tools.compression.importance import IMPORTANCE, unknown_importance
 from tools.compression.quantization import BACKEND_CHOICES, DEFAULT_BACKEND
+from tools.compression.recovery import RecoveryConfig
 
 
 class PruningConfig(BaseModel):
@@ -20,10 +21,12 @@ class PruningConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    importance: str = Field(default="l1", description="Channel/head importance: a name of IMPORTANCE (l1, l2, random).")
+    importance: str = Field(
+        default="act", description="Channel/head importance: a name of IMPORTANCE (act, l1, l2, random)."
+    )
     round_to: int = Field(default=0, description="Round kept channel counts to a multiple of this (0: off).")
     seed: int = Field(default=0, description="Seed for random importance.")
-    max_ratio: float = Field(default=0.6, description="Highest per-layer pruning ratio a planner may use.")
+    max_ratio: float = Field(default=0.9, description="Highest per-layer pruning ratio a planner may use.")
 
     @field_validator("importance")
     @classmethod
@@ -64,4 +67,4 @@ class QuantizationConfig(BaseModel):
         return value
 
 
-__all__ = ["PruningConfig", "QuantizationConfig"]
+__all__ = ["PruningConfig", "QuantizationConfig", "RecoveryConfig"]

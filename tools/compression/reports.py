@@ -16,6 +16,10 @@ class AppliedPruning(BaseModel):
     modules: list[str] = Field(description="Pruned modules: group roots (structured) or attention modules.")
     before: int = Field(description="Output channels (structured) or heads (head) of `modules`, before.")
     after: int = Field(description="The same count after pruning.")
+    consumers: list[str] = Field(
+        default_factory=list,
+        description="Conv2d/Linear layers whose input channels were pruned with them (what recovery refits).",
+    )
 
 
 class SkippedPruning(BaseModel):
@@ -30,6 +34,10 @@ class PruneReport(BaseModel):
     skipped: list[SkippedPruning] = Field(default_factory=list)
     params_before: int
     params_after: int
+
+    def consumers(self) -> list[str]:
+        """Every layer whose input channels were pruned, each once, in the order pruned."""
+        return list(dict.fromkeys(c for a in self.applied for c in a.consumers))
 
 
 class PrunableLayers(BaseModel):

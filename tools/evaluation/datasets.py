@@ -22,10 +22,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "IMAGE_COLUMN_NAMES",
     "LABEL_COLUMN_NAMES",
+    "PARTS",
     "EvalDataset",
     "find_image_column",
     "find_label_column",
     "load_eval_dataset",
+    "split_indices",
     "subset_indices",
     "to_pil",
 ]
@@ -173,13 +175,49 @@ def subset_indices(total: int, samples: int | None, seed: int) -> list[int]:
     return [int(i) for i in permutation[:count]]
 
 
-def load_eval_dataset(spec: str, *, split: str | None = None, samples: int | None = 500, seed: int = 0) -> EvalDataset:
+#: The disjoint parts a run draws from one dataset split, in the order they are taken from the permutation.
+PARTS: tuple[str, ...] = ("calibration", "evaluation", "holdout", "finetune")
+
+
+def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, list[int]]:
+    """Disjoint seeded parts of ``total`` rows: each part of :data:`PARTS` takes the next ``sizes[part]`` rows
+    of ``np.random.default_rng(seed).permutation(total)``, in the order of ``PARTS``.
+
+    When the split is too small for everything, calibration takes at most half of it (so that evaluation
+    keeps at least the other half) and the later parts get what is left. ``finetune`` holds only the rows
+    beyond the others (distillation adds the calibration rows itself).
+    """
+    permutation = [int(i) for i in np.random.default_rng(seed).permutation(total)]
+    wanted = {part: max(0, int(sizes.get(part, 0))) for part in PARTS}
+    if wanted["evaluation"] and wanted["calibration"] + wanted["evaluation"] > total:
+        wanted["calibration"] = min(wanted["calibration"], total // 2)
+    parts: dict[str, list[int]] = {}
+    start = 0
+    for part in PARTS:
+        parts[part] = permutation[start : start + wanted[part]]
+        start += len(parts[part])
+    return parts
+
+
+def load_eval_dataset(
+    spec: str,
+    *,
+    split: str | None = None,
+    samples: int | None = 500,
+    seed: int = 0,
+    part: str = "evaluation",
+    sizes: dict[str, int] | None = None,
+) -> EvalDataset:
     """Load ``spec`` (see module doc), pick a split, and decode a seeded random subset of ``samples`` rows.
 
-    ``samples=None`` keeps every row; fewer rows are returned when the split is smaller.
+    ``samples=None`` keeps every row; fewer rows are returned when the split is smaller. With ``sizes``
+    (rows per part of :data:`PARTS`; ``samples`` is then the evaluation size), the rows are those of
+    ``part`` in :func:`split_indices`, disjoint from the other parts.
     """
     if samples is not None and samples < 1:
         raise DatasetError(f"samples must be >= 1 (or None for all), not {samples}")
+    if part not in PARTS:
+        raise DatasetError(f"unknown dataset part {part!r}: choose one of {', '.join(PARTS)}")
     source = resolve_source(spec)
     rows, used_split = source.load(spec, split)
     if hasattr(rows, "keys") and not hasattr(rows, "column_names"):  # a DatasetDict from a custom loader
@@ -191,7 +229,12 @@ def load_eval_dataset(spec: str, *, split: str | None = None, samples: int | Non
     if total == 0:
         raise DatasetError(f"split {used_split!r} of {spec} is empty")
     names, encode = _label_names_and_encoder(rows, label_column)
-    indices = subset_indices(total, samples, seed)
+    if sizes is None:
+        indices = subset_indices(total, samples, seed)
+    else:
+        indices = split_indices(total, {**sizes, "evaluation": total if samples is None else samples}, seed)[part]
+        if not indices:
+            raise DatasetError(f"the {part} part of {spec} is empty: {total} rows, parts {sizes}")
     chosen = rows.select_columns([image_column, label_column]).select(indices, keep_in_memory=True)
     images = [to_pil(value) for value in chosen[image_column]]
     labels = [encode(value) for value in chosen[label_column]]

@@ -1,7 +1,10 @@
 """The benchmark's tables (shaped like the paper's Tables 1, 3 and 4) and plots, from ``bench.json`` rows.
 
-ΔAccuracy is in points; memory in 10^6 bytes as saved for deployment; latency at batch 1 (medians of
-interleaved repetitions); the speed gain against ONNX Runtime is ONNX Runtime's time over ours.
+ΔAccuracy is in points against the original on the same images, with its 95 % interval where the rows
+are paired; memory in 10^6 bytes as saved for deployment; latency at batch 1 (medians of interleaved
+repetitions); the speed gain against ONNX Runtime is ONNX Runtime's time over ours. Table 1 lists every
+uniform baseline twice, without recovery and with the run's recovery; ``table1-matched`` condenses it to
+the agent's parameter count, one line per model.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.reporting.format import accuracy_pct, millions, millis, percent_less, signed_points, times
+from tools.reporting.paired_text import change_ci
 from tools.store.files import atomic_write_json, atomic_write_text
 
 Row = dict[str, Any]
@@ -28,24 +32,125 @@ def _delta(row: Row, base: Row) -> str:
     return signed_points(100 * (row["accuracy"] - base["accuracy"]))
 
 
+#: The data-free criteria of the paper's baselines (the run's own importance may be benched besides).
+PAPER_CRITERIA = ("l1", "l2", "random")
+
+
+def _change(row: Row, base: Row) -> float | None:
+    """Accuracy change against the original in points: the paired difference where there is one."""
+    if row.get("paired"):
+        return float(row["paired"]["delta_points"])
+    if row["accuracy"] is None or base["accuracy"] is None:
+        return None
+    return 100 * (row["accuracy"] - base["accuracy"])
+
+
+def _change_text(row: Row, base: Row) -> str:
+    change = _change(row, base)
+    if change is None:
+        return signed_points(None)
+    return change_ci(-change, row.get("paired"))
+
+
+def _recovery_text(row: Row) -> str:
+    recovery = row.get("recovery") or "none"
+    steps = row.get("finetune_steps") or 0
+    return f"{recovery} + KD {steps} steps" if steps else recovery
+
+
+def _params_change(row: Row, base: Row) -> str:
+    return f"{100 * (row['params'] / base['params'] - 1):+.1f}%" if base["params"] else "-"
+
+
 def table1(model: str, rows: list[Row]) -> Table:
-    """Uniform L1/L2/random pruning at each ratio (and at the agent's parameter count) vs the agent."""
+    """Uniform pruning at each ratio (and at the agent's parameter count), without and with recovery, vs the
+    agent."""
     base = _by_method(rows)["original"]
-    header = ["model", "method", "ratio", "ΔAccuracy (pts)", "params (M)", "params removed"]
+    header = [
+        "model",
+        "method",
+        "importance",
+        "recovery",
+        "ratio",
+        "params (M)",
+        "Δparams",
+        "accuracy",
+        "ΔAccuracy (pts) [95% CI]",
+        "latency (ms)",
+    ]
     body = []
     for r in rows:
-        if r["method"] in ("l1", "l2", "random", "agent-prune", "original"):
-            ratio = "-" if r["ratio"] is None else f"{r['ratio']:g}" + (" (matched)" if r.get("matched") else "")
-            body.append(
-                [
-                    model,
-                    r["method"],
-                    ratio,
-                    _delta(r, base),
-                    millions(r["params"], unit=""),
-                    percent_less(r["params"], base["params"]),
-                ]
-            )
+        if r["method"] not in ("uniform", "agent-prune", "original"):
+            continue
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:g}" + (" (matched)" if r.get("matched") else "")
+        body.append(
+            [
+                model,
+                r["method"],
+                r.get("importance") or "-",
+                _recovery_text(r) if r["method"] != "original" else "-",
+                ratio,
+                millions(r["params"], unit=""),
+                _params_change(r, base),
+                accuracy_pct(r["accuracy"]),
+                _change_text(r, base),
+                millis(r["latency_s"], unit=""),
+            ]
+        )
+    return header, body
+
+
+def _best(rows: list[Row], base: Row) -> Row | None:
+    scored = [r for r in rows if _change(r, base) is not None]
+    return max(scored, key=lambda r: _change(r, base) or 0.0) if scored else None
+
+
+def table1_matched(model: str, rows: list[Row]) -> Table:
+    """At the agent's parameter count: the agent against the best uniform criterion without recovery (what
+    the paper compares), the best with the run's recovery, and the run's own importance with recovery; the
+    gaps say what the planner buys beyond recovery and beyond both."""
+    methods = _by_method(rows)
+    base, agent = methods["original"], methods.get("agent-prune")
+    matched = [r for r in rows if r["method"] == "uniform" and r.get("matched")]
+    paper = [r for r in matched if r.get("importance") in PAPER_CRITERIA]
+    plain = _best([r for r in paper if r.get("recovery") == "none"], base)
+    repaired = _best([r for r in paper if r.get("recovery") != "none"], base)
+    own = _best([r for r in matched if r.get("importance") not in PAPER_CRITERIA and r.get("recovery") != "none"], base)
+    header = [
+        "model",
+        "params removed",
+        "agent",
+        "best uniform, no recovery",
+        "best uniform + recovery",
+        "uniform, agent's importance + recovery",
+        "agent − best no recovery (pts)",
+        "agent − best + recovery (pts)",
+    ]
+    if agent is None:
+        return header, []
+
+    def cell(r: Row | None, with_name: bool = True) -> str:
+        if r is None:
+            return "-"
+        name = f"{r.get('importance')}, {_recovery_text(r)}: " if with_name else ""
+        return name + _change_text(r, base)
+
+    def gap(r: Row | None) -> str:
+        a, b = _change(agent, base), None if r is None else _change(r, base)
+        return signed_points(None if a is None or b is None else a - b, missing="-")
+
+    body = [
+        [
+            model,
+            percent_less(agent["params"], base["params"]),
+            f"{agent.get('importance')}, {_recovery_text(agent)}: {_change_text(agent, base)}",
+            cell(plain),
+            cell(repaired),
+            cell(own),
+            gap(plain),
+            gap(repaired),
+        ]
+    ]
     return header, body
 
 
@@ -126,9 +231,18 @@ def _csv(table: Table) -> str:
     return buffer.getvalue()
 
 
+def _series(row: Row) -> str:
+    """A row's series in the plot: uniform rows by criterion, with or without recovery; others by method."""
+    if row["method"] != "uniform":
+        return str(row["method"])
+    recovery = row.get("recovery") or "none"
+    return f"uniform {row.get('importance')}" + ("" if recovery == "none" else f" + {recovery}")
+
+
 def tradeoff_plot(model: str, rows: list[Row]) -> bytes:
-    """Accuracy against parameters and against latency, every method on the same axes."""
-    from tools.reporting.charts import Panel, Point, scatter_panels
+    """Accuracy against parameters and against latency, every method on the same axes: a uniform criterion
+    keeps its colour, hollow without recovery and filled with it."""
+    from tools.reporting.charts import PALETTE, Panel, Point, SeriesStyle, scatter_panels
 
     def note(r: Row) -> str:
         return "" if r["ratio"] is None else f"{r['ratio']:g}"
@@ -136,47 +250,69 @@ def tradeoff_plot(model: str, rows: list[Row]) -> bytes:
     has_accuracy = all(r["accuracy"] is not None for r in rows)
     y = (lambda r: 100 * r["accuracy"]) if has_accuracy else (lambda r: r["memory_mb"])
     ylabel = "top-1 accuracy (%)" if has_accuracy else "memory (MB)"
+    series = list(dict.fromkeys(_series(r) for r in rows))
+    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(dict.fromkeys(str(r["method"]) for r in rows))}
+    criteria = list(dict.fromkeys(str(r.get("importance")) for r in rows if r["method"] == "uniform"))
+    styles: dict[str, SeriesStyle] = {}
+    for r in rows:
+        name = _series(r)
+        if r["method"] == "uniform":
+            colour = PALETTE[(len(colours) + criteria.index(str(r.get("importance")))) % len(PALETTE)]
+            styles[name] = SeriesStyle(marker="s", color=colour, filled=(r.get("recovery") or "none") != "none")
+        else:
+            styles[name] = SeriesStyle(color=colours[str(r["method"])])
     panels = [
         Panel(
-            points=[Point(r["params"] / 1e6, y(r), r["method"], note(r)) for r in rows],
+            points=[Point(r["params"] / 1e6, y(r), _series(r), note(r)) for r in rows],
             xlabel="parameters (M)",
             ylabel=ylabel,
         ),
         Panel(
-            points=[Point(1000 * r["latency_s"], y(r), r["method"], note(r)) for r in rows],
+            points=[Point(1000 * r["latency_s"], y(r), _series(r), note(r)) for r in rows],
             xlabel="latency, batch 1 (ms)",
             ylabel=ylabel,
         ),
     ]
     title = f"{model}: " + ("accuracy against size and speed" if has_accuracy else "untrained: memory against size")
-    return scatter_panels(panels, title=title)
+    return scatter_panels(panels, title=title, styles={k: styles[k] for k in series})
 
 
 def write_bench_outputs(result: dict[str, Any], out_dir: Path) -> None:
     from tools.reporting.plots import save_png
 
+    recovery = result.get("recovery", "none")
     notes = {
-        "table1": "Structured pruning without fine-tuning: uniform baselines (every prunable layer at one ratio; "
-        "'matched' = the ratio giving the agent's parameter count) vs the agent's best pruned model.",
+        "table1": "Structured pruning: uniform baselines (every prunable layer at one ratio; 'matched' = the ratio "
+        "giving the agent's parameter count) with each importance criterion, without recovery (as in the paper) and "
+        f"with the run's training-free recovery ({recovery}, on the run's calibration images), vs the agent's best "
+        "pruned model (its importance and recovery, and distillation where it had --finetune-steps). ΔAccuracy: "
+        "against the original on the same images, with the 95 % interval of the paired difference where measured.",
+        "table1-matched": "At the agent's parameter count: the agent vs the best uniform baseline without recovery "
+        "(what recovery and the planner buy together), with the run's recovery (what the planner buys), and with "
+        "the agent's own importance and recovery. Gaps in points: positive = the agent keeps more accuracy.",
         "table3": "Dynamic int8 quantization: the agent's (with its quantization backend) vs ONNX Runtime's, on the "
         "original model, plus the agent's pruned-and-quantized model. Speed gain vs ONNX Runtime = ONNX Runtime's "
         "time / ours.",
         "table4": "Pruning vs quantization against the original model.",
     }
-    builders = {"table1": table1, "table3": table3, "table4": table4}
+    builders = {"table1": table1, "table1-matched": table1_matched, "table3": table3, "table4": table4}
+    titles = {"table1-matched": "Table 1 at the agent's parameter count"}
     for name, build in builders.items():
         header: list[str] = []
         body: list[list[str]] = []
         for model, rows in result["models"].items():
             header, part = build(model, rows)
             body += part
+        calibration = result.get("calibration_samples")
         data = (
             f"{result['eval_samples']} evaluation samples of {result['dataset']}"
+            + (f" (disjoint from the {calibration} calibration images)" if calibration else "")
             if result["dataset"]
             else "no dataset (untrained models: latency and memory only)"
         )
         note = f"{notes[name]} {data}; {result['latency']}; {result['threads']} threads."
-        atomic_write_text(out_dir / f"{name}.md", _markdown(name.replace("table", "Table "), (header, body), note))
+        title = titles.get(name, name.replace("table", "Table "))
+        atomic_write_text(out_dir / f"{name}.md", _markdown(title, (header, body), note))
         atomic_write_text(out_dir / f"{name}.csv", _csv((header, body)))
     for model, rows in result["models"].items():
         save_png(tradeoff_plot(model, rows), out_dir / f"{Path(model).name or 'model'}-tradeoffs.png")

@@ -18,6 +18,7 @@ from typing import Any
 
 from tools.reporting import html_plans, html_results
 from tools.reporting.html_parts import esc
+from tools.reporting.html_sensitivity import sensitivity_section
 from tools.schemas import RunReport
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ def render_html(report: RunReport | dict[str, Any], profile: dict[str, Any] | No
         html_plans.rounds(report),
         html_plans.planner(report),
         html_results.profile_section(report, profile),
+        sensitivity_section(report, profile),
         html_results.tradeoffs(report),
         html_results.notes(report),
         html_results.artifacts(report),

@@ -10,7 +10,6 @@ from tools.reporting.html_parts import (
     as_number,
     badge,
     budget_badge,
-    delta_html,
     esc,
     ms_text,
     params_text,
@@ -18,6 +17,7 @@ from tools.reporting.html_parts import (
     short,
     table,
 )
+from tools.reporting.paired_text import agreement, delta_ci_html
 from tools.schemas import PruningRecommendation, QuantizationRecommendation, RoundResult, RunReport
 
 
@@ -83,7 +83,8 @@ def rounds(report: RunReport) -> str:
         ("source", False),
         ("plan", False),
         ("accuracy", True),
-        ("Δaccuracy (pts)", True),
+        ("Δaccuracy (pts, 95 % CI)", True),
+        ("agreement", True),
         ("params", True),
         ("latency", True),
         ("within budget", False),
@@ -101,7 +102,8 @@ def rounds(report: RunReport) -> str:
                     esc(r.source),
                     _round_plan(r),
                     acc_text(m.accuracy),
-                    delta_html(r.accuracy_drop_points),
+                    delta_ci_html(r.accuracy_drop_points, m.paired),
+                    esc(agreement(m.paired, "–")),
                     params_text(m.params),
                     ms_text(m.latency_s),
                     budget_badge(r.within_budget),

@@ -12,7 +12,6 @@ from tools.reporting.html_parts import (
     acc_text,
     as_number,
     chart,
-    delta_html,
     esc,
     latency_ratio,
     macs_text,
@@ -26,6 +25,7 @@ from tools.reporting.html_parts import (
     speedup_html,
     table,
 )
+from tools.reporting.paired_text import agreement, delta_ci_html, holdout_text, selection_text, split_text
 from tools.reporting.plots import layer_latency_chart, tradeoff_charts
 from tools.schemas import RunReport
 
@@ -37,6 +37,7 @@ NAV_LINKS = (
     ("rounds", "Rounds"),
     ("planner", "Planner decisions"),
     ("profile", "Profile"),
+    ("sensitivity", "Sensitivity"),
     ("tradeoffs", "Trade-offs"),
     ("notes", "Notes"),
     ("artifacts", "Artifacts"),
@@ -76,6 +77,7 @@ def header(report: RunReport) -> tuple[str, str]:
         ("dataset", ds),
         ("classes", classes or None),
         ("evaluation samples", settings.get("eval_samples")),
+        ("data split", split_text(dataset)),
         ("device", settings.get("device")),
         ("planner", settings.get("planner")),
         ("pruning rounds", settings.get("iterations")),
@@ -133,7 +135,8 @@ def summary(report: RunReport) -> str:
     headers = [
         ("model", False),
         ("accuracy", True),
-        ("Δaccuracy (pts)", True),
+        ("Δaccuracy (pts, 95 % CI)", True),
+        ("agreement", True),
         ("params", True),
         ("MACs", True),
         ("latency (batch 1)", True),
@@ -153,7 +156,8 @@ def summary(report: RunReport) -> str:
                 [
                     name,
                     acc_text(m.accuracy),
-                    "–" if is_base else delta_html(m.accuracy_drop_points),
+                    "–" if is_base else delta_ci_html(m.accuracy_drop_points, m.paired),
+                    "–" if is_base else esc(agreement(m.paired, "–")),
                     params_text(m.params),
                     macs_text(m.macs),
                     ms_text(m.latency_s),
@@ -213,6 +217,11 @@ def budget(report: RunReport) -> str:
         else "fewest parameters within budget"
     )
     extra = f'<p class="muted small">Selection: {esc(selection)} ({esc(rule)}).</p>' if selection else ""
+    if rounds and report.dataset.get("spec"):
+        extra += f'<p class="muted small">{esc(selection_text(report))}</p>'
+    holdout = holdout_text(report)
+    if holdout:
+        extra = f'<p id="holdout">{esc(holdout)}</p>' + extra
     return section("budget", "Accuracy budget", box + extra)
 
 

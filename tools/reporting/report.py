@@ -13,7 +13,6 @@ from typing import Any
 
 from tools.reporting.format import (
     accuracy_pct,
-    drop_as_change,
     millions,
     millis,
     named_entries,
@@ -21,7 +20,9 @@ from tools.reporting.format import (
     signed_points,
     speedup,
 )
-from tools.schemas import RunReport
+from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text
+from tools.reporting.sensitivity_view import as_profile, markdown_lines
+from tools.schemas import RunReport, SensitivityProfile
 
 METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
 
@@ -44,6 +45,20 @@ def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
         {"path": str(p.relative_to(run_dir)), "size_mb": round(p.stat().st_size / 1e6, 4), "sha256": sha256_of(p)}
         for p in files
     ]
+
+
+def data_split(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Images in each disjoint part of the data: as drawn (the baseline's ``data_parts``), else as asked."""
+    parts = (state.get("baseline") or {}).get("data_parts") or {}
+    if not parts and state.get("dataset"):
+        names = {"calibration": "calibration_samples", "evaluation": "eval_samples", "holdout": "holdout_samples"}
+        parts = {part: int(settings.get(key) or 0) for part, key in names.items()}
+    return {
+        "calibration_samples": int(parts.get("calibration", 0)),
+        "evaluation_samples": int(parts.get("evaluation", 0)),
+        "holdout_samples": int(parts.get("holdout", 0)),
+        "parts_disjoint": True,
+    }
 
 
 def build_report(state: dict[str, Any], settings: dict[str, Any]) -> RunReport:
@@ -72,6 +87,7 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
             "spec": state.get("dataset"),
             "split": state.get("dataset_split"),
             "label_match": state.get("label_match"),
+            **data_split(state, settings),
         },
         "baseline": metrics_view(state.get("baseline")),
         "pruned": metrics_view(state.get("pruned")),
@@ -83,12 +99,26 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
             **((state.get("plan") or {}).get("plan") or {}),
             "planner_state": (state.get("plan") or {}).get("planner_state"),
         },
-        "profile": {"path": state.get("profile_path"), **(state.get("profile_summary") or {})},
+        "profile": {
+            "path": state.get("profile_path"),
+            **(state.get("profile_summary") or {}),
+            **_sensitivity(state.get("profile_path")),
+        },
         "untrained": info.get("untrained", False),
         "notes": state.get("notes") or [],
         "settings": settings,
         "artifacts": artifact_inventory(Path(state["run_dir"])),
     }
+
+
+def _sensitivity(profile_path: str | None) -> dict[str, Any]:
+    """``{"sensitivity": ...}`` from the run's ``profile.json`` where it holds one, else nothing."""
+    from tools.store.files import read_json
+
+    if not profile_path or not Path(profile_path).is_file():
+        return {}
+    value = read_json(Path(profile_path)).get("sensitivity")
+    return {} if value is None else {"sensitivity": SensitivityProfile.model_validate(value).model_dump(mode="json")}
 
 
 def report_json(report: RunReport) -> dict[str, Any]:
@@ -110,18 +140,23 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         f"- input shape: {model.get('input_shape')}",
         f"- dataset: {report.dataset['spec'] or 'none (latency and memory only)'}",
     ]
+    split = split_text(report.dataset)
+    if split:
+        lines.append(f"- data split: {split}")
     if report.untrained:
         lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
     lines += [
         "",
         "## Summary",
         "",
-        "| model | accuracy | Δacc (pts) | params | MACs | latency (batch 1) | speed-up | memory (MB) | memory saved |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | accuracy | Δacc (pts, 95 % CI) | agreement | params | MACs | latency (batch 1) | speed-up | "
+        "memory (MB) | memory saved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, label, m in named_entries(report):
         lines.append(
-            f"| {label} | {accuracy_pct(m.accuracy, 'n/a (untrained)')} | {drop_as_change(m.accuracy_drop_points)} | "
+            f"| {label} | {accuracy_pct(m.accuracy, 'n/a (untrained)')} | "
+            f"{change_ci(m.accuracy_drop_points, m.paired)} | {agreement(m.paired)} | "
             f"{millions(m.params)} | {millions(m.macs, digits=1)} | {millis(m.latency_s)} | "
             f"{speedup(base_latency, m.latency_s)} | {m.memory_mb:.2f} | "
             f"{percent_less(m.memory_mb, base_memory, missing='0.0%')} |"
@@ -131,6 +166,11 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
             "",
             "**No pruned candidate stayed within the accuracy budget: 'best pruned' is the original.**",
         ]
+    if report.rounds and report.dataset.get("spec"):
+        lines += ["", selection_text(report)]
+    holdout = holdout_text(report)
+    if holdout:
+        lines += ["", holdout]
     lines += ["", "## Plan (analysis agent)", "", f"source: {report.plan.source}", ""]
     for rec in report.plan.pruning_recommendations:
         lines.append(f"- prune `{rec.layer}` ({rec.pruning_type}, ratio {rec.pruning_ratio}): {rec.justification}")
@@ -141,14 +181,15 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
             "",
             "## Pruning rounds",
             "",
-            "| round | source | accuracy | Δacc (pts) | params | latency | within budget | plan |",
-            "|---|---|---|---|---|---|---|---|",
+            "| round | source | accuracy | Δacc (pts, 95 % CI) | agreement | params | latency | within budget | plan |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in report.rounds:
             plan = ", ".join(f"{p.pruning_type} {p.layer} {p.pruning_ratio}" for p in r.plan.pruning_recommendations)
             lines.append(
                 f"| {r.round} | {r.source} | {accuracy_pct(r.metrics.accuracy, 'n/a (untrained)')} | "
-                f"{drop_as_change(r.accuracy_drop_points)} | {millions(r.metrics.params)} | "
+                f"{change_ci(r.accuracy_drop_points, r.metrics.paired)} | {agreement(r.metrics.paired)} | "
+                f"{millions(r.metrics.params)} | "
                 f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | {plan} |"
             )
     lines += _planner_decisions(report)
@@ -162,6 +203,9 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         ]
         for g in report.profile["top_groups"]:
             lines.append(f"| `{g['pattern']}` | {100 * g['latency_share']:.1f}% | {100 * g['macs_share']:.1f}% |")
+    sensitivity = as_profile(report.profile.get("sensitivity"))
+    if sensitivity is not None:
+        lines += markdown_lines(sensitivity, report.profile.get("total_params"))
     if report.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     if report.artifacts:

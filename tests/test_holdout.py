@@ -1,0 +1,88 @@
+"""A full run on the bundled digits ViT with a holdout: the data split, paired rounds and the holdout in the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+
+from graph import Context, build_graph
+from graph.cli import _summary
+from tools.evaluation.paired import predictions_path
+from tools.models.builtin import DEMO_MODELS
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not (DEMO_MODELS["digits-vit"] / "model.safetensors").is_file():
+        pytest.fail("the demo model is missing: run scripts/train_demo_models.py")
+    run_dir = tmp_path_factory.mktemp("holdout") / "run"
+    ctx = Context(
+        run_dir=str(run_dir),
+        iterations=1,
+        eval_samples=120,
+        calibration_samples=64,
+        holdout_samples=150,
+        batch_size=60,
+        latency_repeats=2,
+        quantize=False,
+        progress=False,
+    )
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+    graph.invoke({"model": "digits-vit", "dataset": "digits"}, config, context=ctx, durability="sync")
+    data: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
+    return data
+
+
+def test_report_states_the_data_split(report: dict[str, Any]) -> None:
+    dataset = report["dataset"]
+    assert dataset["calibration_samples"] == 64
+    assert dataset["evaluation_samples"] == 120
+    assert dataset["holdout_samples"] == 150
+    assert dataset["parts_disjoint"] is True
+    assert report["baseline"]["samples"] == 120 and report["baseline"]["paired"] is None
+
+
+def test_every_round_is_paired_with_the_original(report: dict[str, Any]) -> None:
+    base = report["baseline"]["accuracy"]
+    for r in report["rounds"]:
+        paired = r["metrics"]["paired"]
+        assert paired["samples"] == 120
+        assert paired["delta_points"] == pytest.approx(-r["accuracy_drop_points"], abs=1e-3)
+        assert paired["delta_points"] == pytest.approx(100 * (r["metrics"]["accuracy"] - base), abs=1e-3)
+        assert paired["ci95_low_points"] <= paired["delta_points"] <= paired["ci95_high_points"]
+        assert 0.0 <= paired["agreement"] <= 1.0
+        half = (paired["ci95_high_points"] - paired["ci95_low_points"]) / 2
+        assert r["within_budget"] == (-paired["delta_points"] + half / 1.96 <= 1.0 + 1e-9)
+
+
+def test_the_chosen_model_is_evaluated_again_on_the_holdout(report: dict[str, Any]) -> None:
+    pruned, holdout = report["pruned"], report["pruned"]["holdout"]
+    assert holdout["part"] == "holdout" and holdout["samples"] == 150
+    assert holdout["baseline_accuracy"] > 0.8 and holdout["accuracy"] > 0.8
+    if pruned["round"] is not None:
+        assert holdout["paired"]["samples"] == 150
+        assert holdout["paired"]["delta_points"] == pytest.approx(-holdout["accuracy_drop_points"], abs=1e-3)
+    else:
+        assert holdout["paired"] is None and holdout["accuracy"] == holdout["baseline_accuracy"]
+    artifact = Path(pruned["artifact"])
+    evaluation = json.loads(predictions_path(artifact, "evaluation").read_text())["key"]["indices"]
+    held = json.loads(predictions_path(artifact, "holdout").read_text())["key"]["indices"]
+    assert len(held) == 150 and not set(evaluation) & set(held), "selection never saw a holdout image"
+
+
+def test_reports_show_intervals_split_and_holdout(report: dict[str, Any]) -> None:
+    run_dir = Path(report["settings"]["run_dir"])
+    md = (run_dir / "report.md").read_text()
+    assert "Δacc (pts, 95 % CI)" in md and "agreement" in md
+    assert "data split: calibration 64, evaluation 120, holdout 150 images (disjoint, seeded)" in md
+    assert "chosen on the evaluation subset (120 images)" in md
+    assert "Holdout (150 images used by neither calibration nor selection)" in md
+    page = (run_dir / "report.html").read_text()
+    assert 'id="holdout"' in page and "95 % CI" in page and "data split" in page
+    summary = _summary(report)
+    assert "Δacc pts [95% CI]" in summary and "Holdout (150 images" in summary

@@ -1,0 +1,150 @@
+"""Sensitivity profile (units, measurements) and the rules planner's allocation from it."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.rules import RulesPlanner, allocate, unit_damage
+from tests.unit.test_pruning import vit
+from tools.compression.pruning import prunable_layers
+from tools.compression.sensitivity import measure_sensitivity, prunable_units
+from tools.evaluation.datasets import split_indices
+from tools.schemas import ModelProfile, OptimizationPlan, SensitivityPoint, SensitivityProfile, SensitivityUnit
+
+
+def test_units_and_measurements_on_a_tiny_vit() -> None:
+    torch.manual_seed(0)
+    model = vit()
+    before = copy.deepcopy(model.state_dict())
+    images = torch.randn(24, 3, 32, 32)
+    units = prunable_units(prunable_layers(model, images[:1]).model_dump())
+    kinds = sorted((u.pruning_type, u.modules[0]) for u in units)
+    assert kinds == [
+        ("head", "vit.layers.0.attention"),
+        ("head", "vit.layers.1.attention"),
+        ("structured", "vit.layers.0.mlp.fc1"),
+        ("structured", "vit.layers.1.mlp.fc1"),
+    ]
+    targets = torch.randint(0, 5, (24,))
+    result = measure_sensitivity(model, images, units, targets=targets, ratios=(0.25, 0.5))
+    assert result.ratios == [0.25, 0.5] and result.samples == 24 and not result.skipped
+    for unit in result.units:
+        assert [p.ratio for p in unit.points] == [0.25, 0.5]
+        saved = [p.params_saved for p in unit.points]
+        assert 0 < saved[0] < saved[1]
+        assert all(0.0 <= p.agreement <= 1.0 and p.kl >= 0 and p.accuracy_drop_points is not None for p in unit.points)
+        assert unit.size == (4 if unit.pruning_type == "head" else 128)
+    for key, value in model.state_dict().items():  # the original is not modified
+        torch.testing.assert_close(value, before[key])
+
+
+def _unit(name: str, kind: str, damage: list[float], saved: int) -> SensitivityUnit:
+    return SensitivityUnit(
+        pattern=f"^{name}$",
+        pruning_type=kind,  # type: ignore[arg-type]
+        modules=[name],
+        size=8,
+        points=[
+            SensitivityPoint(ratio=r, params_saved=int(saved * r), agreement=1 - d, kl=0.0)
+            for r, d in zip((0.3, 0.6, 0.9), damage, strict=True)
+        ],
+    )
+
+
+def _sensitivity() -> SensitivityProfile:
+    return SensitivityProfile(
+        samples=256,
+        importance="act",
+        recovery="reconstruct",
+        ratios=[0.3, 0.6, 0.9],
+        seconds=1.0,
+        units=[
+            _unit("free.fc1", "structured", [0.0, 0.0, 0.001], 1000),
+            _unit("costly.fc1", "structured", [0.05, 0.2, 0.5], 1000),
+            _unit("head.attention", "head", [0.004, 0.01, 0.02], 300),
+        ],
+    )
+
+
+def test_allocation_takes_cheap_savings_first_and_respects_the_budget() -> None:
+    sens = _sensitivity()
+    ratios, spent = allocate(sens, total_params=3000, total_macs=1, damage_budget=0.005, max_ratio=0.9)
+    assert ratios["^free.fc1$"] == 0.9
+    assert "^costly.fc1$" not in ratios
+    assert spent <= 0.005 + 1e-9
+    wide, _ = allocate(sens, total_params=3000, total_macs=1, damage_budget=0.1, max_ratio=0.6)
+    assert max(wide.values()) <= 0.6 and "^costly.fc1$" in wide
+    damage = unit_damage(sens.units[1])
+    assert [r for r, _ in damage] == [0.3, 0.6, 0.9]
+    assert [round(d, 6) for _, d in damage] == [0.05, 0.2, 0.5]
+
+
+def _ctx(history: list[RoundRecord] | None = None) -> PlanningContext:
+    profile = ModelProfile(
+        model_class="X",
+        family="vit",
+        device="cpu",
+        input_shape=[3, 32, 32],
+        total_params=3000,
+        total_macs=1,
+        latency_s=0.01,
+        sensitivity=_sensitivity(),
+    )
+    return PlanningContext(
+        profile=profile, prunable={}, baseline_accuracy=0.6, max_accuracy_drop=1.0, max_ratio=0.9, history=history or []
+    )
+
+
+def _record(i: int, state: dict[str, object], ok: bool, params: int) -> RoundRecord:
+    return RoundRecord(
+        round=i,
+        plan=OptimizationPlan(),
+        source="rules",
+        params=params,
+        latency_s=0.01,
+        within_budget=ok,
+        planner_state=state,
+    )
+
+
+def test_rules_planner_allocates_and_searches_the_damage_budget() -> None:
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    assert first.planner_state["damage_budget"] == 0.02
+    assert first.planner_state["allocation"]["^free.fc1$"] == 0.9
+    assert first == planner.analyze(_ctx())  # deterministic
+    by_layer = {r.layer: r for r in first.plan.pruning_recommendations}
+    assert by_layer["^free.fc1$"].pruning_type == "structured"
+    ok = _record(0, first.planner_state, True, 2000)
+    grown = planner.next_plan(_ctx([ok]))
+    assert grown.planner_state["damage_budget"] == 0.04
+    bad = _record(1, grown.planner_state, False, 1500)
+    between = planner.next_plan(_ctx([ok, bad]))
+    assert 0.02 < between.planner_state["damage_budget"] < 0.04
+    assert between.planner_state["allocation"] not in (
+        first.planner_state["allocation"],
+        grown.planner_state["allocation"],
+    )
+
+
+def test_rules_planner_never_repeats_a_tried_allocation() -> None:
+    planner = RulesPlanner()
+    history: list[RoundRecord] = []
+    for i in range(5):  # the costly unit breaks the accuracy budget whenever it is pruned
+        result = planner.next_plan(_ctx(history)) if history else planner.analyze(_ctx())
+        allocation = result.planner_state["allocation"]
+        assert allocation not in [r.planner_state["allocation"] for r in history]
+        history.append(_record(i, result.planner_state, "^costly.fc1$" not in allocation, 3000 - 100 * i))
+
+
+def test_calibration_evaluation_and_holdout_are_disjoint() -> None:
+    parts = split_indices(100, {"calibration": 30, "evaluation": 50, "holdout": 10, "finetune": 5}, seed=3)
+    sets = {k: set(v) for k, v in parts.items()}
+    assert [len(parts[k]) for k in ("calibration", "evaluation", "holdout", "finetune")] == [30, 50, 10, 5]
+    assert sum(len(s) for s in sets.values()) == len(set().union(*sets.values()))
+    small = split_indices(40, {"calibration": 30, "evaluation": 50}, seed=3)
+    assert len(small["calibration"]) == 20 and len(small["evaluation"]) == 20  # evaluation keeps half
+    assert split_indices(100, {"calibration": 30, "evaluation": 50}, seed=3)["evaluation"] == parts["evaluation"]

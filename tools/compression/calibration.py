@@ -1,0 +1,151 @@
+"""What a calibration batch tells about a model's layers: the rows each Conv2d/Linear sees and produces.
+
+Data-aware importance (:mod:`tools.compression.importance`) and training-free recovery
+(:mod:`tools.compression.recovery`) both look at the *inputs* of the layers that consume pruned channels,
+as a matrix of rows: for a ``Linear`` every token's input vector, for a ``Conv2d`` every output position's
+receptive field (``F.unfold``; columns ordered channel-major, ``k*k`` per input channel). Rows are
+subsampled to at most ``max_rows`` with a seeded choice that depends only on the number of rows, so the
+original and a pruned copy of a model (same batch, same spatial sizes) pick the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tools.compression.forward import forward_logits
+
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "capture",
+    "chunks",
+    "input_channel_rms",
+    "input_rows",
+    "output_rows",
+    "row_index",
+]
+
+#: Rows kept per layer: enough for a least-squares fit of a few thousand inputs, bounded memory.
+DEFAULT_MAX_ROWS = 16384
+
+
+def chunks(batch: torch.Tensor, size: int) -> Iterable[torch.Tensor]:
+    for start in range(0, batch.shape[0], max(1, size)):
+        yield batch[start : start + size]
+
+
+def row_index(total: int, max_rows: int, seed: int = 0) -> torch.Tensor | None:
+    """Rows kept out of ``total`` (sorted), or None to keep every row."""
+    if total <= max_rows:
+        return None
+    gen = torch.Generator().manual_seed(seed + total)
+    return torch.sort(torch.randperm(total, generator=gen)[:max_rows]).values
+
+
+def _take(rows: torch.Tensor, max_rows: int) -> torch.Tensor:
+    index = row_index(rows.shape[0], max_rows)
+    return rows if index is None else rows.index_select(0, index.to(rows.device))
+
+
+def input_rows(
+    module: nn.Module, x: torch.Tensor, max_rows: int = DEFAULT_MAX_ROWS, image_chunk: int = 16
+) -> torch.Tensor:
+    """The rows ``module`` multiplies by its weight: (rows, in_features) or (rows, C_in * k * k).
+
+    Convolutions are unfolded ``image_chunk`` images at a time, keeping only the chosen rows, so a large
+    batch of large images never holds its whole unfolded input.
+    """
+    if not isinstance(module, nn.Conv2d):
+        return _take(x.detach().reshape(-1, x.shape[-1]).float(), max_rows)
+    padding = module.padding
+    if isinstance(padding, str):
+        raise ValueError(f"padding={padding!r} is not supported")
+
+    def unfold(part: torch.Tensor) -> torch.Tensor:
+        cols = F.unfold(part.detach().float(), module.kernel_size, module.dilation, padding, module.stride)
+        return cols.transpose(1, 2).reshape(-1, cols.shape[1])
+
+    first = unfold(x[:1])
+    per_image = first.shape[0]
+    index = row_index(per_image * x.shape[0], max_rows)
+    if index is None:
+        return torch.cat([unfold(part) for part in chunks(x, image_chunk)])
+    pieces = []
+    for start in range(0, x.shape[0], image_chunk):
+        lo, hi = start * per_image, min(x.shape[0], start + image_chunk) * per_image
+        local = index[(index >= lo) & (index < hi)] - lo
+        if local.numel():
+            pieces.append(unfold(x[start : start + image_chunk]).index_select(0, local.to(x.device)))
+    return torch.cat(pieces)
+
+
+def output_rows(module: nn.Module, y: torch.Tensor, max_rows: int = DEFAULT_MAX_ROWS) -> torch.Tensor:
+    """The rows ``module`` produced, aligned with :func:`input_rows`: (rows, out_features / C_out)."""
+    rows = (
+        y.permute(0, 2, 3, 1).reshape(-1, y.shape[1]) if isinstance(module, nn.Conv2d) else y.reshape(-1, y.shape[-1])
+    )
+    return _take(rows.detach().float(), max_rows)
+
+
+def capture(
+    model: nn.Module,
+    batch: torch.Tensor,
+    names: Iterable[str],
+    *,
+    outputs: bool = False,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> dict[str, torch.Tensor]:
+    """Input rows (or output rows with ``outputs``) of the named modules on one forward pass of ``batch``."""
+    found: dict[str, torch.Tensor] = {}
+    handles = []
+    for name in dict.fromkeys(names):
+        module = model.get_submodule(name)
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: Any, name: str = name) -> None:
+            if name not in found:
+                found[name] = output_rows(mod, out, max_rows) if outputs else input_rows(mod, args[0], max_rows)
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            forward_logits(model.eval(), batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def input_channel_rms(model: nn.Module, batch: torch.Tensor, batch_size: int = 64) -> dict[str, torch.Tensor]:
+    """Root-mean-square of every input channel of every Conv2d/Linear over ``batch``, by module name."""
+    sums: dict[nn.Module, torch.Tensor] = {}
+    counts: dict[nn.Module, int] = {}
+    handles = []
+
+    def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0].detach().float()
+        if isinstance(mod, nn.Conv2d):
+            if x.ndim != 4:
+                return
+            sq, n = x.pow(2).sum(dim=(0, 2, 3)), x.shape[0] * x.shape[2] * x.shape[3]
+        else:
+            flat = x.reshape(-1, x.shape[-1])
+            sq, n = flat.pow(2).sum(0), flat.shape[0]
+        sums[mod] = sums.get(mod, 0) + sq.cpu()  # type: ignore[assignment]
+        counts[mod] = counts.get(mod, 0) + n
+
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d | nn.Linear):
+            handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for part in chunks(batch, batch_size):
+                forward_logits(model.eval(), part)
+    finally:
+        for h in handles:
+            h.remove()
+    names = {m: n for n, m in model.named_modules()}
+    return {names[m]: (s / max(1, counts[m])).sqrt() for m, s in sums.items()}

@@ -1,0 +1,176 @@
+"""Optional knowledge distillation after pruning: one verb, :func:`distill_`, with a :class:`DistillConfig`.
+
+The pruned (and repaired) student is fine-tuned IN PLACE to match the original teacher's logits on
+unlabeled, already preprocessed images: the loss is Hinton's KL divergence between the softened
+distributions, ``T^2 * KL(softmax(t / T) || softmax(s / T))``. AdamW, cosine learning-rate decay after a
+short linear warmup, gradient clipping at norm 1, seeded mini-batches (every image once per epoch) and,
+for image batches, seeded random horizontal flips and small translations (reflect-padded crops).
+BatchNorm layers stay in eval mode (their statistics were just recalibrated and batches are small), the
+rest of the student trains as in ``train()`` (dropout), and frozen parameters stay frozen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from tools.compression.forward import forward_logits
+from tools.models.base import resolve_device
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistillConfig", "DistillReport", "augment_batch", "distill_", "distill_loss"]
+
+
+class DistillConfig(BaseModel):
+    """How a pruned model is distilled from the original (``steps=0``: not at all)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(default=0, ge=0, description="Optimizer steps (0: off).")
+    lr: float = Field(default=3e-4, gt=0.0, description="Peak AdamW learning rate.")
+    batch_size: int = Field(default=64, ge=1, description="Images per step.")
+    temperature: float = Field(default=2.0, gt=0.0, description="Softmax temperature of the KL loss.")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    device: str = Field(default="cpu", pattern=r"^(cpu|auto|cuda(:\d+)?)$", description="cpu, cuda or auto.")
+    seed: int = Field(default=0, description="Seed of batch sampling, augmentation and dropout.")
+    augment: bool = Field(default=True, description="Random horizontal flips and small translations.")
+
+
+class DistillReport(BaseModel):
+    """What distillation did: losses are means over the first and last ~10 % of steps."""
+
+    steps: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    device: str = "cpu"
+    loss_first: float = 0.0
+    loss_last: float = 0.0
+    lr: float = 0.0
+    temperature: float = 0.0
+
+
+def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``T^2 * KL(teacher || student)`` on softened logits, averaged over rows (logits of any rank)."""
+    s = student.float().reshape(-1, student.shape[-1]) / temperature
+    t = teacher.float().reshape(-1, teacher.shape[-1]) / temperature
+    kl = F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), log_target=True, reduction="batchmean")
+    return kl * temperature**2
+
+
+def augment_batch(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Per-image random horizontal flip and translation by up to 1/8 of the side (reflect padding).
+
+    Only 4-D (N, C, H, W) batches of at least 8x8 are changed; anything else comes back as it is.
+    ``generator`` lives on the CPU, so results do not depend on the device.
+    """
+    if batch.dim() != 4 or min(batch.shape[-2:]) < 8:
+        return batch
+    n, _, h, w = batch.shape
+    flips = torch.rand(n, generator=generator) < 0.5
+    out = torch.where(flips.to(batch.device)[:, None, None, None], batch.flip(-1), batch)
+    pad = max(1, min(h, w) // 8)
+    padded = F.pad(out, (pad, pad, pad, pad), mode="reflect")
+    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator).tolist()
+    return torch.stack([padded[i, :, dy : dy + h, dx : dx + w] for i, (dy, dx) in enumerate(offsets)])
+
+
+def _lr_factor(step: int, steps: int) -> float:
+    """Linear warmup over the first ~5 % of steps, then cosine decay to zero."""
+    warmup = max(1, round(0.05 * steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup + 1) / max(1, steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _train_mode(model: nn.Module) -> None:
+    """``train()`` for everything but BatchNorm, whose running statistics must not move."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eval()
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, config: DistillConfig) -> DistillReport:
+    """Fine-tune ``student`` IN PLACE to match ``teacher``'s logits on ``images``; see the module doc.
+
+    ``images`` is a preprocessed (N, ...) float batch. The student comes back in eval mode on its original
+    device and dtype, with its ``requires_grad`` flags unchanged; the teacher is never modified.
+    """
+    if config.steps == 0 or len(images) == 0:
+        return DistillReport(samples=len(images), lr=config.lr, temperature=config.temperature)
+    device = resolve_device(config.device)
+    student_device, student_dtype = _device_of(student), _float_dtype(student)
+    teacher_device, teacher_dtype, teacher_training = _device_of(teacher), _float_dtype(teacher), teacher.training
+    flags = {name: p.requires_grad for name, p in student.named_parameters()}
+    if not any(flags.values()):
+        raise ValueError("the student has no trainable parameter (all requires_grad=False)")
+    n, batch_size = len(images), min(config.batch_size, len(images))
+    steps, temperature = config.steps, config.temperature
+    student.to(device=device, dtype=torch.float32)
+    teacher.to(device=device).eval()
+    trainable = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
+    generator = torch.Generator().manual_seed(config.seed)
+    losses: list[float] = []
+    order = torch.empty(0, dtype=torch.long)
+    log_every = max(1, steps // 10)
+    start = time.perf_counter()
+    logger.info("distilling %d steps on %d images (batch %d) on %s", steps, n, batch_size, device)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(config.seed)  # dropout
+            _train_mode(student)
+            for step in range(steps):
+                if len(order) < batch_size:  # a new epoch: every image once, in a seeded order
+                    order = torch.cat([order, torch.randperm(n, generator=generator)])
+                index, order = order[:batch_size], order[batch_size:]
+                batch = images[index].to(device=device, dtype=torch.float32)
+                if config.augment:
+                    batch = augment_batch(batch, generator)
+                with torch.no_grad():
+                    target = forward_logits(teacher, batch.to(teacher_dtype)).float()
+                loss = distill_loss(forward_logits(student, batch), target, temperature)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                optimizer.step()
+                scheduler.step()
+                losses.append(float(loss.detach()))
+                if (step + 1) % log_every == 0 or step + 1 == steps:
+                    recent = losses[-log_every:]
+                    logger.info("distill step %d/%d: loss %.4f", step + 1, steps, sum(recent) / len(recent))
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        student.to(device=student_device, dtype=student_dtype).eval()
+        teacher.to(device=teacher_device).train(teacher_training)
+        for name, p in student.named_parameters():
+            p.requires_grad_(flags.get(name, p.requires_grad))
+    seconds = time.perf_counter() - start
+    tail = max(1, round(0.1 * len(losses)))
+    return DistillReport(
+        steps=len(losses),
+        samples=n,
+        seconds=round(seconds, 3),
+        device=str(device),
+        loss_first=sum(losses[:tail]) / tail,
+        loss_last=sum(losses[-tail:]) / tail,
+        lr=config.lr,
+        temperature=temperature,
+    )

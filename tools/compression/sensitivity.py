@@ -1,0 +1,234 @@
+"""Sensitivity profile: the measured damage of pruning each prunable unit alone, after recovery.
+
+A *unit* is what a plan can address on its own (:func:`prunable_units`): one attention module's heads, or
+one block-internal Conv2d/Linear group (an MLP's hidden channels, a residual block's inner convolution) --
+layers whose output channels the dependency graph couples to no other layer's outputs. For every unit and
+every ratio, a copy of the original is pruned at that ratio on that unit only, repaired with the run's
+recovery, and compared with the original on the calibration images: top-1 agreement, mean KL divergence of
+the softmax outputs, and, where labels exist, the accuracy drop. Next to it: the parameters it removes, and
+the MACs and latency of the unit's layers (profiled) times the ratio.
+
+The cost is one pruning (a dependency-graph trace for channel units), one recovery (one forward pass, plus
+one for BatchNorm models) and one forward pass over the calibration images per (unit, ratio); the original's
+activations (importance statistics, reconstruction targets, logits) are computed once.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tools.compression.calibration import capture, chunks, input_channel_rms
+from tools.compression.forward import forward_logits, one_line
+from tools.compression.pruning import apply_pruning, count_params
+from tools.compression.recipes import PruningConfig
+from tools.compression.recovery import RecoveryConfig, reconstruct_, recover_
+from tools.schemas import (
+    LayerProfile,
+    PruningRecommendation,
+    SensitivityPoint,
+    SensitivityProfile,
+    SensitivityUnit,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_RATIOS", "measure_sensitivity", "prunable_units", "unit_pattern"]
+
+#: Ratios each unit is measured at (those above the planner's highest ratio are left out).
+DEFAULT_RATIOS: tuple[float, ...] = (0.3, 0.6, 0.9)
+
+#: Disagreement with the original past which a unit's larger ratios are not probed.
+STOP_DAMAGE = 0.5
+
+
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def unit_pattern(name: str) -> str:
+    """The regex that selects exactly the module ``name``."""
+    return "^" + re.escape(name) + "$"
+
+
+def prunable_units(prunable: dict[str, Any], layers: Sequence[LayerProfile] = ()) -> list[SensitivityUnit]:
+    """Units of ``prunable`` (``ops.prunable``'s record): attention modules, then block-internal groups.
+
+    A structured layer is a unit when it is prunable, coupled to no other layer's outputs (``coupling`` 1)
+    and not the first convolution of the model (its channels feed everything after it).
+    """
+    units = [
+        SensitivityUnit(pattern=unit_pattern(name), pruning_type="head", modules=[name], size=int(heads))
+        for name, heads in (prunable.get("heads") or {}).items()
+        if int(heads) > 1
+    ]
+    coupling: dict[str, int] = prunable.get("coupling") or {}
+    first_conv = next((lp.name for lp in layers if lp.type == "Conv2d"), None)
+    for name in prunable.get("structured") or []:
+        if coupling.get(name, 1) == 1 and name != first_conv:
+            units.append(SensitivityUnit(pattern=unit_pattern(name), pruning_type="structured", modules=[name], size=0))
+    return units
+
+
+def _kl_agreement(reference: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
+    ref_log = F.log_softmax(reference.float(), -1)
+    log = F.log_softmax(logits.float(), -1)
+    kl = float((ref_log.exp() * (ref_log - log)).sum(-1).mean())
+    agreement = float((reference.argmax(-1) == logits.argmax(-1)).float().mean())
+    return kl, agreement
+
+
+def _logits(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([forward_logits(model, part).float() for part in chunks(images, batch_size)])
+
+
+def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | None:
+    if targets is None:
+        return None
+    known = targets >= 0
+    if not bool(known.any()):
+        return None
+    return float((logits.argmax(-1)[known] == targets[known]).float().mean())
+
+
+def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> int:
+    if pruning_type == "head":
+        return heads
+    module = model.get_submodule(name)
+    return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
+
+
+def measure_sensitivity(
+    original: nn.Module,
+    images: torch.Tensor,
+    units: Sequence[SensitivityUnit],
+    *,
+    targets: torch.Tensor | None = None,
+    layers: Sequence[LayerProfile] = (),
+    ratios: Sequence[float] = DEFAULT_RATIOS,
+    pruning: PruningConfig | None = None,
+    recovery: RecoveryConfig | None = None,
+    batch_size: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+) -> SensitivityProfile:
+    """Prune each unit alone at each ratio, recover, and measure against ``original`` (see module doc).
+
+    ``images`` are the calibration images (preprocessed); ``targets`` their model classes (-1: unknown)
+    where labels exist; ``layers`` the profile's per-layer MACs and latency. ``original`` is not modified.
+    """
+    start = time.perf_counter()
+    pruning = pruning or PruningConfig()
+    recovery = recovery or RecoveryConfig()
+    original = original.eval()
+    example = images[:1]
+    ratios = sorted({float(r) for r in ratios if 0 < r <= pruning.max_ratio})
+    reference = _logits(original, images, batch_size)
+    reference_acc = _accuracy(reference, targets)
+    rms = input_channel_rms(original, images, batch_size)
+    by_layer = {lp.name: lp for lp in layers}
+    total_params = count_params(original)
+    result = SensitivityProfile(
+        samples=int(images.shape[0]),
+        importance=pruning.importance,
+        recovery=recovery.method,
+        ratios=ratios,
+        seconds=0.0,
+    )
+    targets_cache: dict[str, torch.Tensor] = {}
+    steps, done = len(units) * len(ratios), 0
+    for unit in units:
+        measured = unit.model_copy(deep=True)
+        measured.size = _module_size(original, unit.modules[0], unit.pruning_type, unit.size)
+        try:
+            for ratio in ratios:
+                model = copy.deepcopy(original)
+                rec = PruningRecommendation(
+                    layer=unit.pattern,
+                    pruning_type=unit.pruning_type,
+                    pruning_ratio=ratio,
+                    justification="sensitivity probe",
+                )
+                report = apply_pruning(model, [rec], example, pruning, channel_rms=rms)
+                done += 1
+                if not report.applied:
+                    continue
+                consumers = report.consumers()
+                if recovery.method == "reconstruct":
+                    missing = [c for c in consumers if c not in targets_cache]
+                    if missing:
+                        targets_cache.update(
+                            capture(original, images, missing, outputs=True, max_rows=recovery.max_rows)
+                        )
+                refit_logits: list[torch.Tensor] = []
+                if recovery.method == "reconstruct" and not _has_batchnorm(model):
+                    reconstruct_(  # the refitting pass already gives the repaired model's logits
+                        model,
+                        original,
+                        images,
+                        consumers,
+                        ridge=recovery.ridge,
+                        max_rows=recovery.max_rows,
+                        targets=targets_cache,
+                        logits_out=refit_logits,
+                    )
+                else:
+                    recover_(model, original, images, consumers, recovery, targets=targets_cache)
+                logits = refit_logits[0] if refit_logits else _logits(model, images, batch_size)
+                kl, agreement = _kl_agreement(reference, logits)
+                accuracy = _accuracy(logits, targets)
+                involved = [*unit.modules, *consumers]
+                if unit.pruning_type == "head":
+                    involved = [lp for lp in by_layer if any(lp.startswith(m + ".") for m in unit.modules)]
+                macs = sum(by_layer[n].macs for n in involved if n in by_layer)
+                latency = sum(by_layer[n].latency_s for n in involved if n in by_layer)
+                measured.params = sum(
+                    p.numel() for n in involved for p in original.get_submodule(n).parameters(recurse=False)
+                )
+                measured.points.append(
+                    SensitivityPoint(
+                        ratio=ratio,
+                        params_saved=report.params_before - report.params_after,
+                        macs_saved=int(macs * ratio),
+                        latency_saved_s=latency * ratio,
+                        agreement=round(agreement, 5),
+                        kl=round(kl, 6),
+                        accuracy_drop_points=(
+                            None
+                            if accuracy is None or reference_acc is None
+                            else round(100 * (reference_acc - accuracy), 3)
+                        ),
+                    )
+                )
+                if progress is not None:
+                    progress(done, steps)
+                if 1.0 - agreement > STOP_DAMAGE:  # larger ratios of this unit can only be worse
+                    done += len([r for r in ratios if r > ratio])
+                    break
+        except Exception as exc:  # one unit that cannot be probed must not cost the others
+            logger.warning("sensitivity of %s failed: %s", unit.pattern, one_line(exc))
+            result.skipped[unit.pattern] = one_line(exc)
+            continue
+        if measured.points:
+            result.units.append(measured)
+        else:
+            result.skipped[unit.pattern] = "nothing was pruned at any ratio"
+    result.seconds = round(time.perf_counter() - start, 2)
+    logger.info(
+        "sensitivity: %d units x %d ratios on %d images in %.1f s (%.1f%% of %d params probed)",
+        len(result.units),
+        len(ratios),
+        result.samples,
+        result.seconds,
+        100 * sum(u.params for u in result.units) / max(1, total_params),
+        total_params,
+    )
+    return result
