@@ -40,7 +40,14 @@ def profile_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, An
         return {}
     run = paths(data)
     result = ops.sensitivity(
-        run.original, shape_of(data), run.profile, eval_spec(data, ctx), ctx.pruning_config(), ctx.recovery_config()
+        run.original,
+        shape_of(data),
+        run.profile,
+        eval_spec(data, ctx),
+        ctx.pruning_config(),
+        ctx.recovery_config(),
+        device=ctx.device,
+        samples=ctx.sensitivity_samples,
     )
     if result is None:
         return {"notes": ["sensitivity profile skipped: no calibration images (a dataset is needed)"]}

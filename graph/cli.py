@@ -90,6 +90,12 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         "--no-sensitivity", action="store_true", help="skip the per-unit sensitivity profile (planning is blinder)"
     )
     parser.add_argument(
+        "--sensitivity-samples",
+        type=int,
+        default=defaults.sensitivity_samples,
+        help="calibration images the sensitivity profile probes with (0: automatic, about two minutes in all)",
+    )
+    parser.add_argument(
         "--finetune-steps",
         type=int,
         default=defaults.finetune_steps,
@@ -250,6 +256,7 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         round_to=args.round_to,
         recovery=args.recovery,
         sensitivity=not args.no_sensitivity,
+        sensitivity_samples=args.sensitivity_samples,
         finetune_steps=args.finetune_steps,
         finetune_samples=args.finetune_samples,
         llm_model=args.llm_model,

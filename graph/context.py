@@ -85,6 +85,12 @@ class Context:
     sensitivity: bool = _setting(
         "Measure each prunable unit's sensitivity on the calibration images before planning.", "SENSITIVITY", True, bool
     )
+    sensitivity_samples: int = _setting(
+        "Calibration images the sensitivity profile probes with (0: automatic, about two minutes in all).",
+        "SENSITIVITY_SAMPLES",
+        0,
+        int,
+    )
     finetune_steps: int = _setting(
         "Knowledge-distillation steps after each prune and recovery (0: off).", "FINETUNE_STEPS", 0, int
     )
@@ -120,6 +126,8 @@ class Context:
             errors.append("--calibration-samples must be 0 or more")
         if self.holdout_samples < 0:
             errors.append("--holdout-samples must be 0 or more")
+        if self.sensitivity_samples < 0:
+            errors.append("--sensitivity-samples must be 0 (automatic) or more")
         if self.finetune_steps < 0:
             errors.append("--finetune-steps must be 0 or more")
         if self.finetune_samples < 0:

@@ -86,3 +86,36 @@ def test_reports_show_intervals_split_and_holdout(report: dict[str, Any]) -> Non
     assert 'id="holdout"' in page and "95 % CI" in page and "data split" in page
     summary = _summary(report)
     assert "Δacc pts [95% CI]" in summary and "Holdout (150 images" in summary
+
+
+def test_rounds_are_recovered_and_reload_as_evaluated(report: dict[str, Any]) -> None:
+    """Every round's refitted layers are saved: ``load_compressed`` gives the predictions it was judged by."""
+    import torch
+
+    from tools import load_compressed
+    from tools.evaluation.paired import ImagePredictions
+    from tools.ops import EvalSpec, preprocess_of
+    from tools.schemas import InputShape
+
+    spec = EvalSpec(
+        dataset="digits",
+        split=report["dataset"]["split"],
+        label_match=report["dataset"]["label_match"],
+        samples=120,
+        calibration_samples=64,
+        holdout_samples=150,
+        seed=0,
+    )
+    images = spec.part("evaluation").images
+    original = Path(report["baseline"]["artifact"])
+    preprocess = preprocess_of(original, InputShape.model_validate(report["model"]["input_shape"]))
+    for r in report["rounds"]:
+        recovery = r["prune_report"]["recovery"]
+        assert recovery["method"] == "reconstruct" and recovery["calibration_samples"] == 64
+        if r["prune_report"]["applied"]:
+            assert recovery["reconstructed"], "a pruned round refits the layers consuming pruned channels"
+        artifact = Path(r["metrics"]["artifact"])
+        stored = ImagePredictions.model_validate_json(predictions_path(artifact, "evaluation").read_text())
+        with torch.inference_mode():
+            logits = load_compressed(artifact)(preprocess(list(images)))
+        assert getattr(logits, "logits", logits).argmax(-1).tolist() == stored.predictions

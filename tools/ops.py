@@ -230,12 +230,16 @@ def sensitivity(
     spec: EvalSpec,
     config: PruningConfig | None = None,
     recovery: RecoveryConfig | None = None,
+    device: str = "cpu",
+    samples: int = 0,
 ) -> SensitivityProfile | None:
     """Per-unit sensitivity on the calibration images (``sensitivity.json``, also put into ``profile.json``).
 
-    None without calibration images (no dataset, or ``calibration_samples`` 0).
+    ``samples``: calibration images to probe with (0: automatic, about two minutes in all; see
+    ``tools.compression.sensitivity.auto_samples``). None without calibration images (no dataset, or
+    ``calibration_samples`` 0).
     """
-    from tools.compression.sensitivity import measure_sensitivity, prunable_units
+    from tools.compression.sensitivity import DEFAULT_RATIOS, auto_samples, measure_sensitivity, prunable_units
 
     target = out_dir / "sensitivity.json"
     if target.is_file():
@@ -246,11 +250,15 @@ def sensitivity(
     profile_file = out_dir / "profile.json"
     model_profile = ModelProfile.model_validate(read_json(profile_file))
     units = prunable_units(prunable(original_dir, shape, out_dir), model_profile.layers)
+    target_device = resolve_device(device)
+    available = int(calibration.images.shape[0])
+    count = samples or auto_samples(model_profile.latency_s, len(units) * len(DEFAULT_RATIOS), available)
+    count = min(count, available)
     result = measure_sensitivity(
-        load_original(original_dir).model,
-        calibration.images,
+        load_original(original_dir).model.to(target_device),
+        calibration.images[:count].to(target_device),
         units,
-        targets=calibration.targets,
+        targets=None if calibration.targets is None else calibration.targets[:count],
         layers=model_profile.layers,
         pruning=config,
         recovery=recovery,

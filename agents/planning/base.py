@@ -25,6 +25,9 @@ class RoundRecord(BaseModel):
     source: str
     accuracy: float | None = None
     accuracy_drop_points: float | None = None
+    budget_drop_points: float | None = Field(
+        default=None, description="What the budget test held against the budget: the drop plus one standard error."
+    )
     params: int
     latency_s: float
     within_budget: bool
@@ -33,6 +36,8 @@ class RoundRecord(BaseModel):
     @classmethod
     def of(cls, result: RoundResult) -> RoundRecord:
         """The planner's view of an evaluated round."""
+        from agents.planning.selection import budget_drop_points
+
         m = result.metrics
         return cls(
             round=result.round,
@@ -40,6 +45,7 @@ class RoundRecord(BaseModel):
             source=result.source,
             accuracy=m.accuracy,
             accuracy_drop_points=result.accuracy_drop_points,
+            budget_drop_points=budget_drop_points(result.accuracy_drop_points, m.paired),
             params=m.params,
             latency_s=m.latency_s,
             within_budget=result.within_budget,

@@ -361,7 +361,10 @@ def _result_line(record: RoundRecord, ctx: PlanningContext) -> str:
     else:
         acc = f"accuracy {record.accuracy:.4f}"
         if record.accuracy_drop_points is not None:
-            acc += f" (drop {record.accuracy_drop_points:.2f} points)"
+            acc += f" (drop {record.accuracy_drop_points:.2f} points"
+            if record.budget_drop_points is not None and record.budget_drop_points != record.accuracy_drop_points:
+                acc += f"; {record.budget_drop_points:.2f} with one standard error, which the budget test uses"
+            acc += ")"
     budget = "within budget" if record.within_budget else "OVER BUDGET"
     return f"{acc}, {params}, latency {_ms(record.latency_s)}; {budget}"
 
@@ -369,12 +372,14 @@ def _result_line(record: RoundRecord, ctx: PlanningContext) -> str:
 def _over_budget_line(record: RoundRecord, ctx: PlanningContext) -> str | None:
     if record.within_budget:
         return None
-    if record.accuracy_drop_points is None:
+    drop = record.budget_drop_points if record.budget_drop_points is not None else record.accuracy_drop_points
+    if drop is None or record.accuracy_drop_points is None:
         return f"  Round {record.round} broke the accuracy budget."
-    over = record.accuracy_drop_points - ctx.max_accuracy_drop
+    over = drop - ctx.max_accuracy_drop
+    noise = "" if drop == record.accuracy_drop_points else " plus one standard error of the measurement"
     return (
         f"  Round {record.round} broke the accuracy budget by {over:.2f} points: it lost "
-        f"{record.accuracy_drop_points:.2f} points, the budget is {ctx.max_accuracy_drop:g}."
+        f"{record.accuracy_drop_points:.2f} points{noise} ({drop:.2f}), the budget is {ctx.max_accuracy_drop:g}."
     )
 
 

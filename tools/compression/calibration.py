@@ -10,7 +10,7 @@ original and a pruned copy of a model (same batch, same spatial sizes) pick the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ __all__ = [
     "input_rows",
     "output_rows",
     "row_index",
+    "run_with_pre_hooks",
 ]
 
 #: Rows kept per layer: enough for a least-squares fit of a few thousand inputs, bounded memory.
@@ -119,11 +120,24 @@ def capture(
     return found
 
 
+def run_with_pre_hooks(
+    model: nn.Module, batch: torch.Tensor, hooks: dict[nn.Module, Callable[..., None]], batch_size: int = 64
+) -> None:
+    """Run ``model`` (eval mode, no grad) over ``batch`` in chunks with forward pre-hooks; removed after."""
+    handles = [module.register_forward_pre_hook(hook) for module, hook in hooks.items()]
+    try:
+        with torch.no_grad():
+            for part in chunks(batch, batch_size):
+                forward_logits(model.eval(), part)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def input_channel_rms(model: nn.Module, batch: torch.Tensor, batch_size: int = 64) -> dict[str, torch.Tensor]:
     """Root-mean-square of every input channel of every Conv2d/Linear over ``batch``, by module name."""
     sums: dict[nn.Module, torch.Tensor] = {}
     counts: dict[nn.Module, int] = {}
-    handles = []
 
     def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
         x = args[0].detach().float()
@@ -137,15 +151,7 @@ def input_channel_rms(model: nn.Module, batch: torch.Tensor, batch_size: int = 6
         sums[mod] = sums.get(mod, 0) + sq.cpu()  # type: ignore[assignment]
         counts[mod] = counts.get(mod, 0) + n
 
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d | nn.Linear):
-            handles.append(module.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            for part in chunks(batch, batch_size):
-                forward_logits(model.eval(), part)
-    finally:
-        for h in handles:
-            h.remove()
+    layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    run_with_pre_hooks(model, batch, dict.fromkeys(layers, hook), batch_size)
     names = {m: n for n, m in model.named_modules()}
     return {names[m]: (s / max(1, counts[m])).sqrt() for m, s in sums.items()}

@@ -33,7 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from tools.compression.calibration import DEFAULT_MAX_ROWS, capture, chunks, input_rows
+from tools.compression.calibration import DEFAULT_MAX_ROWS, capture, chunks, input_rows, run_with_pre_hooks
 from tools.compression.forward import forward_logits
 
 logger = logging.getLogger(__name__)
@@ -83,27 +83,24 @@ def _batchnorm_input_stats(
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per BatchNorm (by name): mean and variance of its input channels over ``batch``, in eval mode."""
     sums: dict[str, list[Any]] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
 
-            def hook(mod: nn.Module, args: tuple[Any, ...], name: str = name) -> None:
-                x = args[0].detach().double()
-                dims = [d for d in range(x.ndim) if d != 1]
-                n = x.numel() // x.shape[1]
-                entry = sums.setdefault(name, [0.0, 0.0, 0])
-                entry[0] = entry[0] + x.sum(dims)
-                entry[1] = entry[1] + x.pow(2).sum(dims)
-                entry[2] += n
+    def hook_for(name: str) -> Any:
+        def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0].detach().double()
+            dims = [d for d in range(x.ndim) if d != 1]
+            entry = sums.setdefault(name, [0.0, 0.0, 0])
+            entry[0] = entry[0] + x.sum(dims)
+            entry[1] = entry[1] + x.pow(2).sum(dims)
+            entry[2] += x.numel() // x.shape[1]
 
-            handles.append(module.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            for part in chunks(batch, batch_size):
-                forward_logits(model.eval(), part)
-    finally:
-        for h in handles:
-            h.remove()
+        return hook
+
+    hooks: dict[nn.Module, Any] = {
+        module: hook_for(name)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats
+    }
+    run_with_pre_hooks(model, batch, hooks, batch_size)
     stats = {}
     for name, (total, squares, n) in sums.items():
         mean = total / max(1, n)

@@ -41,13 +41,30 @@ from tools.schemas import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_RATIOS", "measure_sensitivity", "prunable_units", "unit_pattern"]
+__all__ = ["DEFAULT_RATIOS", "auto_samples", "measure_sensitivity", "prunable_units", "unit_pattern"]
 
 #: Ratios each unit is measured at (those above the planner's highest ratio are left out).
 DEFAULT_RATIOS: tuple[float, ...] = (0.3, 0.6, 0.9)
 
 #: Disagreement with the original past which a unit's larger ratios are not probed.
 STOP_DAMAGE = 0.5
+
+
+#: Time the automatic sample count aims the whole sensitivity profile at, and its floor in images.
+TARGET_SECONDS = 120.0
+MIN_SAMPLES = 32
+
+
+def auto_samples(latency_s: float, probes: int, available: int, seconds: float = TARGET_SECONDS) -> int:
+    """Calibration images to probe with so that ``probes`` forward passes take about ``seconds``.
+
+    ``latency_s`` is the profiled batch-1 latency (an over-estimate per image of a batched pass). At least
+    :data:`MIN_SAMPLES`, at most ``available``: small models use every calibration image, ViT-B/16 on a
+    2-core CPU the floor.
+    """
+    if latency_s <= 0 or probes <= 0:
+        return available
+    return max(min(available, MIN_SAMPLES), min(available, int(seconds / (latency_s * (probes + 3)))))
 
 
 def _has_batchnorm(model: nn.Module) -> bool:
@@ -88,7 +105,7 @@ def _kl_agreement(reference: torch.Tensor, logits: torch.Tensor) -> tuple[float,
 
 def _logits(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
     with torch.no_grad():
-        return torch.cat([forward_logits(model, part).float() for part in chunks(images, batch_size)])
+        return torch.cat([forward_logits(model, part).float().cpu() for part in chunks(images, batch_size)])
 
 
 def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | None:
@@ -182,7 +199,7 @@ def measure_sensitivity(
                     )
                 else:
                     recover_(model, original, images, consumers, recovery, targets=targets_cache)
-                logits = refit_logits[0] if refit_logits else _logits(model, images, batch_size)
+                logits = refit_logits[0].cpu() if refit_logits else _logits(model, images, batch_size)
                 kl, agreement = _kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = [*unit.modules, *consumers]

@@ -7,6 +7,8 @@ meet a missing value take it as ``missing``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tools.schemas import ModelEntry, RunReport
 
 DASH = "-"
@@ -65,3 +67,18 @@ def signed_points(points: float | None, missing: str = "n/a") -> str:
 def drop_as_change(drop_points: float | None) -> str:
     """An accuracy drop in points as a signed change: 0.5 -> ``-0.50``, 0 -> ``+0.00`` (never ``-0.00``)."""
     return DASH if drop_points is None else signed_points(round(-drop_points, 2) or 0.0)
+
+
+def recovery_text(prune_report: dict[str, Any] | None) -> str:
+    """What repaired a round's model, with its time: recovery (layers refitted) and distillation, if any."""
+    report = prune_report or {}
+    recovery = report.get("recovery") or {}
+    text = str(recovery.get("method", "none"))
+    if recovery.get("reconstructed"):
+        text += f" ({len(recovery['reconstructed'])} layers refitted"
+        text += f", {recovery['batchnorm_layers']} BatchNorm" if recovery.get("batchnorm_layers") else ""
+        text += f", {recovery.get('seconds', 0):.1f} s)"
+    tuned = report.get("finetune") or {}
+    if tuned.get("steps"):
+        text += f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')})"
+    return text

@@ -5,6 +5,7 @@ Each takes the :class:`~tools.schemas.RunReport` and returns its ``<section>``.
 
 from __future__ import annotations
 
+from tools.reporting.format import recovery_text
 from tools.reporting.html_parts import (
     acc_text,
     as_number,
@@ -88,6 +89,7 @@ def rounds(report: RunReport) -> str:
         ("params", True),
         ("latency", True),
         ("within budget", False),
+        ("recovery", False),
     ]
     rows = []
     for r in report.rounds:
@@ -107,6 +109,7 @@ def rounds(report: RunReport) -> str:
                     params_text(m.params),
                     ms_text(m.latency_s),
                     budget_badge(r.within_budget),
+                    esc(recovery_text(r.prune_report)),
                 ],
             )
         )

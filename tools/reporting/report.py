@@ -17,6 +17,7 @@ from tools.reporting.format import (
     millis,
     named_entries,
     percent_less,
+    recovery_text,
     signed_points,
     speedup,
 )
@@ -181,8 +182,9 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
             "",
             "## Pruning rounds",
             "",
-            "| round | source | accuracy | Δacc (pts, 95 % CI) | agreement | params | latency | within budget | plan |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| round | source | accuracy | Δacc (pts, 95 % CI) | agreement | params | latency | within budget "
+            "| recovery | plan |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in report.rounds:
             plan = ", ".join(f"{p.pruning_type} {p.layer} {p.pruning_ratio}" for p in r.plan.pruning_recommendations)
@@ -190,7 +192,8 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
                 f"| {r.round} | {r.source} | {accuracy_pct(r.metrics.accuracy, 'n/a (untrained)')} | "
                 f"{change_ci(r.accuracy_drop_points, r.metrics.paired)} | {agreement(r.metrics.paired)} | "
                 f"{millions(r.metrics.params)} | "
-                f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | {plan} |"
+                f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | "
+                f"{recovery_text(r.prune_report)} | {plan} |"
             )
     lines += _planner_decisions(report)
     if report.profile.get("top_groups"):
