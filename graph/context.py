@@ -77,7 +77,9 @@ class Context:
         "accuracy (accuracy, then params, then latency) or smallest-within-budget.", "SELECTION", "accuracy"
     )
     importance: str = _setting(
-        "Channel/head importance: act (activation-aware, default), l1, l2 or random.", "IMPORTANCE", "act"
+        "Channel/head importance: act (activation-aware, default), taylor (needs labels), l1, l2 or random.",
+        "IMPORTANCE",
+        "act",
     )
     recovery: str = _setting(
         "Training-free recovery after every prune: none, bn or reconstruct (default).", "RECOVERY", "reconstruct"

@@ -304,7 +304,15 @@ def prune(
     original = load_original(original_dir).model.eval()
     model = load_original(original_dir).model.eval()
     torch.manual_seed(config.seed)
-    report = apply_pruning(model, plan.pruning_recommendations, example_input(shape), config, calibration=images)
+    targets = calibration.targets if calibration is not None else None
+    report = apply_pruning(
+        model,
+        plan.pruning_recommendations,
+        example_input(shape),
+        config,
+        calibration=images,
+        calibration_targets=targets,
+    )
     repaired = recover_(model, original, images, report.consumers(), recovery)
     tuned: dict[str, Any] | None = None
     if finetune is not None and finetune.steps > 0 and report.applied:

@@ -145,3 +145,23 @@ def test_head_pruning_with_reconstruction_runs_and_helps(importance: str) -> Non
             return float((m(held_out).logits - original(held_out).logits).pow(2).mean())
 
     assert err(repaired) < err(plain)
+
+
+def test_taylor_importance_prunes_the_channel_the_loss_does_not_use() -> None:
+    """First-order Taylor: a hidden unit whose output weights are zero changes no loss and goes first."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)).eval()
+    with torch.no_grad():
+        model[0].weight[1] = 5.0  # large weights in: magnitude keeps it ...
+        model[2].weight[:, 1] = 0.0  # ... but nothing reads it
+    calib, targets = torch.randn(64, 6), torch.randint(0, 3, (64,))
+    taylor, l2 = copy.deepcopy(model), copy.deepcopy(model)
+    config = PruningConfig(importance="taylor")
+    apply_pruning(taylor, [rec(r"^0$", 0.25)], calib[:1], config, calibration=calib, calibration_targets=targets)
+    apply_pruning(l2, [rec(r"^0$", 0.25)], calib[:1], PruningConfig(importance="l2"))
+    assert float(taylor[0].weight.detach().max()) < 5.0  # the unused unit is gone
+    assert float(l2[0].weight.detach().max()) == 5.0  # magnitude kept it
+    # without labels taylor has nothing to rank by: it falls back to the weight magnitude, and still prunes
+    unlabelled = copy.deepcopy(model)
+    report = apply_pruning(unlabelled, [rec(r"^0$", 0.25)], calib[:1], config, calibration=calib)
+    assert report.params_after < report.params_before

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from tools.compression.forward import check_forward, one_line, restore, snapshot
-from tools.compression.importance import HEAD_NORM_P, ChannelRMS, input_column_norms
+from tools.compression.importance import DATA_AWARE, HEAD_NORM_P, ChannelScores
 from tools.compression.reports import AppliedPruning, SkippedPruning
 from tools.schemas import PruningRecommendation
 
@@ -84,28 +84,33 @@ def has_attention(model: nn.Module) -> bool:
 
 
 def _head_scores(
-    module: nn.Module, spec: AttentionSpec, heads: int, importance: str, gen: torch.Generator, rms: ChannelRMS | None
+    module: nn.Module,
+    spec: AttentionSpec,
+    heads: int,
+    importance: str,
+    gen: torch.Generator,
+    scores: ChannelScores | None,
 ) -> Any:
     head_dim = int(getattr(module, spec.head_dim_attr))
-    if importance == "act":  # what each head writes through the output projection on the calibration images
+    if importance in DATA_AWARE:  # the output projection's scores of the head's channels
         o_proj: nn.Linear = getattr(module, spec.o)
-        columns, act = input_column_norms(o_proj), (rms or {}).get(o_proj)
-        if columns is not None and act is not None and act.numel() == columns.numel():
-            return (columns * act).pow(2).reshape(heads, head_dim).sum(1).sqrt()
+        channel = (scores or {}).get(o_proj)
+        if channel is not None and channel.numel() == o_proj.in_features:
+            return channel.float().pow(2).reshape(heads, head_dim).sum(1).sqrt()
         importance = "l2"
     if importance not in HEAD_NORM_P:
         return torch.rand(heads, generator=gen)
     p = HEAD_NORM_P[importance]
-    scores = torch.zeros(heads)
+    magnitude = torch.zeros(heads)
     for proj in (spec.q, spec.k, spec.v):
         layer: nn.Linear = getattr(module, proj)
         w = layer.weight.detach().float().abs().pow(p).reshape(heads, head_dim, -1).sum(dim=(1, 2))
-        scores += w.cpu()
+        magnitude += w.cpu()
         if layer.bias is not None:
-            scores += layer.bias.detach().float().abs().pow(p).reshape(heads, head_dim).sum(1).cpu()
+            magnitude += layer.bias.detach().float().abs().pow(p).reshape(heads, head_dim).sum(1).cpu()
     o: nn.Linear = getattr(module, spec.o)
-    scores += o.weight.detach().float().abs().pow(p).reshape(-1, heads, head_dim).sum(dim=(0, 2)).cpu()
-    return scores
+    magnitude += o.weight.detach().float().abs().pow(p).reshape(-1, heads, head_dim).sum(dim=(0, 2)).cpu()
+    return magnitude
 
 
 def _slice_linear(layer: nn.Linear, keep: torch.Tensor, dim: int) -> None:
@@ -127,7 +132,7 @@ def _prune_heads_of(
     ratio: float,
     importance: str,
     gen: torch.Generator,
-    rms: ChannelRMS | None = None,
+    scores: ChannelScores | None = None,
 ) -> tuple[int, int] | str:
     heads = int(getattr(module, spec.heads_attr))
     head_dim = int(getattr(module, spec.head_dim_attr))
@@ -139,8 +144,8 @@ def _prune_heads_of(
         size = layer.in_features if proj == spec.o else layer.out_features
         if size != heads * head_dim:
             return f"{proj} has {size} features, not {heads} heads x {head_dim}"
-    scores = _head_scores(module, spec, heads, importance, gen, rms)
-    kept_heads = torch.sort(torch.argsort(scores, descending=True, stable=True)[: heads - n_prune]).values
+    ranking = _head_scores(module, spec, heads, importance, gen, scores)
+    kept_heads = torch.sort(torch.argsort(ranking, descending=True, stable=True)[: heads - n_prune]).values
     keep = (kept_heads[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
     with torch.no_grad():
         for proj in (spec.q, spec.k, spec.v):
@@ -178,7 +183,7 @@ def apply_heads(
     regex: re.Pattern[str],
     importance: str,
     gen: torch.Generator,
-    rms: ChannelRMS | None = None,
+    scores: ChannelScores | None = None,
 ) -> tuple[AppliedPruning | None, list[SkippedPruning], bool]:
     """Apply one head recommendation, checked by a forward pass (rolled back on failure).
 
@@ -191,7 +196,7 @@ def apply_heads(
     snap = snapshot(model)
     for name, module, spec in head_targets(model, regex):
         try:
-            result = _prune_heads_of(module, spec, rec.pruning_ratio, importance, gen, rms)
+            result = _prune_heads_of(module, spec, rec.pruning_ratio, importance, gen, scores)
         except Exception as exc:
             result = f"head pruning raised {one_line(exc)}"
         if isinstance(result, str):

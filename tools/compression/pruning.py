@@ -54,7 +54,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tools.compression.calibration import input_channel_rms
 from tools.compression.channels import apply_structured, channel_issue, new_context, prunable_names
 from tools.compression.forward import ExampleInputs, check_forward, restore, snapshot
 from tools.compression.heads import apply_heads, attention_modules, head_targets
@@ -94,7 +93,8 @@ def apply_pruning(
     example_inputs: ExampleInputs,
     config: PruningConfig | None = None,
     calibration: torch.Tensor | None = None,
-    channel_rms: dict[str, torch.Tensor] | None = None,
+    calibration_targets: torch.Tensor | None = None,
+    channel_scores: dict[str, torch.Tensor] | None = None,
 ) -> PruneReport:
     """Apply ``recommendations`` in order to ``model`` IN PLACE (pass a fresh copy) and report.
 
@@ -106,21 +106,22 @@ def apply_pruning(
     pattern. Every recommendation that changed the model is checked with a forward pass (logits of the
     original size), and rolled back module by module on failure, so the returned model always runs.
     Raises ``ValueError`` for an invalid regex. ``calibration`` (a batch of preprocessed images) feeds the
-    data-aware criteria (:data:`DATA_AWARE`); without it they fall back to ``l2``. ``channel_rms`` (input
-    RMS by layer name, as :func:`~tools.compression.calibration.input_channel_rms` gives for this model
-    unpruned) saves that forward pass when the caller prunes many copies of one model.
+    data-aware criteria (:data:`DATA_AWARE`; ``taylor`` also needs ``calibration_targets``, the model class
+    of each image, -1 where unknown); without them they fall back to ``l2``. ``channel_scores`` (the
+    criterion's per-layer input-channel scores by layer name, as ``DATA_AWARE[importance]`` gives for this
+    model unpruned) saves computing them when the caller prunes many copies of one model.
     """
     config = config or PruningConfig()
     importance, round_to, seed = config.importance, config.round_to or None, config.seed
-    rms = None
+    scores = None
     if importance in DATA_AWARE:
-        if channel_rms is None and calibration is not None:
-            channel_rms = input_channel_rms(model, calibration)
-        if channel_rms is None:
-            logger.warning("importance %r needs calibration images; ranking by l2 weight norm instead", importance)
+        if channel_scores is None and calibration is not None:
+            channel_scores = DATA_AWARE[importance](model, calibration, calibration_targets, 64)
+        if not channel_scores:
+            logger.warning("importance %r has no calibration data; ranking by l2 weight norm instead", importance)
         else:
-            rms = {m: channel_rms[n] for n, m in model.named_modules() if n in channel_rms}
-    imp = get_importance(importance, rms)
+            scores = {m: channel_scores[n] for n, m in model.named_modules() if n in channel_scores}
+    imp = get_importance(importance, scores)
     compiled: list[tuple[PruningRecommendation, re.Pattern[str]]] = []
     for rec in recommendations:
         try:
@@ -146,7 +147,7 @@ def apply_pruning(
                     )
                     continue
                 applied, skipped, changed = apply_heads(
-                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen, rms
+                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen, scores
                 )
                 if changed:
                     ctx.dg = None  # shapes changed outside the dependency graph: retrace when needed

@@ -22,7 +22,7 @@ class PruningConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     importance: str = Field(
-        default="act", description="Channel/head importance: a name of IMPORTANCE (act, l1, l2, random)."
+        default="act", description="Channel/head importance: a name of IMPORTANCE (act, taylor, l1, l2, random)."
     )
     round_to: int = Field(default=0, description="Round kept channel counts to a multiple of this (0: off).")
     seed: int = Field(default=0, description="Seed for random importance.")

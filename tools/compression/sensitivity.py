@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tools.compression.calibration import capture, chunks, input_channel_rms
+from tools.compression.calibration import capture, chunks
 from tools.compression.forward import forward_logits, one_line
+from tools.compression.importance import DATA_AWARE
 from tools.compression.pruning import apply_pruning, count_params
 from tools.compression.recipes import PruningConfig
 from tools.compression.recovery import RecoveryConfig, reconstruct_, recover_
@@ -150,7 +151,11 @@ def measure_sensitivity(
     ratios = sorted({float(r) for r in ratios if 0 < r <= pruning.max_ratio})
     reference = _logits(original, images, batch_size)
     reference_acc = _accuracy(reference, targets)
-    rms = input_channel_rms(original, images, batch_size)
+    scores = (
+        DATA_AWARE[pruning.importance](original, images, targets, batch_size)
+        if pruning.importance in DATA_AWARE
+        else None
+    )
     by_layer = {lp.name: lp for lp in layers}
     total_params = count_params(original)
     result = SensitivityProfile(
@@ -174,7 +179,7 @@ def measure_sensitivity(
                     pruning_ratio=ratio,
                     justification="sensitivity probe",
                 )
-                report = apply_pruning(model, [rec], example, pruning, channel_rms=rms)
+                report = apply_pruning(model, [rec], example, pruning, channel_scores=scores)
                 done += 1
                 if not report.applied:
                     continue
