@@ -1,4 +1,10 @@
-"""Quantization agent: dynamic quantization of the best pruned model, and of the original alone."""
+"""Quantization and deployment agent: the best pruned model through the fastest runtime within the budget.
+
+With ``--deploy auto`` (the default) every runtime and precision available is built, evaluated and timed
+side by side (:func:`tools.deployment.deploy`), and the fastest within the accuracy budget is deployed,
+never one slower than the original FP32 model. ``--deploy NAME`` measures and deploys that backend. The
+original alone goes through the same runtime (``quantized_original``, as the paper's tables report).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,15 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
+from agents.evaluation import eval_spec
+from agents.planning.selection import within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.schemas import OptimizationPlan, QuantizationRecommendation
+from tools.compression.recipes import QuantizationConfig
+from tools.deploy.choice import FLOAT
+from tools.deployment import candidate_backends, deploy
+from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 
 
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -24,27 +35,45 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ]
     pruned = state.get("pruned")
     source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
-    config = ctx.quantization_config()
-    original_report = ops.quantize(run.original, run.original, recs, run.quantized_original, config, shape=shape)
-    quantized_original = {
-        "artifact": str(run.quantized_original),
-        "source": str(run.original),
-        "layers": len(original_report["layers"]),
-        "backend": original_report["backend"],
+    spec = eval_spec(data, ctx)
+
+    def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
+        return within_budget(drop, ctx.max_accuracy_drop, paired)
+
+    choice = deploy(
+        source,
+        run.original,
+        recs,
+        run.root / "models" / "deploy",
+        shape,
+        spec,
+        backends=candidate_backends(ctx.quant_backend),
+        within_budget=budget,
+        baseline_accuracy=state["baseline"].get("accuracy"),
+        repeats=ctx.latency_repeats,
+        forced=ctx.quant_backend != "auto",
+    )
+    chosen = next(c for c in choice.candidates if c.backend == choice.chosen)
+    described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}
+    if choice.chosen == FLOAT:  # the float models as they are
+        quantized = {"artifact": str(source), "source": str(source), **described}
+        quantized_original = {"artifact": str(run.original), "source": str(run.original), **described}
+    else:  # the chosen runtime, built again where the deployed model lives, for the best model and the original
+        calibration = ops.calibration_batch(run.original, shape, spec)
+        images = calibration.images if calibration is not None else None
+        config = QuantizationConfig(backend=choice.chosen)
+        ops.quantize(source, run.original, recs, run.quantized, config, shape=shape, calibration=images)
+        quantized = {"artifact": str(run.quantized), "source": str(source), **described}
+        if source.resolve() == run.original.resolve():
+            quantized_original = dict(quantized)
+        else:
+            ops.quantize(
+                run.original, run.original, recs, run.quantized_original, config, shape=shape, calibration=images
+            )
+            quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original), **described}
+    return {
+        "quantized": quantized,
+        "quantized_original": quantized_original,
+        "deployment": choice.model_dump(),
+        "notes": [f"deployment: {choice.why}"],
     }
-    notes = list(original_report.get("notes") or [])
-    if source.resolve() == run.original.resolve():
-        quantized = dict(quantized_original)
-    else:
-        report = ops.quantize(source, run.original, recs, run.quantized, config, shape=shape)
-        quantized = {
-            "artifact": str(run.quantized),
-            "source": str(source),
-            "layers": len(report["layers"]),
-            "backend": report["backend"],
-        }
-        notes += report.get("notes") or []
-    update: dict[str, Any] = {"quantized": quantized, "quantized_original": quantized_original}
-    if notes:
-        update["notes"] = [f"quantization: {note}" for note in notes]
-    return update

@@ -117,11 +117,15 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--no-iterate", action="store_true", help="skip the iterative rounds")
     parser.add_argument("--no-quantize", action="store_true", help="skip quantization")
     parser.add_argument(
+        "--deploy",
         "--quant-backend",
+        dest="quant_backend",
         default=defaults.quant_backend,
         choices=_quant_backends(),
-        help="torch-ao-dynamic (default): PyTorch int8 Linear layers, deployed as safetensors; onnxruntime: "
-        "ONNX Runtime int8 MatMul/Gemm, deployed (and run) as model.onnx; auto: onnxruntime when installed",
+        help="auto (default): build the best model with every runtime and precision available (PyTorch, ONNX "
+        "Runtime, OpenVINO; float, dynamic and static int8), evaluate and time them side by side, deploy the "
+        "fastest within the accuracy budget (never slower than the original FP32 model); torch: the float "
+        "model; or one backend by name",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -145,9 +149,9 @@ def _recovery_names() -> list[str]:
 
 
 def _quant_backends() -> list[str]:
-    from tools.compression.quantization import BACKEND_CHOICES
+    from tools.compression.quantization import DEPLOY_CHOICES
 
-    return list(BACKEND_CHOICES)
+    return list(DEPLOY_CHOICES)
 
 
 FACTORY_FLAGS = ("weights", "labels", "image_size", "mean", "std", "channels")
@@ -232,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     decision.add_argument("--approve", action="store_true", help="approve the plan the run is paused on")
     decision.add_argument("--plan", type=Path, help="replace that plan with this JSON file (same schema)")
     decision.add_argument("--reject", action="store_true", help="reject it: no pruning with this plan")
+    predict = sub.add_parser("predict", help="top-k labels of image files with a saved model, on its own runtime")
+    predict.add_argument("--artifact", required=True, help="a model directory, e.g. RUN/models/quantized")
+    predict.add_argument("images", nargs="+", help="image files")
+    predict.add_argument("--top-k", type=int, default=5)
     status = sub.add_parser("status", help="where a run stands")
     status.add_argument("--run-dir", required=True)
     status.add_argument("--thread-id")
@@ -440,6 +448,13 @@ def _cmd_status(args: argparse.Namespace) -> None:
     print(json.dumps(run_status(Path(args.run_dir), thread_id=args.thread_id), indent=2))
 
 
+def _cmd_predict(args: argparse.Namespace) -> None:
+    from tools.predict import predict
+
+    for result in predict(Path(args.artifact), [Path(p) for p in args.images], args.top_k):
+        print(result.image + ": " + ", ".join(f"{label} {100 * p:.1f}%" for label, p in result.top))
+
+
 COMMANDS = {
     "run": _cmd_run,
     "demo": _cmd_demo,
@@ -447,6 +462,7 @@ COMMANDS = {
     "bench": _cmd_bench,
     "resume": _cmd_resume,
     "status": _cmd_status,
+    "predict": _cmd_predict,
 }
 
 

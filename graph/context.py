@@ -110,7 +110,12 @@ class Context:
     prune: bool = _setting("Run structured/head pruning.", "PRUNE", True, bool)
     iterate: bool = _setting("Run the iterative pruning rounds.", "ITERATE", True, bool)
     quantize: bool = _setting("Run dynamic quantization.", "QUANTIZE", True, bool)
-    quant_backend: str = _setting("Quantization backend.", "QUANT_BACKEND", "torch-ao-dynamic")
+    quant_backend: str = _setting(
+        "--deploy: auto (measure every runtime and precision, deploy the fastest within budget), torch (the float "
+        "model), or one backend.",
+        "QUANT_BACKEND",
+        "auto",
+    )
     latency_repeats: int = _setting(
         "Repetitions of the final interleaved latency comparison.", "LATENCY_REPEATS", 20, int
     )
@@ -171,7 +176,7 @@ class Context:
         from pydantic import ValidationError
 
         from tools.compression.importance import IMPORTANCE
-        from tools.compression.quantization import BACKEND_CHOICES
+        from tools.compression.quantization import DEPLOY_CHOICES
 
         messages = {
             "importance": f"--importance must be one of {', '.join(IMPORTANCE)}",
@@ -179,7 +184,7 @@ class Context:
             "seed": "--seed must be an integer",
             "max_ratio": "--max-pruning-ratio must be in (0, 1)",
             "method": "--recovery must be one of none, bn, reconstruct",
-            "backend": f"--quant-backend must be one of {', '.join(BACKEND_CHOICES)}",
+            "backend": f"--deploy must be one of {', '.join(DEPLOY_CHOICES)}",
         }
         errors: list[str] = []
         builds: tuple[Any, ...] = (self.pruning_config, self.recovery_config, self.quantization_config)

@@ -62,6 +62,8 @@ class State(InputState, OutputState, total=False):
     pruned: dict[str, Any] | None
     quantized: dict[str, Any] | None
     quantized_original: dict[str, Any] | None
+    deployment: dict[str, Any] | None
+    """``DeployChoice``: every runtime and precision measured for deployment, the one chosen and why."""
     review: dict[str, Any] | None
     """The last human decision: stage (analysis or round), round, action (approve, edit or reject)."""
     notes: Annotated[list[str], add_notes]

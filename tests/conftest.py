@@ -9,6 +9,9 @@ from pathlib import Path
 # make every op wait for a descheduled thread: one thread keeps the suite fast and steady.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PROFILING_AGENT_PROGRESS", "false")
+# Full runs deploy with one backend unless a test asks for the measured choice (--deploy auto builds, evaluates
+# and times every runtime: the tests of that choice set quant_backend="auto" themselves).
+os.environ.setdefault("PROFILING_AGENT_QUANT_BACKEND", "torch-ao-dynamic")
 
 import pytest
 import torch

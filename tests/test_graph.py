@@ -49,7 +49,9 @@ def test_node_ids_are_the_papers_agents() -> None:
 
 
 def test_full_run_prunes_iterates_and_quantizes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    report = _run(str(tiny_model_dir), tmp_path / "run", iterations=2, max_accuracy_drop=100.0)
+    report = _run(
+        str(tiny_model_dir), tmp_path / "run", iterations=2, max_accuracy_drop=100.0, quant_backend="torch-ao-dynamic"
+    )
     assert set(report) >= REPORT_KEYS
     for key in ("baseline", "pruned", "quantized", "quantized_original"):
         assert set(report[key]) >= METRIC_KEYS, key
@@ -65,6 +67,24 @@ def test_full_run_prunes_iterates_and_quantizes(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "run" / "report.md").read_text().startswith("# ProfilingAgent report")
     assert (tmp_path / "run" / "profile" / "profile.json").is_file()
     assert (tmp_path / "run" / "profile" / "trace.json").is_file()
+
+
+def test_auto_deployment_measures_every_runtime_and_never_deploys_a_slower_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    report = _run(str(tiny_model_dir), tmp_path / "run", iterations=1, max_accuracy_drop=100.0, quant_backend="auto")
+    deployment = report["deployment"]
+    candidates = {c["backend"]: c for c in deployment["candidates"]}
+    assert {"torch", "torch-ao-dynamic", "onnxruntime"} <= set(candidates)
+    assert all(c["error"] is None for c in candidates.values()), candidates
+    chosen = candidates[deployment["chosen"]]
+    assert report["quantized"]["backend"] == deployment["chosen"]
+    assert report["quantized"]["runtime"] == chosen["runtime"] and report["quantized"]["precision"]
+    ran = [c for c in candidates.values() if c["within_budget"]]
+    assert chosen["latency_s"] == min(c["latency_s"] for c in ran) or deployment["chosen"] == "torch"
+    if deployment["chosen"] != "torch":
+        assert chosen["latency_s"] < deployment["original_latency_s"]
+    assert "## Deployment: runtimes measured side by side" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_switches_skip_stages(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -74,26 +74,30 @@ def test_sigkill_mid_round_then_resume_finishes_without_recomputing(model_dir: P
 def test_fault_in_a_node_keeps_work_and_resumes(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = {"evaluate": 0}
-    real_quantize, real_evaluate = ops.quantize, ops.evaluate
+    import agents.quantization
+
+    evaluated: list[str] = []
+    real_deploy, real_evaluate = agents.quantization.deploy, ops.evaluate
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("disk full")
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        calls["evaluate"] += 1
+        evaluated.append(str(kwargs.get("desc", args[4] if len(args) > 4 else "")))
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "quantize", broken)
+    monkeypatch.setattr(agents.quantization, "deploy", broken)
     monkeypatch.setattr(ops, "evaluate", counting)
     ctx = Context(run_dir=str(tmp_path / "run"), iterations=1, eval_samples=30, latency_repeats=2, progress=False)
     with pytest.raises(RuntimeError, match="disk full"):
         start_run(str(model_dir), dataset="digits", ctx=ctx)
-    assert calls["evaluate"] == 3  # baseline + 2 rounds
-    monkeypatch.setattr(ops, "quantize", real_quantize)
+    assert evaluated == ["baseline", "round 0", "round 1"]
+    monkeypatch.setattr(agents.quantization, "deploy", real_deploy)
     report = resume_run(tmp_path / "run").report
     assert report is not None
-    assert calls["evaluate"] == 5  # after the resume only the two quantized models are evaluated
+    after = evaluated[3:]
+    assert after and not {"baseline", "round 0", "round 1"} & set(after), "finished work is not redone"
+    assert all(d.startswith("deploy ") or d.startswith("quantized") for d in after), after
     assert len(report["rounds"]) == 2 and report["quantized"] is not None
 
 

@@ -44,7 +44,7 @@ from tools.schemas import (
     SensitivityProfile,
 )
 from tools.store.artifacts import (
-    deployed_file,
+    deployed_files,
     is_complete,
     load_compressed,
     load_module,
@@ -343,14 +343,16 @@ def quantize(
     config: QuantizationConfig | None = None,
     *,
     shape: InputShape | None = None,
+    calibration: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """Dynamically quantize the model at ``source_dir`` (original or pruned); save it as deployed.
+    """Quantize the model at ``source_dir`` (original or pruned) with one backend; save it as deployed.
 
     ``config.backend`` (default ``QuantizationConfig()``): a name of
     :data:`tools.compression.quantization.QUANTIZATION_BACKENDS`, or ``auto`` (ONNX Runtime where it is
     installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape``
     is the input the model is exported with by backends that export it (default: resolved from the
-    original). Returns the quantization report as saved.
+    original). ``calibration``: preprocessed images, for the backends that quantize activations statically.
+    Returns the quantization report as saved.
     """
     from tools.compression.quantization import (
         AUTO,
@@ -371,7 +373,13 @@ def quantize(
         example = example_input(shape or resolve_input_shape(original_dir)) if shape or exports else None
         try:
             save_quantized(
-                float_model, out_dir, base_dir=original_dir, recipe=recipe, report=report, example_input=example
+                float_model,
+                out_dir,
+                base_dir=original_dir,
+                recipe=recipe,
+                report=report,
+                example_input=example,
+                calibration=calibration,
             )
         except (OnnxRuntimeError, QuantizationError) as exc:
             if backend != AUTO or report.backend == DEFAULT_BACKEND:
@@ -381,7 +389,13 @@ def quantize(
             report = plan_quantization(float_model, recommendations, backend=DEFAULT_BACKEND)
             report.notes.append(f"--quant-backend auto: {failed} failed ({why}); used {DEFAULT_BACKEND}")
             save_quantized(
-                float_model, out_dir, base_dir=original_dir, recipe=recipe, report=report, example_input=example
+                float_model,
+                out_dir,
+                base_dir=original_dir,
+                recipe=recipe,
+                report=report,
+                example_input=example,
+                calibration=calibration,
             )
         logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
     return dict(read_json(out_dir / "artifact.json")["quantization"])
@@ -465,7 +479,7 @@ def evaluate(
     latency = measure_latency(model, single, warmup=3, repeats=10)
     # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up
     batch = example_input(shape, batch=min(spec.batch_size, spec.samples), device=run_device, seed=spec.seed)
-    throughput = measure_throughput(model, batch, warmup=0, repeats=1)
+    throughput = measure_throughput(model, batch, warmup=1, repeats=1)  # a first call may compile (OpenVINO)
     # a quantized model counts the parameters and MACs of the float model it came from (it may not be torch)
     float_model = load_module(Path(meta["recipe"]["source"])) if quantized else model
     if not isinstance(float_model, nn.Module):
@@ -476,7 +490,7 @@ def evaluate(
         macs=_macs(float_model.cpu(), shape),
         latency_s=latency,
         throughput_ips=throughput,
-        memory_mb=round(file_size_mb(deployed_file(artifact_dir)), 4),
+        memory_mb=round(sum(file_size_mb(f) for f in deployed_files(artifact_dir)), 4),
         artifact=str(artifact_dir),
         samples=measured.samples if measured else 0,
         paired=measured.paired if measured else None,

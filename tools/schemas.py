@@ -239,6 +239,9 @@ class RunReport(BaseModel):
     pruned: ModelEntry | None = None
     quantized: ModelEntry | None = None
     quantized_original: ModelEntry | None = None
+    deployment: dict[str, Any] | None = Field(
+        default=None, description="DeployChoice: each runtime and precision measured, the one deployed and why."
+    )
     rounds: list[RoundResult] = Field(default_factory=list)
     plan: PlanRecord = Field(default_factory=PlanRecord)
     profile: dict[str, Any] = Field(default_factory=dict)

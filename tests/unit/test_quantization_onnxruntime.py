@@ -129,11 +129,14 @@ def test_in_memory_quantize_is_for_torch_backends_and_auto_picks_onnxruntime() -
     assert get_backend("torch-ao-dynamic").deployed_file == "model.safetensors"
 
 
-def test_cli_flag() -> None:
+def test_cli_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PROFILING_AGENT_QUANT_BACKEND", raising=False)  # the tests' default is not the product's
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--quant-backend", "onnxruntime"])
     assert _context(args, "r").quant_backend == "onnxruntime"
+    args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--deploy", "torch"])
+    assert _context(args, "r").quant_backend == "torch"
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r"])
-    assert _context(args, "r").quant_backend == "torch-ao-dynamic"
+    assert _context(args, "r").quant_backend == "auto"  # the measured choice
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--quant-backend", "nope"])
 

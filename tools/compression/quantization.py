@@ -93,9 +93,11 @@ class QuantizationBackend(Protocol):
         *,
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
     ) -> QuantReport:
         """Quantize ``float_model`` as ``report`` says (or take ``qmodel``, already quantized by this backend)
-        and write ``out_dir / deployed_file``; return the report as carried out."""
+        and write ``out_dir / deployed_file``; return the report as carried out. ``calibration`` (preprocessed
+        images) is for backends that quantize activations statically; dynamic ones ignore it."""
         ...
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
@@ -199,6 +201,7 @@ class TorchAODynamicBackend:
         *,
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
     ) -> QuantReport:
         """The state dict as deployed: packed weights exported as int8 + scales (or float16), the rest as is."""
         from safetensors.torch import save_file
@@ -267,6 +270,7 @@ class OnnxRuntimeDynamicBackend:
         *,
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
     ) -> QuantReport:
         import shutil
 
@@ -308,13 +312,151 @@ class OnnxRuntimeDynamicBackend:
         return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
 
 
+class OpenVinoBackend:
+    """OpenVINO deploys the model: as FP32 IR (``openvino``), or int8 by NNCF post-training quantization
+    calibrated on the calibration images (``openvino-int8``; transformer preset for attention models).
+
+    The artifact is ``model.xml`` (``deployed_file``) plus its weights, ``model.bin``; it loads back as a
+    :class:`tools.deploy.openvino.OpenVinoModel` (CPU, ``torch.get_num_threads()`` threads). NNCF picks
+    the layers itself: every Conv/MatMul its patterns select becomes int8, whatever the plan selects;
+    the saved report lists the layers whose weights are int8 in the IR.
+    """
+
+    deployed_file = "model.xml"
+    weights_file = "model.bin"
+
+    def __init__(self, *, int8: bool) -> None:
+        self.int8 = int8
+        self.name = "openvino-int8" if int8 else "openvino"
+
+    def available(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in ("openvino", "nncf")[: 2 if self.int8 else 1])
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        if not self.int8:
+            return {}, ["the openvino backend deploys FP32 IR: no layer is quantized"] if targets else []
+        notes = [
+            "openvino-int8 quantizes every Conv2d/MatMul NNCF selects, not only the plan's Linear layers "
+            "(int8 weights and activations); the layers of float16 requests become int8 too where NNCF selects them"
+        ]
+        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
+    ) -> QuantReport:
+        from tools.deploy.openvino import deploy_openvino
+
+        if qmodel is not None:
+            raise QuantizationError(f"the {self.name} backend converts the float model itself: pass no qmodel")
+        if self.int8 and calibration is None:
+            raise QuantizationError("the openvino-int8 backend needs calibration images (calibration=, N x C x H x W)")
+        example = example_input if example_input is not None else calibration
+        if example is None:
+            raise QuantizationError(f"the {self.name} backend needs an example input to convert the model")
+        xml, images = Path(out_dir) / self.deployed_file, calibration
+        int8, unnamed = deploy_openvino(float_model, xml, example_input=example[:1], calibration=images, int8=self.int8)
+        if not self.int8:
+            return report.model_copy(update={"layers": {}})
+        left = sorted(set(report.layers) - set(int8))
+        notes = list(report.notes) + [f"openvino-int8: NNCF left {', '.join(left[:3])} in float"] * bool(left)
+        notes += [f"openvino-int8: {unnamed} more int8 node(s) the conversion left unnamed"] * bool(unnamed)
+        layers: dict[str, QuantDType] = {name: "qint8" for name in int8}
+        return report.model_copy(update={"layers": layers, "notes": notes})
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        from tools.deploy.openvino import OpenVinoModel
+
+        return OpenVinoModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
+
+
+class OnnxRuntimeBackend:
+    """ONNX Runtime deploys the model as ``model.onnx``, loaded back as an :class:`tools.deploy.onnxruntime.OrtModel`:
+    FP32 (``onnxruntime-fp32``: the export, optimized offline by ONNX Runtime), or static int8 (``onnxruntime-static``:
+    QDQ, activations calibrated on the calibration images, :func:`tools.deploy.onnxruntime.static_quantize_onnx`).
+
+    Static int8 quantizes the operators ONNX Runtime selects (every Conv/MatMul/Gemm with a constant weight; in
+    convolutional graphs Add and pooling too), whatever the plan selects; the saved report lists the Linear layers
+    whose weights are int8 in the graph.
+    """
+
+    deployed_file = "model.onnx"
+    available = staticmethod(OnnxRuntimeDynamicBackend.available)
+
+    def __init__(self, *, static: bool) -> None:
+        self.static = static
+        self.name = "onnxruntime-static" if static else "onnxruntime-fp32"
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        if not self.static:
+            return {}, ["the onnxruntime-fp32 backend deploys the float model: nothing is quantized"] * bool(targets)
+        notes = [
+            "onnxruntime-static quantizes the operators ONNX Runtime selects (every Conv/MatMul/Gemm with a constant "
+            "weight; Add and pooling too in convolutional graphs), not only the plan's Linear layers"
+        ]
+        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
+    ) -> QuantReport:
+        from tools.deploy import onnxruntime as ortd
+
+        if qmodel is not None:
+            raise QuantizationError(f"the {self.name} backend exports the float model itself: pass no qmodel")
+        if self.static and (calibration is None or len(calibration) == 0):
+            raise QuantizationError("the onnxruntime-static backend needs calibration images (calibration=, NCHW)")
+        example = example_input if example_input is not None else calibration
+        if example is None:
+            raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
+        target = Path(out_dir) / self.deployed_file
+        if calibration is None or not self.static:
+            ortd.export_fp32_onnx(float_model, example[:1], target)
+            return report.model_copy(update={"layers": {}})
+        with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
+            fp32 = ortd.export_onnx(float_model, example[:1], Path(work) / "float.onnx")
+            applied = {name for name, found in ortd.linear_nodes(fp32, float_model).items() if found}
+            ortd.static_quantize_onnx(fp32, target, calibration)
+        still_float = {name for name, found in ortd.linear_nodes(target, float_model).items() if found}
+        layers: dict[str, QuantDType] = {name: "qint8" for name in sorted(applied - still_float)}
+        counts = ", ".join(f"{n} {op}" for op, n in sorted(ortd.quantized_op_counts(target).items())) or "no node"
+        left = sorted(set(report.layers) - set(layers))
+        notes = [*report.notes, f"onnxruntime-static: int8 {counts}; calibrated on {len(calibration)} images"]
+        notes += [f"onnxruntime-static left {', '.join(left[:3])} in float32"] * bool(left)
+        return report.model_copy(update={"layers": layers, "notes": notes})
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        from tools.deploy.onnxruntime import OrtModel
+
+        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
+
+
 QUANTIZATION_BACKENDS: dict[str, QuantizationBackend] = {
     "torch-ao-dynamic": TorchAODynamicBackend(),
     "onnxruntime": OnnxRuntimeDynamicBackend(),
+    "onnxruntime-fp32": OnnxRuntimeBackend(static=False),
+    "onnxruntime-static": OnnxRuntimeBackend(static=True),
+    "openvino": OpenVinoBackend(int8=False),
+    "openvino-int8": OpenVinoBackend(int8=True),
 }
 DEFAULT_BACKEND = "torch-ao-dynamic"
 AUTO = "auto"
 BACKEND_CHOICES = (*QUANTIZATION_BACKENDS, AUTO)
+#: What ``--deploy`` takes: ``auto`` (the measured choice), ``torch`` (the float model as it is), or one backend.
+DEPLOY_FLOAT = "torch"
+DEPLOY_CHOICES = (AUTO, DEPLOY_FLOAT, *QUANTIZATION_BACKENDS)
 
 
 def resolve_backend_name(name: str) -> str:

@@ -23,7 +23,7 @@ from tools.reporting.format import (
 )
 from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
-from tools.schemas import RunReport, SensitivityProfile
+from tools.schemas import PairedAccuracy, RunReport, SensitivityProfile
 
 METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
 
@@ -94,6 +94,7 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
         "pruned": metrics_view(state.get("pruned")),
         "quantized": metrics_view(state.get("quantized")),
         "quantized_original": metrics_view(state.get("quantized_original")),
+        "deployment": state.get("deployment"),
         "rounds": rounds,
         "plan": {
             "source": (state.get("plan") or {}).get("source"),
@@ -195,6 +196,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
                 f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | "
                 f"{recovery_text(r.prune_report)} | {plan} |"
             )
+    lines += _deployment_lines(report.deployment)
     lines += _planner_decisions(report)
     if report.profile.get("top_groups"):
         lines += [
@@ -215,6 +217,39 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         lines += ["", "## Artifacts", "", "| file | size (MB) | SHA-256 |", "|---|---|---|"]
         lines += [f"| `{a['path']}` | {a['size_mb']:.3f} | `{a['sha256'][:16]}…` |" for a in report.artifacts]
     return "\n".join(lines) + "\n"
+
+
+def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
+    """The runtime table: every runtime and precision measured for deployment, and the one chosen."""
+    if not deployment:
+        return []
+    lines = [
+        "",
+        "## Deployment: runtimes measured side by side",
+        "",
+        f"Deployed: **{deployment['chosen']}** — {deployment['why']}.",
+        "",
+        "| backend | runtime | precision | latency (batch 1, interleaved) | throughput | memory | accuracy | "
+        "Δacc (pts, 95 % CI) | within budget |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in deployment.get("candidates") or []:
+        if c.get("error"):
+            lines.append(f"| {c['backend']} | {c['runtime']} | {c['precision']} | could not run: {c['error']} |||||")
+            continue
+        mark = " (deployed)" if c["backend"] == deployment["chosen"] else ""
+        throughput = f"{c['throughput_ips']:.0f} img/s" if c.get("throughput_ips") else "-"
+        memory = f"{c['memory_mb']:.2f} MB" if c.get("memory_mb") is not None else "-"
+        paired = PairedAccuracy.model_validate(c["paired"]) if c.get("paired") else None
+        lines.append(
+            f"| {c['backend']}{mark} | {c['runtime']} | {c['precision']} | {millis(c.get('latency_s'))} | "
+            f"{throughput} | {memory} | {accuracy_pct(c.get('accuracy'))} | "
+            f"{change_ci(c.get('accuracy_drop_points'), paired)} | {'yes' if c.get('within_budget') else 'NO'} |"
+        )
+    original = deployment.get("original_latency_s")
+    if original:
+        lines += ["", f"The original FP32 PyTorch model in the same comparison: {millis(original)}."]
+    return lines
 
 
 def _planner_decisions(report: RunReport) -> list[str]:

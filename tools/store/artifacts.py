@@ -58,9 +58,21 @@ def deployed_file(artifact_dir: Path) -> Path:
     return artifact_dir / WEIGHTS_FILE
 
 
+def deployed_files(artifact_dir: Path) -> list[Path]:
+    """Every file the deployed model needs: :func:`deployed_file`, plus a separate weights file (OpenVINO's .bin)."""
+    main = deployed_file(artifact_dir)
+    try:
+        quantization = read_json(Path(artifact_dir) / META_FILE).get("quantization") or {}
+    except (OSError, ValueError, AttributeError):
+        return [main]
+    backend = QUANTIZATION_BACKENDS.get(str(quantization.get("backend")))
+    weights = getattr(backend, "weights_file", None)
+    return [main, Path(artifact_dir) / weights] if weights else [main]
+
+
 def is_complete(artifact_dir: Path) -> bool:
     """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
-    return (artifact_dir / META_FILE).is_file() and deployed_file(artifact_dir).is_file()
+    return (artifact_dir / META_FILE).is_file() and all(f.is_file() for f in deployed_files(artifact_dir))
 
 
 # --- structure of a compressed model ---------------------------------------------------------------
@@ -194,13 +206,17 @@ def save_quantized(
     report: QuantReport,
     example_input: torch.Tensor | None = None,
     qmodel: nn.Module | None = None,
+    calibration: torch.Tensor | None = None,
 ) -> Path:
     """Quantize ``float_model`` with ``report``'s backend and save the artifact (or save ``qmodel``, an
-    in-memory torch backend's result). The report written is the one the backend carried out."""
+    in-memory torch backend's result). The report written is the one the backend carried out.
+    ``calibration``: preprocessed images for backends that quantize activations statically."""
     reference = load_original(base_dir).model
     backend = get_backend(report.backend)
     with StagingDir(out_dir) as tmp:
-        done = backend.save(float_model, report, tmp, example_input=example_input, qmodel=qmodel)
+        done = backend.save(
+            float_model, report, tmp, example_input=example_input, qmodel=qmodel, calibration=calibration
+        )
         atomic_write_json(tmp / META_FILE, _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done))
     return out_dir
 

@@ -1,0 +1,185 @@
+"""The openvino backends: FP32 IR and NNCF post-training int8, deployed as model.xml + model.bin, run by OpenVINO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+from tests.helpers import save_tiny, tiny_vit
+from tools.compression.quantization import QuantizationError, get_backend, plan_quantization
+from tools.deploy.openvino import (
+    OpenVinoModel,
+    convert_openvino,
+    export_openvino,
+    int8_weight_layers,
+    quantize_openvino,
+    save_openvino,
+)
+from tools.models.sources import acquire_model
+from tools.schemas import QuantizationRecommendation
+from tools.store.artifacts import (
+    deployed_file,
+    is_complete,
+    load_compressed,
+    load_module,
+    save_original,
+    save_quantized,
+)
+
+ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
+SIZE = 16
+
+
+class ResidualCNN(nn.Module):
+    """stem -> [conv-bn-relu-conv-bn + identity] -> pool -> fc (no attention: the CNN preset)."""
+
+    def __init__(self, width: int = 8, hidden: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.bn0 = nn.BatchNorm2d(width)
+        self.conv1 = nn.Conv2d(width, hidden, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(hidden)
+        self.conv2 = nn.Conv2d(hidden, width, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn0(self.stem(x)))
+        y = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.bn2(self.conv2(y)) + x)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return ResidualCNN().eval()
+
+
+def images(batch: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model: Any, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        out = model(x)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+@pytest.mark.parametrize("build", [tiny_vit, cnn], ids=["vit", "cnn"])
+def test_fp32_ir_reproduces_torch_logits_at_batch_1_and_5(build: Any, tmp_path: Path) -> None:
+    model = build()
+    xml = export_openvino(model, images(1), tmp_path / "model.xml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bin", "model.xml"]
+    params = sum(p.numel() for p in model.parameters())
+    assert (tmp_path / "model.bin").stat().st_size >= 4 * params * 0.9, "weights stay float32, not float16"
+    assert not model.training
+    deployed = OpenVinoModel(xml, threads=1)
+    for batch in (1, 5, 1, 5):  # repeated calls reuse each batch size's compiled model and request
+        x = images(batch, seed=batch)
+        out = deployed(x)
+        assert out.dtype == torch.float32 and out.shape == (batch, 10)
+        assert torch.allclose(out, logits(model, x), atol=1e-4), batch
+    assert sorted(deployed._requests) == [1, 5]
+
+
+def _save(ov_model: Any, out: Path) -> Path:
+    return save_openvino(ov_model, out / "model.xml")
+
+
+def test_int8_quantizes_convolutions_and_matmuls_and_agrees_with_fp32(tmp_path: Path) -> None:
+    model = cnn()
+    converted = convert_openvino(model, images(1))
+    quantized = quantize_openvino(converted, images(32, seed=7), transformer=False)
+    # BatchNorm folding renames the convolutions: named by weight shape in execution order
+    assert int8_weight_layers(quantized) == (["fc"], 3)
+    assert int8_weight_layers(quantized, model, images(1)) == (["conv1", "conv2", "fc", "stem"], 0)
+    assert int8_weight_layers(converted, model, images(1)) == ([], 0)
+    x = images(16, seed=3)
+    fp32, int8 = (
+        logits(OpenVinoModel(_save(converted, tmp_path / "fp32")), x),
+        logits(OpenVinoModel(_save(quantized, tmp_path / "int8")), x),
+    )
+    assert not torch.equal(fp32, int8)
+    assert (fp32.argmax(-1) == int8.argmax(-1)).float().mean() >= 0.75
+    assert torch.allclose(fp32, int8, atol=0.1 * float(fp32.abs().max()))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny ViT's original, and its openvino and openvino-int8 artifacts (saved through save_quantized)."""
+    root = tmp_path_factory.mktemp("ov")
+    original = save_original(acquire_model(str(save_tiny(tiny_vit(), root / "src", SIZE))), root / "original")
+    model = load_module(original)
+    for backend in ("openvino", "openvino-int8"):
+        save_quantized(
+            model,
+            root / backend,
+            base_dir=original,
+            recipe={"source": str(original), "recommendations": [r.model_dump() for r in ALL]},
+            report=plan_quantization(model, ALL, backend=backend),
+            example_input=images(1),
+            calibration=images(32, seed=7),
+        )
+    return {"root": root, "original": original}
+
+
+@pytest.mark.parametrize("backend", ["openvino", "openvino-int8"])
+def test_artifact_round_trip(run: dict[str, Path], backend: str) -> None:
+    out = run["root"] / backend
+    assert is_complete(out)
+    assert sorted(p.name for p in out.iterdir()) == ["artifact.json", "model.bin", "model.xml"]
+    assert deployed_file(out) == out / "model.xml"
+    meta = json.loads((out / "artifact.json").read_text())
+    report = meta["quantization"]
+    assert meta["kind"] == "quantized" and report["backend"] == backend
+    float_model = load_module(run["original"])
+    deployed = load_compressed(out)
+    assert isinstance(deployed, OpenVinoModel) and not isinstance(deployed, nn.Module)
+    assert deployed.threads == torch.get_num_threads()
+    x = images(5)
+    first = logits(deployed, x)
+    assert torch.equal(logits(load_compressed(out), x), first), "a reload reproduces the outputs"
+    reference = logits(float_model, x)
+    if backend == "openvino":
+        assert report["layers"] == {}
+        assert torch.allclose(first, reference, atol=1e-4)
+    else:
+        linears = {n for n, m in float_model.named_modules() if type(m) is nn.Linear}
+        assert linears <= set(report["layers"]), "every Linear is int8"
+        assert "vit.embeddings.patch_embeddings.projection" in report["layers"], "and the patch convolution"
+        assert any("not only the plan's Linear layers" in note for note in report["notes"])
+        assert not torch.equal(first, reference)
+        assert torch.allclose(first, reference, atol=0.15)
+    with pytest.raises(TypeError, match="not a torch module"):
+        load_module(out)
+
+
+def test_int8_needs_calibration(run: dict[str, Path], tmp_path: Path) -> None:
+    model = load_module(run["original"])
+    with pytest.raises(QuantizationError, match="needs calibration images"):
+        save_quantized(
+            model,
+            tmp_path / "q",
+            base_dir=run["original"],
+            recipe={"source": str(run["original"])},
+            report=plan_quantization(model, ALL, backend="openvino-int8"),
+            example_input=images(1),
+        )
+    assert not is_complete(tmp_path / "q")
+
+
+def test_plans_say_what_each_backend_quantizes() -> None:
+    model = tiny_vit()
+    fp32 = plan_quantization(model, ALL, backend="openvino")
+    assert fp32.layers == {} and fp32.notes == ["the openvino backend deploys FP32 IR: no layer is quantized"]
+    int8 = plan_quantization(model, ALL, backend="openvino-int8")
+    assert set(int8.layers) == {n for n, m in model.named_modules() if type(m) is nn.Linear}
+    assert get_backend("openvino-int8").deployed_file == get_backend("openvino").deployed_file == "model.xml"

@@ -1,0 +1,104 @@
+"""The measured deployment choice: every runtime and precision the machine has, evaluated and timed side by side.
+
+Each candidate is one backend of :data:`tools.compression.quantization.QUANTIZATION_BACKENDS` applied to the
+best pruned model (plus ``torch``: the float model as it is). All candidates are evaluated on the
+evaluation images (paired with the original) and timed at batch 1 interleaved in one process, with the
+original FP32 PyTorch model in the same comparison. :func:`choose` keeps the fastest candidate within the
+accuracy budget, and never one that is not faster than the original FP32 model: then the float model is
+deployed, and the reason says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tools.schemas import PairedAccuracy
+
+__all__ = ["FLOAT", "RUNTIMES", "DeployCandidate", "DeployChoice", "available_backends", "choose"]
+
+#: The float model as it is (PyTorch FP32): the fallback and the reference every candidate must beat.
+FLOAT = "torch"
+
+#: Backend name -> (runtime, precision), in the order candidates are listed.
+RUNTIMES: dict[str, tuple[str, str]] = {
+    FLOAT: ("pytorch", "fp32"),
+    "torch-ao-dynamic": ("pytorch", "int8 dynamic (Linear)"),
+    "onnxruntime": ("onnxruntime", "int8 dynamic (MatMul/Gemm)"),
+    "onnxruntime-fp32": ("onnxruntime", "fp32"),
+    "onnxruntime-static": ("onnxruntime", "int8 static (QDQ)"),
+    "openvino": ("openvino", "fp32"),
+    "openvino-int8": ("openvino", "int8 static (NNCF)"),
+}
+
+
+class DeployCandidate(BaseModel):
+    """One runtime and precision of the model to deploy, as measured."""
+
+    backend: str
+    runtime: str
+    precision: str
+    artifact: str | None = None
+    accuracy: float | None = None
+    paired: PairedAccuracy | None = None
+    accuracy_drop_points: float | None = None
+    within_budget: bool = False
+    latency_s: float | None = Field(default=None, description="Batch 1, interleaved with every candidate.")
+    throughput_ips: float | None = Field(default=None, description="Images per second at the evaluation batch.")
+    memory_mb: float | None = None
+    error: str | None = Field(default=None, description="Why this candidate could not be built or run.")
+
+
+class DeployChoice(BaseModel):
+    """The candidates and the one deployed, with why."""
+
+    chosen: str
+    why: str
+    original_latency_s: float | None = Field(default=None, description="The original FP32 PyTorch model, batch 1.")
+    candidates: list[DeployCandidate] = Field(default_factory=list)
+
+
+def available_backends(registered: list[str], importable: Callable[[str], bool]) -> list[str]:
+    """Candidate backends in :data:`RUNTIMES` order: ``torch`` first, then every registered one that imports."""
+    names = [FLOAT] + [n for n in RUNTIMES if n != FLOAT and n in registered and importable(n)]
+    return names + [n for n in registered if n not in names and importable(n)]
+
+
+def choose(candidates: list[DeployCandidate], original_latency_s: float | None) -> tuple[str, str]:
+    """(backend to deploy, why): the fastest candidate within budget, if it beats the original FP32 model."""
+    usable = [c for c in candidates if c.error is None and c.within_budget and c.latency_s is not None]
+    if not usable:
+        return FLOAT, "no runtime candidate ran within the accuracy budget: the float model is deployed"
+    best = min(usable, key=lambda c: (c.latency_s, c.backend != FLOAT))
+    reference = original_latency_s
+    if best.backend != FLOAT and reference is not None and best.latency_s is not None and best.latency_s >= reference:
+        return FLOAT, (
+            f"the fastest candidate within budget ({best.backend}, {1e3 * best.latency_s:.2f} ms) is not faster "
+            f"than the original FP32 model ({1e3 * reference:.2f} ms): the float model is deployed"
+        )
+    parts = [f"{best.backend} ({best.runtime}, {best.precision}) is the fastest within the accuracy budget"]
+    if best.latency_s is not None:
+        parts.append(f"{1e3 * best.latency_s:.2f} ms at batch 1")
+        if reference:
+            parts.append(f"{reference / best.latency_s:.2f}x the original FP32 model")
+    others = sorted(
+        (c for c in usable if c.backend != best.backend and c.latency_s is not None),
+        key=lambda c: c.latency_s or 0.0,
+    )
+    if others and best.latency_s:
+        runner = others[0]
+        parts.append(f"next: {runner.backend} at {1e3 * (runner.latency_s or 0.0):.2f} ms")
+    rejected = [c.backend for c in candidates if c.error is None and not c.within_budget]
+    if rejected:
+        parts.append("over the accuracy budget: " + ", ".join(rejected))
+    failed = [c.backend for c in candidates if c.error is not None]
+    if failed:
+        parts.append("could not run: " + ", ".join(failed))
+    return best.backend, "; ".join(parts)
+
+
+def as_rows(choice: DeployChoice) -> list[dict[str, Any]]:
+    """The runtime table as plain rows (for reports)."""
+    return [c.model_dump() | {"chosen": c.backend == choice.chosen} for c in choice.candidates]

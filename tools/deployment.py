@@ -1,0 +1,119 @@
+"""Deploy through the fastest runtime: build every candidate, evaluate and time them together, keep one.
+
+:func:`deploy` applies each candidate backend (:mod:`tools.deploy.choice`) to the model at ``source_dir``
+(the best pruned model, or the original), evaluates each on the run's evaluation images (paired with the
+original), times all of them at batch 1 interleaved in one process with the original FP32 model, and
+chooses with :func:`tools.deploy.choice.choose`. A candidate that cannot be built or run is kept in the
+table with its one-line error; nothing else is lost.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from tools import ops
+from tools.compression.recipes import QuantizationConfig
+from tools.deploy.choice import FLOAT, RUNTIMES, DeployCandidate, DeployChoice, available_backends, choose
+from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
+from tools.text import first_line
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["candidate_backends", "deploy"]
+
+#: Python modules each runtime needs.
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "pytorch": (),
+    "onnxruntime": ("onnx", "onnxruntime"),
+    "openvino": ("openvino",),
+}
+
+BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
+
+
+def _importable(backend: str) -> bool:
+    runtime = RUNTIMES.get(backend, ("pytorch", ""))[0]
+    needs = _NEEDS.get(runtime, ()) + (("nncf",) if backend == "openvino-int8" else ())
+    return all(importlib.util.find_spec(module) is not None for module in needs)
+
+
+def candidate_backends(choice: str) -> list[str]:
+    """The backends ``--deploy choice`` measures: all available for ``auto``, else ``torch`` and that one."""
+    from tools.compression.quantization import QUANTIZATION_BACKENDS
+
+    if choice != "auto":
+        return [FLOAT] if choice == FLOAT else [FLOAT, choice]
+    return available_backends(list(QUANTIZATION_BACKENDS), _importable)
+
+
+def _drop(baseline: float | None, accuracy: float | None) -> float | None:
+    return None if baseline is None or accuracy is None else round(100.0 * (baseline - accuracy), 4)
+
+
+def deploy(
+    source_dir: Path,
+    original_dir: Path,
+    recommendations: list[QuantizationRecommendation],
+    out_root: Path,
+    shape: InputShape,
+    spec: ops.EvalSpec,
+    *,
+    backends: list[str],
+    within_budget: BudgetTest,
+    baseline_accuracy: float | None,
+    repeats: int = 20,
+    forced: bool = False,
+) -> DeployChoice:
+    """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
+
+    ``out_root / <backend>`` holds each candidate's artifact (reused when complete). ``within_budget`` is
+    the run's accuracy budget test. With ``forced`` (``--deploy NAME``), that backend is deployed whatever
+    the timing says, unless it failed.
+    """
+    calibration = ops.calibration_batch(original_dir, shape, spec)
+    images = calibration.images if calibration is not None else None
+    candidates: list[DeployCandidate] = []
+    for backend in backends:
+        runtime, precision = RUNTIMES.get(backend, ("?", "?"))
+        candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision)
+        try:
+            artifact = source_dir
+            if backend != FLOAT:
+                artifact = out_root / backend
+                config = QuantizationConfig(backend=backend)
+                ops.quantize(
+                    source_dir, original_dir, recommendations, artifact, config, shape=shape, calibration=images
+                )
+            metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {backend}")
+            drop = _drop(baseline_accuracy, metrics.accuracy)
+            candidate = candidate.model_copy(
+                update={
+                    "artifact": str(artifact),
+                    "accuracy": metrics.accuracy,
+                    "paired": metrics.paired,
+                    "accuracy_drop_points": drop,
+                    "within_budget": within_budget(drop, metrics.paired),
+                    "throughput_ips": metrics.throughput_ips,
+                    "memory_mb": metrics.memory_mb,
+                }
+            )
+        except Exception as exc:  # one runtime that cannot take this model must not cost the others
+            logger.warning("deploy candidate %s failed: %s", backend, first_line(exc))
+            candidate.error = first_line(exc)[:300]
+        candidates.append(candidate)
+    timed = {c.backend: Path(c.artifact) for c in candidates if c.error is None and c.artifact}
+    times = ops.compare_latency({"__original__": original_dir, **timed}, shape, repeats=repeats, seed=spec.seed)
+    for candidate in candidates:
+        if candidate.backend in times:
+            candidate.latency_s = times[candidate.backend]
+    original_latency = times.get("__original__")
+    chosen, why = choose(candidates, original_latency)
+    if forced and backends[-1] != chosen:
+        wanted = next(c for c in candidates if c.backend == backends[-1])
+        if wanted.error is None:
+            chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it ({why})"
+    logger.info("deploy: %s (%s)", chosen, why)
+    return DeployChoice(chosen=chosen, why=why, original_latency_s=original_latency, candidates=candidates)
