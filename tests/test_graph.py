@@ -85,6 +85,23 @@ def test_auto_deployment_measures_every_runtime_and_never_deploys_a_slower_one(
     if deployment["chosen"] != "torch":
         assert chosen["latency_s"] < deployment["original_latency_s"]
     assert "## Deployment: runtimes measured side by side" in (tmp_path / "run" / "report.md").read_text()
+    assert 'id="deployment"' in (tmp_path / "run" / "report.html").read_text()
+    # the deployed artifact reloads and runs on its own runtime
+    from tools.predict import original_of
+
+    assert original_of(Path(report["quantized"]["artifact"])) == Path(report["baseline"]["artifact"]).resolve()
+    import numpy as np
+    from PIL import Image
+
+    from graph.cli import main
+    from tools.predict import predict
+
+    image = tmp_path / "digit.png"
+    Image.fromarray((np.random.default_rng(0).random((16, 16)) * 255).astype(np.uint8)).save(image)
+    for artifact in {report["quantized"]["artifact"], report["quantized_original"]["artifact"]}:
+        (result,) = predict(Path(artifact), [image], top_k=3)
+        assert len(result.top) == 3 and 0 < sum(p for _, p in result.top) <= 1.0 + 1e-6
+        assert main(["predict", "--artifact", artifact, str(image), "--top-k", "2"]) == 0
 
 
 def test_switches_skip_stages(tiny_model_dir: Path, tmp_path: Path) -> None:

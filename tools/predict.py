@@ -47,8 +47,8 @@ def predict(artifact_dir: Path, images: list[Path], top_k: int = 5) -> list[Pred
     pictures = []
     for path in images:
         try:
-            with Image.open(path) as opened:
-                pictures.append(to_pil(opened))
+            with Image.open(path) as opened:  # in the mode the model takes: greyscale or RGB
+                pictures.append(to_pil(opened).convert("L" if shape.channels == 1 else "RGB"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot read image {path}: {exc}; pass image files (JPEG, PNG, ...)") from None
     batch = ops.preprocess_of(original, shape)(pictures)

@@ -289,6 +289,7 @@ def export_fp32_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, 
     Should the optimization fail, the plain export is kept (logged): it runs the same, loads slower.
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=path.parent) as work:
         exported = export_onnx(model, example_input, Path(work) / "float.onnx")
         try:

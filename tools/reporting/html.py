@@ -112,6 +112,7 @@ def render_html(report: RunReport | dict[str, Any], profile: dict[str, Any] | No
         html_plans.plan(report),
         html_plans.rounds(report),
         html_plans.planner(report),
+        html_plans.deployment(report),
         html_results.profile_section(report, profile),
         sensitivity_section(report, profile),
         html_results.tradeoffs(report),

@@ -19,7 +19,7 @@ from tools.reporting.html_parts import (
     table,
 )
 from tools.reporting.paired_text import agreement, delta_ci_html
-from tools.schemas import PruningRecommendation, QuantizationRecommendation, RoundResult, RunReport
+from tools.schemas import PairedAccuracy, PruningRecommendation, QuantizationRecommendation, RoundResult, RunReport
 
 
 def _recommendation(rec: PruningRecommendation | QuantizationRecommendation) -> str:
@@ -156,3 +156,55 @@ def planner(report: RunReport) -> str:
         n_rejected = sum(len(s.get("rejected") or []) for _, _, s in steps)
         intro = f'<p class="muted">{esc(n_rejected)} plan(s) rejected in all.</p>'
     return section("planner", "Planner decisions", f'{intro}<ul class="decisions">{"".join(items)}</ul>')
+
+
+def deployment(report: RunReport) -> str:
+    """The runtime table: every runtime and precision measured for deployment, the one deployed and why."""
+    choice = report.deployment
+    if not choice:
+        return section("deployment", "Deployment", '<p class="muted">No deployment was measured.</p>')
+    headers = [
+        ("backend", False),
+        ("runtime", False),
+        ("precision", False),
+        ("latency (batch 1)", True),
+        ("throughput", True),
+        ("memory", True),
+        ("accuracy", True),
+        ("Δaccuracy (pts, 95 % CI)", True),
+        ("within budget", False),
+    ]
+    rows = []
+    for c in choice.get("candidates") or []:
+        deployed = c["backend"] == choice["chosen"]
+        label = esc(c["backend"]) + (" " + badge("deployed", "accent") if deployed else "")
+        if c.get("error"):
+            cells = [label, esc(c["runtime"]), esc(c["precision"]), esc(f"could not run: {c['error']}")]
+            rows.append(("", cells + ["–"] * 5))
+            continue
+        paired = PairedAccuracy.model_validate(c["paired"]) if c.get("paired") else None
+        rows.append(
+            (
+                "best" if deployed else "",
+                [
+                    label,
+                    esc(c["runtime"]),
+                    esc(c["precision"]),
+                    ms_text(c.get("latency_s")),
+                    esc(f"{c['throughput_ips']:.0f} img/s" if c.get("throughput_ips") else "–"),
+                    esc(f"{c['memory_mb']:.2f} MB" if c.get("memory_mb") is not None else "–"),
+                    acc_text(c.get("accuracy")),
+                    delta_ci_html(c.get("accuracy_drop_points"), paired),
+                    budget_badge(bool(c.get("within_budget"))),
+                ],
+            )
+        )
+    why = f"<p>Deployed: <b>{esc(choice['chosen'])}</b> — {esc(choice['why'])}.</p>"
+    original = choice.get("original_latency_s")
+    note = (
+        f'<p class="muted small">All latencies are measured interleaved in one process; the original FP32 PyTorch '
+        f"model took {ms_text(original)} in the same comparison.</p>"
+        if original
+        else ""
+    )
+    return section("deployment", "Deployment: runtimes measured side by side", why + table(headers, rows) + note)

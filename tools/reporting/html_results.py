@@ -36,6 +36,7 @@ NAV_LINKS = (
     ("plan", "Plan"),
     ("rounds", "Rounds"),
     ("planner", "Planner decisions"),
+    ("deployment", "Deployment"),
     ("profile", "Profile"),
     ("sensitivity", "Sensitivity"),
     ("tradeoffs", "Trade-offs"),
