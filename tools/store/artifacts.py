@@ -169,6 +169,7 @@ def save_compressed(
     quant_report: QuantReport | None = None,
     float_model: nn.Module | None = None,
     example_input: torch.Tensor | None = None,
+    calibration: torch.Tensor | None = None,
 ) -> Path:
     """Save a pruned or quantized model as deployed, plus its structure and recipe.
 
@@ -189,6 +190,7 @@ def save_compressed(
             report=quant_report,
             example_input=example_input,
             qmodel=model if in_memory else None,
+            calibration=calibration,
         )
     reference = load_original(base_dir).model
     with StagingDir(out_dir) as tmp:
