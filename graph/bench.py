@@ -36,7 +36,7 @@ from graph.runner import RunError, UpdateHook, finished_report, resume_run, star
 from tools import ops
 from tools.compression.baselines import matched_ratio, uniform_plan
 from tools.compression.recipes import PruningConfig, RecoveryConfig
-from tools.schemas import InputShape, Metrics, PairedAccuracy, RunReport
+from tools.schemas import InputShape, Metrics, PairedAccuracy, QuantizationRecommendation, RunReport
 from tools.store.artifacts import is_complete, load_compressed, load_original
 from tools.store.files import atomic_write_json, read_json
 from tools.store.run_paths import RunPaths
@@ -135,7 +135,41 @@ class _ModelBench:
         rows = [self._row(name, entry, **how) for name, entry, how in named if entry is not None]
         rows += self._pruning_baselines(ratios, report.pruned.params)
         rows.append(self._onnxruntime(report.baseline.params))
+        rows += self._static_baselines(report.baseline.params)
         return self._interleaved_latency(rows)
+
+    def _static_baselines(self, params: int) -> list[BenchRow]:
+        """OpenVINO int8 (NNCF) and ONNX Runtime static int8 of the original, calibrated on the run's images."""
+        from tools.compression.recipes import QuantizationConfig
+        from tools.deployment import runtime_available
+
+        calibration = ops.calibration_batch(self.original, self.shape, self.eval_spec)
+        if calibration is None:
+            return []  # no data: nothing to calibrate on
+        recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, all layers")]
+        rows = []
+        for backend in ("openvino-int8", "onnxruntime-static"):
+            if not runtime_available(backend):
+                continue
+            out = self.run_dir / "baselines" / f"{backend}-original"
+            config = QuantizationConfig(backend=backend)
+            ops.quantize(
+                self.original, self.original, recs, out, config, shape=self.shape, calibration=calibration.images
+            )
+            metrics = ops.evaluate(out, self.original, self.shape, self.eval_spec, desc=f"{backend} of the original")
+            rows.append(
+                BenchRow(
+                    model=self.spec,
+                    method=f"{backend}-quant",
+                    accuracy=metrics.accuracy,
+                    paired=metrics.paired,
+                    params=params,
+                    latency_s=0.0,
+                    memory_mb=metrics.memory_mb,
+                    artifact=str(out),
+                )
+            )
+        return rows
 
     def _recovery_of(self, report: RunReport) -> str:
         """The recovery the agent's pruned models went through: none without calibration images."""

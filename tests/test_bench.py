@@ -14,7 +14,16 @@ from graph.cli import main
 from tests.helpers import save_tiny, tiny_vit
 from tools.text import slug
 
-METHODS = {"original", "uniform", "agent-prune", "agent-quant", "agent-prune+quant", "onnxruntime-quant"}
+METHODS = {
+    "original",
+    "uniform",
+    "agent-prune",
+    "agent-quant",
+    "agent-prune+quant",
+    "onnxruntime-quant",
+    "onnxruntime-static-quant",
+    "openvino-int8-quant",
+}
 # l1, l2 and random as in the paper, and the run's own importance (act) applied uniformly
 CRITERIA = {"l1", "l2", "random", "act"}
 
@@ -101,6 +110,8 @@ def test_bench_writes_tables_and_plots(tmp_path: Path) -> None:
     assert ", none: " in matched_line["best uniform, no recovery"]
     assert ", reconstruct: " in matched_line["best uniform + recovery"]
     assert matched_line["uniform, agent's importance + recovery"].startswith("act, reconstruct: ")
-    assert "onnxruntime-quant" in (out / "table3.md").read_text()
+    table3 = (out / "table3.md").read_text()
+    assert "onnxruntime-quant" in table3 and "openvino-int8-quant" in table3 and "onnxruntime-static-quant" in table3
+    assert "speed gain vs OpenVINO int8" in table3
     assert (out / "vit-tradeoffs.png").stat().st_size > 1000
     assert main(argv) == 0, "a second bench reuses the runs"

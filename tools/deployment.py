@@ -22,7 +22,7 @@ from tools.text import first_line
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["candidate_backends", "deploy"]
+__all__ = ["candidate_backends", "deploy", "runtime_available"]
 
 #: Python modules each runtime needs.
 _NEEDS: dict[str, tuple[str, ...]] = {
@@ -34,7 +34,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
 
 
-def _importable(backend: str) -> bool:
+def runtime_available(backend: str) -> bool:
     runtime = RUNTIMES.get(backend, ("pytorch", ""))[0]
     needs = _NEEDS.get(runtime, ()) + (("nncf",) if backend == "openvino-int8" else ())
     return all(importlib.util.find_spec(module) is not None for module in needs)
@@ -46,7 +46,7 @@ def candidate_backends(choice: str) -> list[str]:
 
     if choice != "auto":
         return [FLOAT] if choice == FLOAT else [FLOAT, choice]
-    return available_backends(list(QUANTIZATION_BACKENDS), _importable)
+    return available_backends(list(QUANTIZATION_BACKENDS), runtime_available)
 
 
 def _drop(baseline: float | None, accuracy: float | None) -> float | None:

@@ -157,7 +157,7 @@ def table1_matched(model: str, rows: list[Row]) -> Table:
 def table3(model: str, rows: list[Row]) -> Table:
     """Quantization: the agent's (of the original, and of its pruned model) vs ONNX Runtime's."""
     methods = _by_method(rows)
-    base, ort = methods["original"], methods.get("onnxruntime-quant")
+    base, ort, ov = methods["original"], methods.get("onnxruntime-quant"), methods.get("openvino-int8-quant")
     header = [
         "model",
         "method",
@@ -167,13 +167,21 @@ def table3(model: str, rows: list[Row]) -> Table:
         "time before → after (ms)",
         "speed-up vs FP32",
         "speed gain vs ONNX Runtime",
+        "speed gain vs OpenVINO int8",
     ]
     body = []
-    for name in ("agent-quant", "onnxruntime-quant", "agent-prune+quant"):
+    for name in (
+        "agent-quant",
+        "onnxruntime-quant",
+        "onnxruntime-static-quant",
+        "openvino-int8-quant",
+        "agent-prune+quant",
+    ):
         r = methods.get(name)
         if r is None:
             continue
         gain = times(ort["latency_s"], r["latency_s"]) if ort and r["latency_s"] else "-"
+        gain_ov = times(ov["latency_s"], r["latency_s"]) if ov and r["latency_s"] else "-"
         body.append(
             [
                 model,
@@ -184,6 +192,7 @@ def table3(model: str, rows: list[Row]) -> Table:
                 f"{millis(base['latency_s'], unit='')} → {millis(r['latency_s'], unit='')}",
                 times(base["latency_s"], r["latency_s"]),
                 gain,
+                gain_ov,
             ]
         )
     return header, body
