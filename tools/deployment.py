@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from tools import ops
 from tools.compression.recipes import QuantizationConfig
 from tools.deploy.choice import FLOAT, RUNTIMES, DeployCandidate, DeployChoice, available_backends, choose
@@ -32,6 +34,9 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
+
+#: Synthetic inputs static int8 is calibrated on when the run has no data.
+SYNTHETIC_SAMPLES = 32
 
 
 def runtime_available(backend: str) -> bool:
@@ -74,7 +79,11 @@ def deploy(
     the timing says, unless it failed.
     """
     calibration = ops.calibration_batch(original_dir, shape, spec)
-    images = calibration.images if calibration is not None else None
+    if calibration is not None:
+        images, calibrated_on = calibration.images, f"{calibration.images.shape[0]} calibration images"
+    else:  # no data (an untrained built-in): static int8 still gives its latency and memory, not its accuracy
+        images = torch.randn((SYNTHETIC_SAMPLES, *shape.as_tuple()), generator=torch.Generator().manual_seed(spec.seed))
+        calibrated_on = f"{SYNTHETIC_SAMPLES} synthetic N(0, 1) inputs (no dataset: static int8 accuracy is unknown)"
     candidates: list[DeployCandidate] = []
     for backend in backends:
         runtime, precision = RUNTIMES.get(backend, ("?", "?"))
@@ -116,4 +125,6 @@ def deploy(
         if wanted.error is None:
             chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it ({why})"
     logger.info("deploy: %s (%s)", chosen, why)
-    return DeployChoice(chosen=chosen, why=why, original_latency_s=original_latency, candidates=candidates)
+    return DeployChoice(
+        chosen=chosen, why=why, original_latency_s=original_latency, candidates=candidates, calibration=calibrated_on
+    )

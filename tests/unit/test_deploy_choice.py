@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tools.deploy.choice import FLOAT, DeployCandidate, available_backends, choose
 
 
@@ -46,3 +48,32 @@ def test_failed_and_over_budget_candidates_are_not_deployed() -> None:
 def test_available_backends_lists_float_first_and_only_importable_ones() -> None:
     names = available_backends(["torch-ao-dynamic", "onnxruntime", "openvino"], lambda n: n != "openvino")
     assert names == [FLOAT, "torch-ao-dynamic", "onnxruntime"]
+
+
+def test_without_data_static_int8_is_calibrated_on_synthetic_inputs(tmp_path: Path) -> None:
+    """An untrained built-in has no dataset: static int8 still runs (latency, memory) and the table says on what."""
+    from tests.helpers import save_tiny, tiny_vit
+    from tools import ops
+    from tools.deployment import deploy
+
+    source = save_tiny(tiny_vit(), tmp_path / "src", 16)
+    original = tmp_path / "run" / "models" / "original"
+    ops.acquire(str(source), original)
+    shape = ops.resolve_input_shape(original)
+    spec = ops.EvalSpec(dataset=None, samples=10, progress=False)
+    choice = deploy(
+        original,
+        original,
+        [],
+        tmp_path / "run" / "models" / "deploy",
+        shape,
+        spec,
+        backends=[FLOAT, "onnxruntime-static"],
+        within_budget=lambda drop, paired: True,
+        baseline_accuracy=None,
+        repeats=3,
+    )
+    static = next(c for c in choice.candidates if c.backend == "onnxruntime-static")
+    assert static.error is None and static.latency_s is not None and static.accuracy is None
+    assert "synthetic" in choice.calibration
+    assert choice.chosen in {FLOAT, "onnxruntime-static"}

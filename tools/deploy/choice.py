@@ -57,6 +57,7 @@ class DeployChoice(BaseModel):
     chosen: str
     why: str
     original_latency_s: float | None = Field(default=None, description="The original FP32 PyTorch model, batch 1.")
+    calibration: str = Field(default="", description="What the static int8 candidates were calibrated on.")
     candidates: list[DeployCandidate] = Field(default_factory=list)
 
 

@@ -200,6 +200,9 @@ def deployment(report: RunReport) -> str:
             )
         )
     why = f"<p>Deployed: <b>{esc(choice['chosen'])}</b> — {esc(choice['why'])}.</p>"
+    if choice.get("calibration"):
+        why += f'<p class="muted small">Static int8 candidates were calibrated on {esc(choice["calibration"])}.</p>'
+
     original = choice.get("original_latency_s")
     note = (
         f'<p class="muted small">All latencies are measured interleaved in one process; the original FP32 PyTorch '

@@ -249,6 +249,8 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
     original = deployment.get("original_latency_s")
     if original:
         lines += ["", f"The original FP32 PyTorch model in the same comparison: {millis(original)}."]
+    if deployment.get("calibration"):
+        lines += [f"Static int8 candidates were calibrated on {deployment['calibration']}."]
     return lines
 
 
