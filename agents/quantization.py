@@ -21,7 +21,7 @@ from graph.state import State
 from tools import ops
 from tools.compression.recipes import QuantizationConfig
 from tools.deploy.choice import FLOAT
-from tools.deployment import candidate_backends, deploy
+from tools.deployment import calibration_images, candidate_backends, deploy
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 
 
@@ -59,8 +59,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         quantized = {"artifact": str(source), "source": str(source), **described}
         quantized_original = {"artifact": str(run.original), "source": str(run.original), **described}
     else:  # the chosen runtime, built again where the deployed model lives, for the best model and the original
-        calibration = ops.calibration_batch(run.original, shape, spec)
-        images = calibration.images if calibration is not None else None
+        images, _ = calibration_images(run.original, shape, spec)
         config = QuantizationConfig(backend=choice.chosen)
         ops.quantize(source, run.original, recs, run.quantized, config, shape=shape, calibration=images)
         quantized = {"artifact": str(run.quantized), "source": str(source), **described}

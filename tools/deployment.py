@@ -24,7 +24,7 @@ from tools.text import first_line
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["candidate_backends", "deploy", "runtime_available"]
+__all__ = ["calibration_images", "candidate_backends", "deploy", "runtime_available"]
 
 #: Python modules each runtime needs.
 _NEEDS: dict[str, tuple[str, ...]] = {
@@ -54,6 +54,18 @@ def candidate_backends(choice: str) -> list[str]:
     return available_backends(list(QUANTIZATION_BACKENDS), runtime_available)
 
 
+def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
+    """What static int8 is calibrated on, and a description: the run's calibration images, or, with no data
+    (an untrained built-in), seeded synthetic N(0, 1) inputs, which give static int8's latency and memory but
+    say nothing of its accuracy."""
+    calibration = ops.calibration_batch(original_dir, shape, spec)
+    if calibration is not None:
+        return calibration.images, f"{calibration.images.shape[0]} calibration images"
+    generator = torch.Generator().manual_seed(spec.seed)
+    images = torch.randn((SYNTHETIC_SAMPLES, *shape.as_tuple()), generator=generator)
+    return images, f"{SYNTHETIC_SAMPLES} synthetic N(0, 1) inputs (no dataset: static int8 accuracy is unknown)"
+
+
 def _drop(baseline: float | None, accuracy: float | None) -> float | None:
     return None if baseline is None or accuracy is None else round(100.0 * (baseline - accuracy), 4)
 
@@ -78,12 +90,7 @@ def deploy(
     the run's accuracy budget test. With ``forced`` (``--deploy NAME``), that backend is deployed whatever
     the timing says, unless it failed.
     """
-    calibration = ops.calibration_batch(original_dir, shape, spec)
-    if calibration is not None:
-        images, calibrated_on = calibration.images, f"{calibration.images.shape[0]} calibration images"
-    else:  # no data (an untrained built-in): static int8 still gives its latency and memory, not its accuracy
-        images = torch.randn((SYNTHETIC_SAMPLES, *shape.as_tuple()), generator=torch.Generator().manual_seed(spec.seed))
-        calibrated_on = f"{SYNTHETIC_SAMPLES} synthetic N(0, 1) inputs (no dataset: static int8 accuracy is unknown)"
+    images, calibrated_on = calibration_images(original_dir, shape, spec)
     candidates: list[DeployCandidate] = []
     for backend in backends:
         runtime, precision = RUNTIMES.get(backend, ("?", "?"))
