@@ -14,6 +14,7 @@ pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
 from tests.helpers import save_tiny, tiny_vit
+from tests.unit.test_pruning import ResidualCNN
 from tools.compression.quantization import QuantizationError, get_backend, plan_quantization
 from tools.deploy.openvino import (
     OpenVinoModel,
@@ -38,29 +39,9 @@ ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
 SIZE = 16
 
 
-class ResidualCNN(nn.Module):
-    """stem -> [conv-bn-relu-conv-bn + identity] -> pool -> fc (no attention: the CNN preset)."""
-
-    def __init__(self, width: int = 8, hidden: int = 16) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, width, 3, padding=1)
-        self.bn0 = nn.BatchNorm2d(width)
-        self.conv1 = nn.Conv2d(width, hidden, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(hidden)
-        self.conv2 = nn.Conv2d(hidden, width, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.fc = nn.Linear(width, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.bn0(self.stem(x)))
-        y = torch.relu(self.bn1(self.conv1(x)))
-        x = torch.relu(self.bn2(self.conv2(y)) + x)
-        return self.fc(x.mean(dim=(2, 3)))
-
-
 def cnn() -> nn.Module:
     torch.manual_seed(0)
-    return ResidualCNN().eval()
+    return ResidualCNN(width=8, hidden=16).eval()
 
 
 def images(batch: int, seed: int = 1) -> torch.Tensor:

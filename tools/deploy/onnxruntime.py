@@ -38,7 +38,7 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from tools.models.base import logits_of
+from tools.models.base import LogitsOnly
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -53,17 +53,6 @@ QUANTIZED_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
 
 class OnnxRuntimeError(RuntimeError):
     """An export, quantization or session that cannot be carried out (one line, actionable)."""
-
-
-class _LogitsOnly(nn.Module):
-    """``pixel_values -> logits`` for any classifier (HF models return a ModelOutput)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return logits_of(self.model(pixel_values))
 
 
 @contextmanager
@@ -87,7 +76,7 @@ def export_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, *, op
     path = Path(path)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
-    wrapper = _LogitsOnly(model).cpu().eval()
+    wrapper = LogitsOnly(model).cpu().eval()
     example = example_input.detach().cpu().float()
     try:
         with _atomic_target(path) as tmp, warnings.catch_warnings():

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tools.models.base import logits_of
+from tools.models.base import LogitsOnly
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -41,17 +41,6 @@ MAX_SUBSET = 300
 
 class OpenVinoError(RuntimeError):
     """An export, quantization or compilation that cannot be carried out (one line, actionable)."""
-
-
-class _LogitsOnly(nn.Module):
-    """``pixel_values -> logits`` for any classifier (HF models return a ModelOutput)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return logits_of(self.model(pixel_values))
 
 
 @contextmanager
@@ -78,7 +67,7 @@ def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
         raise OpenVinoError(f"expected an example input N x C x H x W, got shape {tuple(example_input.shape)}")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
-    wrapper = _LogitsOnly(model).cpu().eval()
+    wrapper = LogitsOnly(model).cpu().eval()
     example = example_input[:1].detach().cpu().float()
     _, channels, height, width = (int(d) for d in example.shape)
     try:
@@ -192,7 +181,7 @@ def count_fake_quantize(ov_model: Any) -> int:
 _WEIGHTED_OPS = frozenset({"MatMul", "Convolution", "GroupConvolution"})
 _DECOMPRESSION_OPS = frozenset({"Convert", "Multiply", "Subtract", "Reshape", "Transpose", "FakeQuantize"})
 _SCOPE = "__module.model."
-"""How the PyTorch frontend names the nodes of ``_LogitsOnly(model)``: ``__module.model.<module path>/aten::...``."""
+"""How the PyTorch frontend names the nodes of ``LogitsOnly(model)``: ``__module.model.<module path>/aten::...``."""
 
 
 def _constant_type(node: Any, depth: int = 6) -> str | None:

@@ -116,6 +116,17 @@ def logits_of(output: Any) -> torch.Tensor:
     raise TypeError(f"cannot find logits in a model output of type {type(output).__name__}")
 
 
+class LogitsOnly(nn.Module):
+    """``pixel_values -> logits`` for any classifier (HF models return a ModelOutput): what runtimes export."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return logits_of(self.model(pixel_values))
+
+
 def example_input(
     shape: InputShape | dict[str, Any], batch: int = 1, device: str = "cpu", seed: int = 0
 ) -> torch.Tensor:
