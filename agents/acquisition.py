@@ -1,4 +1,8 @@
-"""Acquisition agent: load the model from its source and save it as the run's original artifact."""
+"""Acquisition agent: load the model from its source and save it as the run's original artifact.
+
+With a dataset, it also decodes the parts of the data the run uses (images that cannot be read are left out and
+named in a note; too many stop the run) and matches the dataset's classes to the model's.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
 from agents.common import resolve_run_dir, settings
+from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.state import State
 from tools import ops
+from tools.evaluation.labels import LabelMatch
 from tools.store.run_paths import RunPaths
 
 
@@ -28,10 +34,16 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
         )
     notes = []
     label_match = None
-    if state.get("dataset") and not info.untrained:  # fail fast on a dataset that cannot be evaluated
+    spec = eval_spec(dict(state), ctx)
+    if spec.dataset is not None:  # fail fast on data that cannot be read
+        unreadable = ops.check_data(spec).note()
+        notes += [unreadable] if unreadable else []
+    if spec.dataset is not None and not info.untrained:  # fail fast on a dataset that cannot be evaluated
         label_match = ops.match_dataset_labels(
-            Path(info.artifact), str(state["dataset"]), state.get("dataset_split"), ctx.eval_samples, ctx.seed
+            Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()
         )
+        duplicates = LabelMatch.model_validate(label_match).duplicates_note()
+        notes += [duplicates] if duplicates else []
         if label_match.get("unmatched"):
             notes.append(
                 "dataset classes that match no model label (their samples are left out): "

@@ -36,6 +36,11 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
     )
 
 
+def new_notes(planner_state: dict[str, Any], state: dict[str, Any]) -> list[str]:
+    """The planner's notes for the report (e.g. a shortened LLM prompt) that the run does not have yet."""
+    return [n for n in planner_state.get("report_notes") or [] if n not in (state.get("notes") or [])]
+
+
 def planner_for(ctx: Context, run_dir: Path) -> Planner:
     """The run's planner: the LLM planner (exchanges logged in ``RUN/llm``) or one from the registry."""
     if ctx.planner == "llm":
@@ -47,6 +52,7 @@ def planner_for(ctx: Context, run_dir: Path) -> Planner:
             base_url=ctx.llm_base_url,
             timeout_s=ctx.llm_timeout,
             max_attempts=ctx.llm_max_attempts,
+            context_tokens=ctx.llm_context_tokens,
         )
     return get_planner(ctx.planner)
 
@@ -57,4 +63,4 @@ def analyze_profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     result = planner_for(ctx, paths(data).root).analyze(planning_context(data, ctx))
     planned = result.model_dump()
     atomic_write_json(paths(data).root / "plan.json", {k: planned[k] for k in ("source", "plan", "planner_state")})
-    return {"plan": planned, "next_plan": planned}
+    return {"plan": planned, "next_plan": planned, "notes": new_notes(result.planner_state, data)}

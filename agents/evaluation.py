@@ -88,21 +88,41 @@ def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any
 
 
 def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Batch-1 latency of original, best pruned and quantized models, interleaved in one process."""
+    """Batch-1 latency of original, best pruned and deployed models, interleaved in one timing run.
+
+    The same run times the original in the deployed runtime at FP32, so that the deployed model's speed-up
+    over the original splits into runtime x precision x pruning (``speedup``, :class:`SpeedupFactors`).
+    """
+    from tools.deploy.speedup import SpeedupFactors
+
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
-    entries: dict[str, dict[str, Any] | None] = {
-        key: data.get(key) for key in ("baseline", "pruned", "quantized", "quantized_original")
-    }
+    keys = ("baseline", "pruned", "quantized", "quantized_original", "runtime_fp32_original")
+    entries: dict[str, dict[str, Any] | None] = {key: data.get(key) for key in keys}
     artifacts = {key: Path(e["artifact"]) for key, e in entries.items() if e and e.get("artifact")}
     unique = {str(p): p for p in artifacts.values()}
-    times = ops.compare_latency(unique, shape_of(dict(state)), repeats=ctx.latency_repeats, seed=ctx.seed)
+    times = ops.compare_latency(
+        unique, shape_of(data), repeats=ctx.latency_repeats, seed=ctx.seed, device=ctx.device
+    )
     update: dict[str, Any] = {}
     for key, entry in entries.items():
-        if entry and key in artifacts:
+        if entry and key in artifacts and key != "runtime_fp32_original":
             update[key] = {
                 **entry,
                 "latency_s": times[str(artifacts[key])],
                 "latency_measured": "interleaved",
+                "latency_device": ops.latency_device(artifacts[key], ctx.device),
             }
+    steps = ("baseline", "runtime_fp32_original", "quantized_original", "quantized")
+    if all(key in artifacts for key in steps):
+        by_time = {key: str(artifacts[key].resolve()) for key in steps}
+        factors = SpeedupFactors.measure(
+            str((entries["quantized"] or {}).get("backend") or "torch"),
+            {path: times[str(artifacts[key])] for key, path in by_time.items()},
+            original=by_time["baseline"],
+            runtime_fp32=by_time["runtime_fp32_original"],
+            runtime_original=by_time["quantized_original"],
+            deployed=by_time["quantized"],
+        )
+        update["speedup"] = factors.model_dump()
     return update

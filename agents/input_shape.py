@@ -1,8 +1,11 @@
-"""Input shape resolver: (channels, height, width) from processor and config, proven by a dry run.
+"""Input shape resolver: (channels, height, width) from the flags, the processor, the config and the
+model's layers (first convolution, position embeddings, first Linear) and the dataset's images, each
+candidate proven by a dry forward pass (:mod:`tools.models.input_shape`); the shape records where each
+number came from, and the report shows it.
 
 With ``--planner llm`` the LLM is asked first, from the model's architectural metadata; its answer is
-used only if a dry forward pass proves it, otherwise the configuration-derived shape is, and the
-report says which one was used and why.
+used only if a dry forward pass proves it, otherwise the resolved shape is, and the report says which
+one was used and why.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from agents.common import paths, settings
 from graph.context import Context
 from graph.state import State
 from tools import ops
+from tools.models.input_shape import ImageHints, image_hints
 from tools.schemas import InputShape
 from tools.store.run_paths import RunPaths
+
+#: Images of the evaluation part looked at for their mode and size.
+HINT_IMAGES = 64
 
 
 def _ask_llm(run: RunPaths, ctx: Context) -> tuple[InputShape | None, str]:
@@ -35,10 +42,31 @@ def _ask_llm(run: RunPaths, ctx: Context) -> tuple[InputShape | None, str]:
     )
     if shape is None:
         return None, "; ".join(exchange.errors) or "no usable answer"
+    shape = shape.model_copy(update={"channels_source": None, "size_source": None})  # "llm", not its words
     problem = ops.shape_problem(run.original, shape, device=ctx.device)
     if problem is not None:
         return None, f"the LLM's shape {shape.as_tuple()} failed the dry forward pass: {problem}"
     return shape, ""
+
+
+def _dataset_hints(state: dict[str, Any], ctx: Context) -> ImageHints | None:
+    """Mode and size of the evaluation images (loaded once per process; the evaluation reuses them)."""
+    if not state.get("dataset"):
+        return None
+    from agents.evaluation import eval_spec
+
+    images = list(eval_spec(state, ctx).part("evaluation").images[:HINT_IMAGES])
+    return image_hints(images)
+
+
+def _mode_note(shape: InputShape, hints: ImageHints | None) -> list[str]:
+    if hints is None or hints.channels is None or hints.channels == shape.channels:
+        return []
+    kind, mode = ("greyscale", "RGB") if hints.channels == 1 else ("colour", "greyscale")
+    return [
+        f"input shape: the dataset's images are {kind} but the model takes {shape.channels} channel"
+        f"{'s' if shape.channels != 1 else ''} ({shape.channels_source or shape.source}): they are converted to {mode}"
+    ]
 
 
 def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -50,6 +78,7 @@ def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, An
         shape, why = _ask_llm(run, ctx)
         if shape is not None:
             return {"input_shape": shape.model_dump()}
-        notes.append(f"input shape: the LLM answer was not used ({why}); using the configuration-derived shape")
-    shape = ops.resolve_input_shape(run.original, device=ctx.device)
-    return {"input_shape": shape.model_dump(), "notes": notes}
+        notes.append(f"input shape: the LLM answer was not used ({why}); using the resolved shape")
+    hints = _dataset_hints(data, ctx)
+    shape = ops.resolve_input_shape(run.original, device=ctx.device, hints=hints)
+    return {"input_shape": shape.model_dump(), "notes": notes + _mode_note(shape, hints)}

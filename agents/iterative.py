@@ -8,7 +8,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.analysis import planner_for, planning_context
+from agents.analysis import new_notes, planner_for, planning_context
 from agents.common import paths, settings, shape_of
 from agents.evaluation import eval_spec
 from agents.planning.selection import best_round
@@ -22,7 +22,7 @@ def iterate_pruning(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
     result = planner_for(ctx, paths(data).root).next_plan(planning_context(data, ctx))
-    return {"next_plan": result.model_dump()}
+    return {"next_plan": result.model_dump(), "notes": new_notes(result.planner_state, data)}
 
 
 def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

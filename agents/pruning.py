@@ -43,6 +43,8 @@ def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     )
     skipped = [f"{s['target']} ({s['reason']})" for s in report.get("skipped", [])]
     notes = [f"round {index}: skipped " + "; ".join(skipped)] if skipped else []
+    if report.get("rebuilt"):  # a model left from an earlier plan or settings is never paired with this plan
+        notes.append(f"round {index}: {report['rebuilt']}: rebuilt the pruned model for the current plan")
     pending = {
         "round": index,
         "plan": plan.model_dump(),

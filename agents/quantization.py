@@ -21,6 +21,7 @@ from graph.state import State
 from tools import ops
 from tools.compression.recipes import QuantizationConfig
 from tools.deploy.choice import FLOAT
+from tools.deploy.speedup import fp32_backend_of
 from tools.deployment import calibration_images, candidate_backends, deploy
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 
@@ -54,6 +55,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         forced=ctx.quant_backend != "auto",
     )
     chosen = next(c for c in choice.candidates if c.backend == choice.chosen)
+    built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
     described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}
     if choice.chosen == FLOAT:  # the float models as they are
         quantized = {"artifact": str(source), "source": str(source), **described}
@@ -61,18 +63,35 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     else:  # the chosen runtime, built again where the deployed model lives, for the best model and the original
         images, _ = calibration_images(run.original, shape, spec)
         config = QuantizationConfig(backend=choice.chosen)
-        ops.quantize(source, run.original, recs, run.quantized, config, shape=shape, calibration=images)
+        built.append(ops.quantize(source, run.original, recs, run.quantized, config, shape=shape, calibration=images))
         quantized = {"artifact": str(run.quantized), "source": str(source), **described}
         if source.resolve() == run.original.resolve():
             quantized_original = dict(quantized)
         else:
-            ops.quantize(
-                run.original, run.original, recs, run.quantized_original, config, shape=shape, calibration=images
+            built.append(
+                ops.quantize(
+                    run.original, run.original, recs, run.quantized_original, config, shape=shape, calibration=images
+                )
             )
             quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original), **described}
+    # the original in the deployed runtime at FP32: the reference that separates the runtime's gain from int8's
+    fp32_backend = fp32_backend_of(choice.chosen)
+    runtime_fp32_original = {"artifact": str(run.original), "backend": fp32_backend}
+    if fp32_backend != FLOAT and fp32_backend != choice.chosen:
+        config = QuantizationConfig(backend=fp32_backend)
+        built.append(ops.quantize(run.original, run.original, recs, run.runtime_fp32_original, config, shape=shape))
+        runtime_fp32_original["artifact"] = str(run.runtime_fp32_original)
+    elif fp32_backend == choice.chosen:
+        runtime_fp32_original["artifact"] = quantized_original["artifact"]
     return {
         "quantized": quantized,
         "quantized_original": quantized_original,
+        "runtime_fp32_original": runtime_fp32_original,
         "deployment": choice.model_dump(),
-        "notes": [f"deployment: {choice.why}"],
+        "notes": [
+            f"deployment: {choice.why}",
+            *(f"deployment: {b['rebuilt']}: rebuilt" for b in built if b["rebuilt"]),
+            # fallbacks the backend took (e.g. nothing selected for int8, a preprocessing step that failed)
+            *(f"deployment ({choice.chosen}): {note}" for note in (built[0].get("notes") or [] if built else [])),
+        ],
     }

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agents.evaluation import eval_spec
 from graph.context import Context
@@ -36,8 +36,9 @@ from graph.runner import RunError, UpdateHook, finished_report, resume_run, star
 from tools import ops
 from tools.compression.baselines import matched_ratio, uniform_plan
 from tools.compression.recipes import PruningConfig, RecoveryConfig
+from tools.deploy.choice import FLOAT, RUNTIMES
 from tools.schemas import InputShape, Metrics, PairedAccuracy, QuantizationRecommendation, RunReport
-from tools.store.artifacts import is_complete, load_compressed, load_original
+from tools.store.artifacts import load_compressed, load_original, recipe_hash, stored_recipe_hash
 from tools.store.files import atomic_write_json, read_json
 from tools.store.run_paths import RunPaths
 from tools.text import slug
@@ -74,6 +75,8 @@ class BenchRow(BaseModel):
     memory_mb: float
     artifact: str
     paired: PairedAccuracy | None = None
+    runtime: str = Field(default="pytorch", description="pytorch, onnxruntime or openvino: what runs the artifact.")
+    precision: str = "fp32"
 
 
 class _ModelBench:
@@ -84,13 +87,16 @@ class _ModelBench:
         self.run_dir = out_dir / "runs" / slug(spec)
 
     def agent_report(self, model_options: dict[str, Any] | None, on_update: UpdateHook | None) -> RunReport:
+        ctx = replace(self.ctx, quantize=True, prune=True, approve_plan=False)
+        inputs = {"model": self.spec, "dataset": self.dataset, "dataset_split": self.split}
+        self.run_dir = _cached_run_dir(self.run_dir, {**inputs, "model_options": model_options}, ctx)
+        ctx = replace(ctx, run_dir=str(self.run_dir))
         paths = RunPaths(self.run_dir)
         if paths.report_json.exists():
             return RunReport.model_validate(finished_report(self.run_dir))
         if paths.settings.exists():
             result = resume_run(self.run_dir, on_update=on_update)
         else:
-            ctx = replace(self.ctx, run_dir=str(self.run_dir), quantize=True, prune=True, approve_plan=False)
             result = start_run(
                 self.spec,
                 dataset=self.dataset,
@@ -132,9 +138,9 @@ class _ModelBench:
             ("agent-quant", report.quantized_original, {}),  # the original, quantized: nothing pruned
             ("agent-prune+quant", report.quantized, agent),
         )
-        rows = [self._row(name, entry, **how) for name, entry, how in named if entry is not None]
+        rows = [self._row(name, entry, **{**how, **_runtime_of(entry)}) for name, entry, how in named if entry]
         rows += self._pruning_baselines(ratios, report.pruned.params)
-        rows.append(self._onnxruntime(report.baseline.params))
+        rows += self._onnxruntime(report.baseline.params)
         rows += self._static_baselines(report.baseline.params)
         return self._interleaved_latency(rows)
 
@@ -148,7 +154,7 @@ class _ModelBench:
             return []  # no data: nothing to calibrate on
         recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, all layers")]
         rows = []
-        for backend in ("openvino-int8", "onnxruntime-static"):
+        for backend in ("openvino", "openvino-int8", "onnxruntime-static"):  # OpenVINO FP32: int8's reference
             if not runtime_available(backend):
                 continue
             out = self.run_dir / "baselines" / f"{backend}-original"
@@ -157,10 +163,13 @@ class _ModelBench:
                 self.original, self.original, recs, out, config, shape=self.shape, calibration=calibration.images
             )
             metrics = ops.evaluate(out, self.original, self.shape, self.eval_spec, desc=f"{backend} of the original")
+            runtime, precision = RUNTIMES[backend]
             rows.append(
                 BenchRow(
                     model=self.spec,
-                    method=f"{backend}-quant",
+                    method="openvino-fp32" if backend == "openvino" else f"{backend}-quant",
+                    runtime=runtime,
+                    precision=precision,
                     accuracy=metrics.accuracy,
                     paired=metrics.paired,
                     params=params,
@@ -237,11 +246,7 @@ class _ModelBench:
         out = self.run_dir / "baselines" / name
         metrics_file = out / "metrics.json"
         images = self.eval_spec.model_dump(include={"dataset", "split", "samples", "calibration_samples", "seed"})
-        if metrics_file.is_file() and is_complete(out / "model"):
-            saved = read_json(metrics_file)
-            if saved.get("eval") == images:
-                return Metrics.model_validate(saved)
-        ops.prune(
+        ops.prune(  # reuses the model when its recipe hash matches, rebuilds it otherwise
             self.original,
             uniform_plan(ratio, prunable),
             self.shape,
@@ -250,12 +255,19 @@ class _ModelBench:
             recovery=RecoveryConfig.model_validate({"method": recovery}),
             calibration=calibration,
         )
+        # metrics are reused for the same evaluation images and the same model (its recipe hash), else measured
+        settings = {"eval": images, "recipe_hash": stored_recipe_hash(out / "model")}
+        if metrics_file.is_file():
+            saved = read_json(metrics_file)
+            if {key: saved.get(key) for key in settings} == settings:
+                return Metrics.model_validate(saved)
         label = f"{criterion} {ratio:g}" + ("" if recovery == "none" else f" +{recovery}")
         metrics = ops.evaluate(out / "model", self.original, self.shape, self.eval_spec, label)
-        atomic_write_json(metrics_file, {**metrics.model_dump(mode="json"), "eval": images})
+        atomic_write_json(metrics_file, {**metrics.model_dump(mode="json"), **settings})
         return metrics
 
-    def _onnxruntime(self, params: int) -> BenchRow:
+    def _onnxruntime(self, params: int) -> list[BenchRow]:
+        """ONNX Runtime's dynamic int8 of the original (the paper's baseline) and the FP32 export it came from."""
         from tools.deploy.onnxruntime import onnx_baseline
 
         model = load_original(self.original).model
@@ -265,16 +277,25 @@ class _ModelBench:
             self.run_dir / "onnxruntime",
             threads=self.ctx.threads or torch.get_num_threads(),
         )
-        accuracy = self.evaluate(base.quantized_model(), "onnxruntime int8")
-        return BenchRow(
-            model=self.spec,
-            method="onnxruntime-quant",
-            accuracy=accuracy,
-            params=params,
-            latency_s=0.0,
-            memory_mb=base.quantized_size_mb,
-            artifact=base.quantized_path,
-        )
+        rows, dynamic = [], RUNTIMES["onnxruntime"][1]
+        for method, path, size, session, precision in (
+            ("onnxruntime-fp32", base.fp32_path, base.fp32_size_mb, base.fp32_model, "fp32"),
+            ("onnxruntime-quant", base.quantized_path, base.quantized_size_mb, base.quantized_model, dynamic),
+        ):
+            rows.append(
+                BenchRow(
+                    model=self.spec,
+                    method=method,
+                    runtime="onnxruntime",
+                    precision=precision,
+                    accuracy=self.evaluate(session(), method),
+                    params=params,
+                    latency_s=0.0,
+                    memory_mb=size,
+                    artifact=path,
+                )
+            )
+        return rows
 
     def _interleaved_latency(self, rows: list[BenchRow]) -> list[BenchRow]:
         from tools.deploy.onnxruntime import OrtModel
@@ -292,6 +313,41 @@ class _ModelBench:
             models, ops.example_input(self.shape, seed=self.ctx.seed), warmup=3, repeats=self.ctx.latency_repeats
         )
         return [row.model_copy(update={"latency_s": times[row.artifact]}) for row in rows]
+
+
+def _runtime_of(entry: Metrics | None) -> dict[str, str]:
+    """The runtime and precision a run's model entry was deployed with (PyTorch FP32 when it says nothing)."""
+    extra = (entry.model_extra or {}) if entry is not None else {}
+    runtime, precision = RUNTIMES.get(str(extra.get("backend") or FLOAT), RUNTIMES[FLOAT])
+    return {"runtime": str(extra.get("runtime") or runtime), "precision": str(extra.get("precision") or precision)}
+
+
+def _run_settings(inputs: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """What decides an agent run's results: its inputs and settings, less where it is written and progress bars."""
+    settings = Context.from_dict(context).to_dict()
+    for key in ("run_dir", "progress"):
+        settings.pop(key, None)
+    return {"input": {k: v for k, v in inputs.items() if v is not None}, "context": settings}
+
+
+def _cached_run_dir(plain: Path, inputs: dict[str, Any], ctx: Context) -> Path:
+    """Where the agent run with these settings is kept: ``runs/<model>`` unless that holds a run made with other
+    settings, then ``runs/<model>-<settings hash>``. A run is reused (or resumed) only where its settings match."""
+    wanted = _run_settings(inputs, ctx.to_dict())
+    keyed = plain.with_name(f"{plain.name}-{recipe_hash(wanted)[:10]}")
+    free = None
+    for candidate in (plain, keyed):
+        saved = RunPaths(candidate).settings
+        if not saved.is_file():
+            free = free or candidate
+            continue
+        stored = read_json(saved)
+        if _run_settings(stored.get("input") or {}, stored.get("context") or {}) == wanted:
+            return candidate
+        logger.info("bench: %s holds a run with other settings: not reused", candidate)
+    if free is None:
+        raise RunError(f"bench: {plain} and {keyed} hold runs with other settings: remove one or choose another --out")
+    return free
 
 
 def run_bench(

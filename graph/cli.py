@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from graph.context import Context, Selection
+from tools.text import first_line
 
 if TYPE_CHECKING:
     from graph.runner import RunResult
@@ -161,11 +164,11 @@ def _add_factory_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("plain PyTorch models (--model module.path:factory)")
     group.add_argument("--weights", help="state dict file: safetensors, or torch (read with weights_only=True)")
     group.add_argument("--labels", help="class names in output order: 'a,b,c' or a file with one per line")
-    group.add_argument("--image-size", help="input size: 224 or HxW, e.g. 32x48 (default 224)")
+    group.add_argument("--image-size", help="input size: 224 or HxW, e.g. 32x48 (default: from the model, else 224)")
     group.add_argument("--mean", help="per-channel mean after scaling to [0,1]: 0.5 or 0.485,0.456,0.406")
     group.add_argument("--std", help="per-channel std: 0.5 or 0.229,0.224,0.225")
     group.add_argument(
-        "--channels", type=int, choices=[1, 3], help="1: greyscale, 3: RGB (default: from --mean, else 3)"
+        "--channels", type=int, choices=[1, 3], help="1: greyscale, 3: RGB (default: from --mean, else the model)"
     )
 
 
@@ -197,6 +200,12 @@ def _add_llm_options(parser: argparse.ArgumentParser, defaults: Context) -> None
         type=int,
         default=defaults.llm_max_attempts,
         help="attempts per plan before falling back to the rules planner",
+    )
+    parser.add_argument(
+        "--llm-context-tokens",
+        type=int,
+        default=defaults.llm_context_tokens,
+        help="tokens an LLM prompt is kept within; longer prompts are summarised (default 6000, for 8k models)",
     )
 
 
@@ -271,6 +280,7 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         llm_base_url=args.llm_base_url,
         llm_timeout=args.llm_timeout,
         llm_max_attempts=args.llm_max_attempts,
+        llm_context_tokens=args.llm_context_tokens,
         max_pruning_ratio=args.max_pruning_ratio,
         prune=not args.no_prune,
         iterate=not args.no_iterate,
@@ -330,7 +340,8 @@ def _finish(result: RunResult) -> None:
             f"from {pending.get('source')}):"
         )
         print(json.dumps(pending.get("plan"), indent=2))
-        print(f"continue with: profiling-agent resume --run-dir {result.run_dir} --approve | --plan FILE | --reject")
+        run_dir = shlex.quote(result.run_dir)
+        print(f"continue with: profiling-agent resume --run-dir {run_dir} --approve | --plan FILE | --reject")
         if pending.get("errors"):
             raise ValueError(f"the edited plan was not accepted (the run is still paused): {pending['errors'][0]}")
         return
@@ -343,7 +354,15 @@ def _finish(result: RunResult) -> None:
     print(f"report: {Path(run_dir) / 'report.json'} and report.md")
 
 
+def _refuse_if_held(run_dir: str) -> None:
+    """Fail at once, before the slow imports, when another process holds the run dir (the runner locks it)."""
+    from tools.store.lock import refuse_if_held, status_hint
+
+    refuse_if_held(run_dir, status_hint(Path(run_dir).resolve()))
+
+
 def _cmd_run(args: argparse.Namespace) -> None:
+    _refuse_if_held(args.run_dir)
     from graph.runner import start_run
 
     ctx = _context(args, args.run_dir)
@@ -361,33 +380,51 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> None:
     from graph.runner import load_settings, start_run
+    from tools.store.lock import LOCK_FILE, run_dir_lock
 
     run_dir = Path(args.run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        try:
-            previous = load_settings(run_dir)
-        except ValueError:
-            previous = {}
-        if previous.get("command") != "demo":
-            raise ValueError(f"{run_dir} exists and is not a demo run dir: pass another --run-dir")
-        shutil.rmtree(run_dir)
-    ctx = _context(args, str(run_dir))
-    _finish(start_run(DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(), extra={"command": "demo"}))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run dir: pass another --run-dir")
+    try:
+        with run_dir_lock(run_dir):  # held from before the previous demo is cleared until the new one stops
+            leftovers = [path for path in run_dir.iterdir() if path.name != LOCK_FILE]
+            if leftovers:
+                try:
+                    previous = load_settings(run_dir)
+                except ValueError:
+                    previous = {}
+                if previous.get("command") != "demo":
+                    raise ValueError(f"{run_dir} exists and is not a demo run dir: pass another --run-dir")
+                for path in leftovers:
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+            ctx = _context(args, str(run_dir))
+            extra = {"command": "demo"}
+            result = start_run(DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(), extra=extra)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()  # only if empty: a demo that saved nothing leaves no directory behind
+        raise
+    _finish(result)
 
 
 def _cmd_compare_llms(args: argparse.Namespace) -> None:
     from graph.runner import compare_llms
+    from tools.store.lock import run_dir_lock
 
     args.planner = "llm"
-    result = compare_llms(
-        args.model,
-        dataset=args.dataset,
-        split=args.split,
-        llms=args.llms,
-        out_dir=Path(args.out),
-        ctx=_context(args, args.out),
-        on_update=_Progress(),
-    )
+    with run_dir_lock(Path(args.out)):
+        result = compare_llms(
+            args.model,
+            dataset=args.dataset,
+            split=args.split,
+            llms=args.llms,
+            out_dir=Path(args.out),
+            ctx=_context(args, args.out),
+            on_update=_Progress(),
+        )
     from tools.reporting.report import render_llm_comparison
 
     print(render_llm_comparison(result))
@@ -409,16 +446,19 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     if factories:
         args.model = factories[0]
         options = factory_options(args)
-    result = run_bench(
-        args.models,
-        dataset=args.dataset,
-        split=args.split,
-        out_dir=Path(args.out),
-        ctx=_context(args, ""),
-        ratios=ratios,
-        model_options=options,
-        on_update=_Progress(),
-    )
+    from tools.store.lock import run_dir_lock
+
+    with run_dir_lock(Path(args.out)):
+        result = run_bench(
+            args.models,
+            dataset=args.dataset,
+            split=args.split,
+            out_dir=Path(args.out),
+            ctx=_context(args, ""),
+            ratios=ratios,
+            model_options=options,
+            on_update=_Progress(),
+        )
     out = Path(args.out)
     for name in ("table1", "table3", "table4"):
         print((out / f"{name}.md").read_text())
@@ -426,6 +466,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
 
 
 def _cmd_resume(args: argparse.Namespace) -> None:
+    _refuse_if_held(args.run_dir)
     from graph.runner import resume_run
 
     answer: dict[str, Any] | None = None
@@ -466,6 +507,32 @@ COMMANDS = {
 }
 
 
+def _naming_the_dataset(exc: Exception, message: str, args: argparse.Namespace) -> str:
+    """A dataset error that does not name its dataset (``no label column ...``) gets ``dataset SPEC:`` in front."""
+    from tools.evaluation.sources import DatasetError
+
+    dataset = getattr(args, "dataset", None)
+    if isinstance(exc, DatasetError) and dataset and dataset not in message:
+        return f"dataset {dataset}: {message}"
+    return message
+
+
+def _after_interrupt(args: argparse.Namespace) -> str:
+    """What to do after Ctrl-C: the real resume command, rerunning a bench, or starting again."""
+    from tools.store.run_paths import RunPaths
+
+    if args.command in ("bench", "compare-llms"):
+        return f"run the same command again to continue (its finished runs in {args.out} are reused)"
+    run_dir = getattr(args, "run_dir", None)
+    if args.command not in ("run", "demo", "resume") or not run_dir:
+        return "stopped"
+    if not RunPaths(run_dir).settings.is_file():
+        return "stopped before anything was saved: start the run again"
+    from graph.runner import resume_command
+
+    return f"continue with {resume_command(Path(run_dir).resolve())}"
+
+
 def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -489,12 +556,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         COMMANDS[args.command](args)
     except KeyboardInterrupt:
-        print("interrupted: continue with `profiling-agent resume --run-dir ...`", file=sys.stderr)
+        print(f"interrupted: {_after_interrupt(args)}", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.debug:
             raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = _naming_the_dataset(exc, first_line(exc), args)
         if not isinstance(exc, ValueError | OSError):  # not a known bad input: say where to look
             message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)

@@ -70,6 +70,13 @@ class Context:
         3,
         int,
     )
+    llm_context_tokens: int = _setting(
+        "Tokens an LLM prompt is kept within (estimated at 3.5 characters a token; at least 2000); longer prompts "
+        "show only the most important layer groups, sensitivity units and rounds. The default suits 8k-token models.",
+        "LLM_CONTEXT_TOKENS",
+        6000,
+        int,
+    )
     max_accuracy_drop: float = _setting(
         "Accuracy budget in points: a candidate losing more is never selected.", "MAX_ACCURACY_DROP", 1.0, float
     )
@@ -146,6 +153,8 @@ class Context:
             errors.append("--planner must be rules or llm")
         if self.llm_max_attempts < 1:
             errors.append("--llm-max-attempts must be at least 1")
+        if self.llm_context_tokens < 2000:
+            errors.append("--llm-context-tokens must be at least 2000")
         if self.selection not in get_args(Selection):
             errors.append("--selection must be accuracy or smallest-within-budget")
         if errors:

@@ -1,10 +1,14 @@
 """Run, resume and inspect checkpointed runs: a SQLite checkpointer in the run dir, a thread id,
-durability "sync" (so that a killed process loses no finished node), settings in ``settings.json``."""
+durability "sync" (so that a killed process loses no finished node), settings in ``settings.json``.
+
+A run or resume holds the run dir's lock (:mod:`tools.store.lock`) from before it touches anything until
+it stops, so two processes never write one run; ``status`` takes no lock and opens the checkpoints read-only.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
+import shlex
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,8 +25,9 @@ from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
 from tools.store.files import atomic_write_json, atomic_write_text, read_json
+from tools.store.lock import is_locked, lock_holder, run_dir_lock, status_hint
 from tools.store.run_paths import RunPaths
-from tools.text import slug
+from tools.text import first_line, slug
 
 UpdateHook = Callable[[str, dict[str, Any]], None]
 
@@ -41,13 +46,56 @@ class RunError(ValueError):
     """A run that cannot be started or resumed as asked."""
 
 
-@contextlib.contextmanager
-def checkpointed_graph(run_dir: Path) -> Iterator[Any]:
-    conn = sqlite3.connect(str(RunPaths(run_dir).checkpoints), check_same_thread=False)
+def _checkpoint_error(path: Path, exc: sqlite3.Error) -> RunError:
+    """One line naming the checkpoint database and what to do about it."""
+    if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable, disk full ...
+        return RunError(f"cannot use the checkpoint database {path}: {first_line(exc)}; check the file and its folder")
+    return RunError(
+        f"the checkpoint database {path} is damaged ({first_line(exc)}): this run cannot be resumed or inspected; "
+        "start it again with `profiling-agent run` and a new --run-dir"
+    )
+
+
+def _no_checkpoints() -> SqliteSaver:
+    """An empty checkpointer in memory: what a read-only look at a run with no checkpoint yet sees."""
+    saver = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    saver.setup()
+    return saver
+
+
+def _open_checkpoints(path: Path, read_only: bool) -> SqliteSaver:
+    """The checkpointer on ``path`` (tables made if needed); ``read_only``: it never writes to the file."""
+    if read_only and not path.is_file():
+        return _no_checkpoints()
+    if read_only:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(str(path), check_same_thread=False)
+    saver = SqliteSaver(conn)
     try:
-        yield build_graph().compile(checkpointer=SqliteSaver(conn))
-    finally:
+        saver.setup()
+    except sqlite3.OperationalError as exc:
         conn.close()
+        if read_only and "readonly" in str(exc):  # a database without the tables yet: no checkpoint
+            return _no_checkpoints()
+        raise _checkpoint_error(path, exc) from None
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+        conn.close()
+        raise _checkpoint_error(path, exc) from None
+    return saver
+
+
+@contextlib.contextmanager
+def checkpointed_graph(run_dir: Path, *, read_only: bool = False) -> Iterator[Any]:
+    """The compiled graph with the run dir's SQLite checkpointer; ``read_only`` for inspecting a live run."""
+    path = RunPaths(run_dir).checkpoints
+    saver = _open_checkpoints(path, read_only)
+    try:
+        yield build_graph().compile(checkpointer=saver)
+    except sqlite3.DatabaseError as exc:
+        raise _checkpoint_error(path, exc) from exc
+    finally:
+        saver.conn.close()
 
 
 def _config(thread_id: str) -> dict[str, Any]:
@@ -76,9 +124,7 @@ def prepare_run_dir(run_dir: Path) -> None:
     if paths.report_json.exists():
         raise RunError(f"{run_dir} already holds a finished run: choose another --run-dir")
     if paths.settings.exists():
-        raise RunError(
-            f"{run_dir} holds an unfinished run: continue it with `profiling-agent resume --run-dir {run_dir}`"
-        )
+        raise RunError(f"{run_dir} holds an unfinished run: continue it with {resume_command(run_dir)}")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
@@ -106,6 +152,31 @@ def start_run(
         raise RunError("a run needs --run-dir")
     run_dir = Path(ctx.run_dir).resolve()
     check_planner(ctx)
+    try:
+        with run_dir_lock(run_dir, hint=status_hint(run_dir)):
+            return _start_locked(model, run_dir, dataset, ctx, split, thread_id, on_update, extra, model_options)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()  # only if empty: a start that saved nothing leaves no directory behind
+        raise
+
+
+def resume_command(run_dir: str | Path) -> str:
+    """The command that continues the run in ``run_dir``, in backquotes, the dir quoted for the shell."""
+    return f"`profiling-agent resume --run-dir {shlex.quote(str(run_dir))}`"
+
+
+def _start_locked(
+    model: str,
+    run_dir: Path,
+    dataset: str | None,
+    ctx: Context,
+    split: str | None,
+    thread_id: str | None,
+    on_update: UpdateHook | None,
+    extra: dict[str, Any] | None,
+    model_options: dict[str, Any] | None,
+) -> RunResult:
     prepare_run_dir(run_dir)
     ctx = replace(ctx, run_dir=str(run_dir))
     thread_id = thread_id or uuid.uuid4().hex[:12]
@@ -169,7 +240,24 @@ def resume_run(
     ``answer`` is the human decision for a run paused for approval (see agents.review).
     """
     run_dir = run_dir.resolve()
-    saved = load_settings(run_dir)
+    saved = load_settings(run_dir)  # before the lock: a dir without a run is left as it is
+    started_in = Path(str(saved.get("context", {}).get("run_dir") or run_dir)).resolve()
+    if started_in != run_dir:  # its settings and checkpoints name files there: it would write into that dir
+        raise RunError(
+            f"the run in {run_dir} was started in {started_in} (see its settings.json) and its checkpoints point "
+            "there: a run dir cannot be moved or copied; resume it where it was started"
+        )
+    with run_dir_lock(run_dir, create=False, hint=status_hint(run_dir)):
+        return _resume_locked(run_dir, saved, thread_id, on_update, answer)
+
+
+def _resume_locked(
+    run_dir: Path,
+    saved: dict[str, Any],
+    thread_id: str | None,
+    on_update: UpdateHook | None,
+    answer: dict[str, Any] | None,
+) -> RunResult:
     ctx = Context.from_dict(saved["context"])
     thread_id = thread_id or saved["thread_id"]
     if not RunPaths(run_dir).report_json.exists():
@@ -194,17 +282,21 @@ def finished_report(run_dir: Path) -> dict[str, Any]:
     path = RunPaths(run_dir).report_json
     if not path.is_file():
         raise RunError(f"the run in {run_dir} stopped before writing its report: continue it with resume")
-    data: dict[str, Any] = json.loads(path.read_text())
+    data: dict[str, Any] = read_json(path)
     return data
 
 
 def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
-    """Where a run stands: finished nodes, next node, current round, best so far."""
+    """Where a run stands: finished nodes, next node, current round, best so far, the PID running it.
+
+    Read-only and lock-free: it works while a run or resume holds the run dir.
+    """
     run_dir = run_dir.resolve()
     saved = load_settings(run_dir)
     ctx = Context.from_dict(saved["context"])
     thread_id = thread_id or saved["thread_id"]
-    with checkpointed_graph(run_dir) as graph:
+    running = is_locked(run_dir)
+    with checkpointed_graph(run_dir, read_only=True) as graph:
         snapshot = graph.get_state(_config(thread_id))
         history = list(reversed(list(graph.get_state_history(_config(thread_id)))))
     # each checkpoint's `next` ran and was saved by the following checkpoint: all but the last one finished
@@ -217,6 +309,8 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
         "thread_id": thread_id,
         "model": saved["input"]["model"],
         "finished": RunPaths(run_dir).report_json.exists(),
+        "running": running,
+        "running_pid": lock_holder(run_dir).get("pid") if running else None,
         "next": list(snapshot.next),
         "rounds_done": len(rounds),
         "rounds_planned": rounds_wanted(ctx) if ctx.prune else 0,

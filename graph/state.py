@@ -62,6 +62,10 @@ class State(InputState, OutputState, total=False):
     pruned: dict[str, Any] | None
     quantized: dict[str, Any] | None
     quantized_original: dict[str, Any] | None
+    runtime_fp32_original: dict[str, Any] | None
+    """``{artifact, backend}``: the original in the deployed runtime at FP32 (timed for the decomposed speed-up)."""
+    speedup: dict[str, Any] | None
+    """``SpeedupFactors`` of the deployed model: runtime x precision x pruning, from one interleaved timing run."""
     deployment: dict[str, Any] | None
     """``DeployChoice``: every runtime and precision measured for deployment, the one chosen and why."""
     review: dict[str, Any] | None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,12 @@ def test_dataset_problems(model_dir: Path, tmp_path: Path, capsys: pytest.Captur
         capsys, "run", "--model", str(model_dir), "--dataset", str(fruit), "--run-dir", str(tmp_path / "r2")
     )
     assert "matches a model class" in message or "match" in message
+    split_folders = tmp_path / "splits"
+    _folder(split_folders / "train", ["one", "two"])
+    _folder(split_folders / "test", ["one", "two"])
+    argv = ["run", "--model", str(model_dir), "--dataset", str(split_folders), "--split", "nope"]
+    message = _error(capsys, *argv, "--run-dir", str(tmp_path / "r3"))
+    assert f"dataset {split_folders}: split 'nope' not found" in message, "the error names the dataset"
 
 
 def test_run_dir_that_cannot_be_written(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,4 +116,85 @@ def test_invalid_edited_plan_keeps_the_run_paused(
         message = _error(capsys, "resume", "--run-dir", str(run_dir), "--plan", str(path))
         assert "not accepted" in message, name
     assert main(["resume", "--run-dir", str(run_dir), "--approve"]) == 0
+    assert (run_dir / "report.json").exists()
+
+
+def test_damaged_model_weights_name_the_file(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    damaged = tmp_path / "vit"
+    shutil.copytree(model_dir, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # an interrupted copy
+    message = _error(capsys, "run", "--model", str(damaged), "--dataset", "digits", "--run-dir", str(tmp_path / "run"))
+    assert f"cannot read weights file {weights}" in message and "copy it again" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_factory_weights_missing_or_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = "tests.helpers_torch:tiny_grey_cnn"
+    run = ["run", "--model", model, "--dataset", "digits", "--run-dir", str(tmp_path / "r")]
+    missing = tmp_path / "absent.pt"
+    message = _error(capsys, *run, "--weights", str(missing))
+    assert str(missing) in message and "no such file" in message and "leave --weights out" in message
+    for name, data in (("cut.pt", b"PK\x03\x04 not a whole zip"), ("cut.safetensors", b"\x10\x00\x00\x00\x00\x00")):
+        (tmp_path / name).write_bytes(data)
+        message = _error(capsys, *run, "--weights", str(tmp_path / name))
+        assert f"file {tmp_path / name}" in message and "damaged" in message, message
+    assert not (tmp_path / "r").exists()
+
+
+def _run_dir_with_settings(run_dir: Path) -> Path:
+    from graph import Context
+
+    run_dir.mkdir()
+    settings = {"thread_id": "t", "input": {"model": "m"}, "context": Context(run_dir=str(run_dir)).to_dict()}
+    (run_dir / "settings.json").write_text(json.dumps(settings))
+    return run_dir
+
+
+def test_damaged_checkpoints_and_settings_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _run_dir_with_settings(tmp_path / "run")
+    checkpoints = run_dir / "checkpoints.sqlite"
+    checkpoints.write_bytes(b"not a database " * 100)
+    for command in ("resume", "status"):
+        message = _error(capsys, command, "--run-dir", str(run_dir))
+        assert f"checkpoint database {checkpoints} is damaged" in message and "new --run-dir" in message, message
+    assert checkpoints.read_bytes() == b"not a database " * 100
+    (run_dir / "settings.json").write_text('{"thread_id": ')
+    message = _error(capsys, "status", "--run-dir", str(run_dir))
+    assert f"{run_dir / 'settings.json'} is not valid JSON" in message
+
+
+def test_interrupt_prints_the_real_resume_command(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import graph.cli
+    import graph.runner
+
+    run_dir = tmp_path / "my run"  # a space: the command must quote it
+    argv = ["run", "--model", str(model_dir), "--dataset", "digits", "--run-dir", str(run_dir), "--iterations", "0"]
+    argv += ["--eval-samples", "20", "--no-sensitivity", "--no-quantize"]
+
+    def ctrl_c(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(graph.runner, "check_planner", ctrl_c)
+        assert main(argv) == 130
+    assert "stopped before anything was saved" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+    def ctrl_c_after(self: object, node: str, update: dict[str, object]) -> None:
+        if node == "profile_model":
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(graph.cli._Progress, "__call__", ctrl_c_after)
+        assert main(argv) == 130
+    err = capsys.readouterr().err
+    command = f"profiling-agent resume --run-dir {shlex.quote(str(run_dir.resolve()))}"
+    assert f"interrupted: continue with `{command}`" in err, err
+    assert not (run_dir / ".lock").exists()
+    assert main(shlex.split(command)[1:]) == 0, "the printed command continues the run"
     assert (run_dir / "report.json").exists()

@@ -20,8 +20,10 @@ METHODS = {
     "agent-prune",
     "agent-quant",
     "agent-prune+quant",
+    "onnxruntime-fp32",
     "onnxruntime-quant",
     "onnxruntime-static-quant",
+    "openvino-fp32",
     "openvino-int8-quant",
 }
 # l1, l2 and random as in the paper, and the run's own importance (act) applied uniformly
@@ -110,8 +112,23 @@ def test_bench_writes_tables_and_plots(tmp_path: Path) -> None:
     assert ", none: " in matched_line["best uniform, no recovery"]
     assert ", reconstruct: " in matched_line["best uniform + recovery"]
     assert matched_line["uniform, agent's importance + recovery"].startswith("act, reconstruct: ")
-    table3 = (out / "table3.md").read_text()
-    assert "onnxruntime-quant" in table3 and "openvino-int8-quant" in table3 and "onnxruntime-static-quant" in table3
-    assert "speed gain vs OpenVINO int8" in table3
+    # Table 3's values are bench.json's: each speed-up over PyTorch FP32, and its three factors multiply to it
+    latency = {r["method"]: r["latency_s"] for r in rows if r["ratio"] is None}
+    table3 = {line["method"]: line for line in csv.DictReader((out / "table3.csv").open())}
+    assert set(table3) == METHODS - {"original", "uniform", "agent-prune"}
+    for method, line in table3.items():
+        assert line["speed-up vs FP32"] == f"{latency['original'] / latency[method]:.2f}x"
+        assert line["speed gain vs ONNX Runtime"] == f"{latency['onnxruntime-quant'] / latency[method]:.2f}x"
+        assert line["speed gain vs OpenVINO int8"] == f"{latency['openvino-int8-quant'] / latency[method]:.2f}x"
+        factors = [float(line[k].rstrip("x")) for k in ("= runtime", "x precision", "x pruning")]
+        product = factors[0] * factors[1] * factors[2]
+        assert abs(product - latency["original"] / latency[method]) <= 0.02 * product + 0.01, line
+    fp32 = {"onnxruntime": "onnxruntime-fp32", "openvino": "openvino-fp32", "pytorch": "original"}
+    for method in ("onnxruntime-quant", "openvino-int8-quant", "onnxruntime-static-quant"):
+        row = next(r for r in rows if r["method"] == method)
+        reference = latency[fp32[row["runtime"]]]
+        assert table3[method]["= runtime"] == f"{latency['original'] / reference:.2f}x"
+        assert table3[method]["x precision"] == f"{reference / latency[method]:.2f}x"
+    assert table3["agent-prune+quant"]["x pruning"] == f"{latency['agent-quant'] / latency['agent-prune+quant']:.2f}x"
     assert (out / "vit-tradeoffs.png").stat().st_size > 1000
     assert main(argv) == 0, "a second bench reuses the runs"

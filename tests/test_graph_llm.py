@@ -138,6 +138,22 @@ def test_garbage_and_failures_never_stop_the_run(model_dir: Path, tmp_path: Path
     assert "## Planner decisions" in markdown and "rejected:" in markdown
 
 
+def test_an_llm_that_never_plans_still_completes_the_run(model_dir: Path, tmp_path: Path) -> None:
+    """Every answer is prose: each plan is the rules planner's, the run completes and the report says why;
+    the small --llm-context-tokens shortens every prompt, which the notes say once."""
+    with FakeOpenAI(lambda body: "I would prune the attention heads first.") as server:
+        report = _run(model_dir, tmp_path / "run", server, 1, "--llm-max-attempts", "2", "--llm-context-tokens", "2000")
+        prompts = [r["messages"] for r in server.chat_requests]
+    assert report["plan"]["source"] == "rules-fallback"
+    assert [r["source"] for r in report["rounds"]] == ["rules-fallback", "rules-fallback"]
+    assert report["pruned"]["artifact"] and report["baseline"]["accuracy"] is not None
+    markdown = (tmp_path / "run" / "report.md").read_text()
+    assert "## Planner decisions" in markdown and "fallback because: no valid plan after 2 attempts" in markdown
+    assert sum("shortened to fit --llm-context-tokens 2,000" in n for n in report["notes"]) == 1
+    assert len(prompts) == 1 + 2 + 2  # input shape, then two attempts for the analysis and for the round
+    assert all(sum(len(m["content"]) for m in messages) < 2000 * 3.5 for messages in prompts[1:])
+
+
 def test_unreachable_endpoint_stops_at_once(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -270,10 +270,10 @@ def test_a_server_refusing_response_format_is_asked_without_it(server: FakeOpenA
     planner = _planner(server, [])
     result = planner.analyze(ctx)
     assert result.source == "llm"
-    assert ["response_format" in r for r in server.chat_requests] == [True, False]
-    assert planner.response_format == "none"
+    # json_schema, then json_object are refused (HTTP 400): asked without one; remembered for the endpoint
+    assert ["response_format" in r for r in server.chat_requests] == [True, True, False]
     planner.analyze(ctx)
-    assert ["response_format" in r for r in server.chat_requests] == [True, False, False]
+    assert ["response_format" in r for r in server.chat_requests] == [True, True, False, False]
 
 
 # --- iteration ------------------------------------------------------------------------------------

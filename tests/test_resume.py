@@ -17,6 +17,7 @@ from graph import Context
 from graph.runner import RunError, checkpointed_graph, resume_run, run_status, start_run
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
+from tools.store.lock import RunDirBusy
 
 SETTINGS = ["--iterations", "3", "--eval-samples", "300", "--batch-size", "20", "--no-progress"]
 
@@ -51,12 +52,16 @@ def test_sigkill_mid_round_then_resume_finishes_without_recomputing(model_dir: P
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)
     assert proc.poll() is None, "the run finished before it could be killed"
+    with pytest.raises(RunDirBusy, match=f"in use by process {proc.pid}\\b"):
+        resume_run(run_dir)  # a second process on a live run is refused at once
+    assert run_status(run_dir)["running_pid"] == proc.pid, "status works while the run holds its dir"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (run_dir / "report.json").exists()
     before = _checkpointed_rounds(run_dir)
     status = run_status(run_dir)
     assert not status["finished"] and status["rounds_done"] == len(before) >= 2
+    assert not status["running"], "the lock died with the killed run"
     first_round = run_dir / "rounds" / "round-00" / "model" / "model.safetensors"
     mtime = first_round.stat().st_mtime_ns
 

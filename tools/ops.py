@@ -19,17 +19,18 @@ from torch import nn
 
 from tools.compression.recipes import PruningConfig, QuantizationConfig, RecoveryConfig
 from tools.models.base import (
-    LoadedModel,
-    ModelLoadError,
     example_input,
     logits_of,
     resolve_device,
 )
+from tools.models.input_shape import ImageHints, resolve_loaded_shape
 from tools.models.sources import acquire_model
 from tools.run_data import (
     Calibration,
+    DataCheck,
     EvalSpec,
     calibration_batch,
+    check_data,
     finetune_batch,
     match_dataset_labels,
     part_sizes,
@@ -49,9 +50,12 @@ from tools.store.artifacts import (
     load_compressed,
     load_module,
     load_original,
+    prune_recipe_hash,
+    quantize_recipe_hash,
     save_compressed,
     save_original,
     save_quantized,
+    stale_reason,
 )
 from tools.store.files import atomic_write_json, read_json
 
@@ -63,10 +67,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = [  # the run's data operations live in tools.run_data; they are re-exported here for the nodes
     "Calibration",
+    "DataCheck",
     "EvalSpec",
     "ModelInfo",
     "acquire",
     "calibration_batch",
+    "check_data",
     "compare_latency",
     "evaluate",
     "evaluate_accuracy_on",
@@ -124,37 +130,6 @@ def acquire(spec: str, out_dir: Path, device: str = "cpu", factory_options: dict
     )
 
 
-def _shape_candidates(loaded: LoadedModel) -> list[InputShape]:
-    config = getattr(loaded.model, "config", None)
-    channels = int(getattr(config, "num_channels", 3) or 3)
-    candidates: list[InputShape] = []
-    if loaded.preprocessing:
-        pre = loaded.preprocessing
-        height, width = pre["image_size"]
-        candidates.append(
-            InputShape(channels=int(pre["channels"]), height=int(height), width=int(width), source="--image-size")
-        )
-    processor = loaded.processor
-    for attr in ("crop_size", "size"):
-        size = getattr(processor, attr, None) if processor is not None else None
-        if size is None:
-            continue
-        get = size.get if isinstance(size, dict) else lambda k, s=size: getattr(s, k, None)
-        height, width = get("height"), get("width")
-        if height is None and get("shortest_edge") is not None:
-            height = width = get("shortest_edge")
-        if height and width:
-            candidates.append(
-                InputShape(channels=channels, height=int(height), width=int(width), source=f"processor.{attr}")
-            )
-    image_size = getattr(config, "image_size", None)
-    if image_size:
-        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)[:2]
-        candidates.append(InputShape(channels=channels, height=int(h), width=int(w), source="config.image_size"))
-    candidates.append(InputShape(channels=channels, height=224, width=224, source="default 224x224"))
-    return candidates
-
-
 def dry_run(model: nn.Module, shape: InputShape, device: str = "cpu") -> int:
     """Forward one input of ``shape``; return the number of logits."""
     with torch.inference_mode():
@@ -173,15 +148,10 @@ def shape_problem(original_dir: Path, shape: InputShape, device: str = "cpu") ->
     return None
 
 
-def resolve_input_shape(original_dir: Path, device: str = "cpu") -> InputShape:
-    """(channels, height, width) from the processor, then the config, proven by a dry forward pass."""
-    errors = []
-    for candidate in _shape_candidates(load_original(original_dir)):
-        problem = shape_problem(original_dir, candidate, device)
-        if problem is None:
-            return candidate
-        errors.append(f"{candidate.source} {candidate.as_tuple()}: {problem}")
-    raise ModelLoadError("no input shape runs the model: " + "; ".join(errors))
+def resolve_input_shape(original_dir: Path, device: str = "cpu", hints: ImageHints | None = None) -> InputShape:
+    """(channels, height, width) from the flags, processor, config and layers (and the dataset's images,
+    ``hints``), proven by a dry forward pass (see :mod:`tools.models.input_shape`)."""
+    return resolve_loaded_shape(load_original(original_dir), hints, device=resolve_device(device))
 
 
 # --- profiling --------------------------------------------------------------------------------------
@@ -235,9 +205,9 @@ def sensitivity(
 ) -> SensitivityProfile | None:
     """Per-unit sensitivity on the calibration images (``sensitivity.json``, also put into ``profile.json``).
 
-    ``samples``: calibration images to probe with (0: automatic, about two minutes in all; see
-    ``tools.compression.sensitivity.auto_samples``). None without calibration images (no dataset, or
-    ``calibration_samples`` 0).
+    ``samples``: calibration images to probe with (0: automatic, about two minutes in all, from the model's
+    MACs, not its timed latency; see ``tools.compression.sensitivity.auto_samples``). None without
+    calibration images (no dataset, or ``calibration_samples`` 0).
     """
     from tools.compression.sensitivity import DEFAULT_RATIOS, auto_samples, measure_sensitivity, prunable_units
 
@@ -252,7 +222,7 @@ def sensitivity(
     units = prunable_units(prunable(original_dir, shape, out_dir), model_profile.layers)
     target_device = resolve_device(device)
     available = int(calibration.images.shape[0])
-    count = samples or auto_samples(model_profile.latency_s, len(units) * len(DEFAULT_RATIOS), available)
+    count = samples or auto_samples(model_profile.total_macs, len(units) * len(DEFAULT_RATIOS), available)
     count = min(count, available)
     result = measure_sensitivity(
         load_original(original_dir).model.to(target_device),
@@ -291,15 +261,33 @@ def prune(
     ``finetune`` (steps > 0) distils the repaired model against the original on ``finetune_images``
     (default: the calibration images). The recipe written with the model records all of it; the returned
     report adds ``recovery`` and ``finetune`` (what each did, with its seconds).
+
+    A complete artifact in ``out_dir`` is reused only if it was built from the same recipe
+    (``tools.store.artifacts.prune_recipe_hash``); otherwise it is rebuilt, and the report's ``rebuilt``
+    says why (None when nothing stale was replaced).
     """
     from tools.compression.pruning import apply_pruning
     from tools.compression.recovery import recover_
 
-    if is_complete(out_dir):
-        recipe_done = read_json(out_dir / "artifact.json")["recipe"]
-        return {**recipe_done["report"], **{k: recipe_done[k] for k in ("recovery", "finetune") if k in recipe_done}}
     config = config or PruningConfig()
     recovery = recovery or RecoveryConfig(method="none")
+    key = prune_recipe_hash(
+        original_dir,
+        plan,
+        shape,
+        config,
+        recovery,
+        calibration=(calibration.images, calibration.targets) if calibration is not None else None,
+        finetune=finetune,
+        finetune_images=finetune_images,
+    )
+    stale = stale_reason(out_dir, key)
+    if is_complete(out_dir) and stale is None:
+        recipe_done = read_json(out_dir / "artifact.json")["recipe"]
+        done = {k: recipe_done[k] for k in ("recovery", "finetune") if k in recipe_done}
+        return {**recipe_done["report"], **done, "rebuilt": None}
+    if stale is not None:
+        logger.warning("rebuilding the pruned model: %s", stale)
     images = calibration.images if calibration is not None else None
     original = load_original(original_dir).model.eval()
     model = load_original(original_dir).model.eval()
@@ -331,8 +319,8 @@ def prune(
         "recovery": repaired.model_dump(),
         "finetune": tuned,
     }
-    save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe)
-    return {**report.model_dump(), "recovery": repaired.model_dump(), "finetune": tuned}
+    save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe, recipe_key=key)
+    return {**report.model_dump(), "recovery": repaired.model_dump(), "finetune": tuned, "rebuilt": stale}
 
 
 def quantize(
@@ -352,7 +340,8 @@ def quantize(
     installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape``
     is the input the model is exported with by backends that export it (default: resolved from the
     original). ``calibration``: preprocessed images, for the backends that quantize activations statically.
-    Returns the quantization report as saved.
+    Returns the quantization report as saved, plus ``rebuilt``: why a complete artifact in ``out_dir`` built from
+    another recipe (``tools.store.artifacts.quantize_recipe_hash``) was replaced (None when nothing stale was).
     """
     from tools.compression.quantization import (
         AUTO,
@@ -365,7 +354,11 @@ def quantize(
     from tools.deploy.onnxruntime import OnnxRuntimeError
 
     backend = (config or QuantizationConfig()).backend
-    if not is_complete(out_dir):
+    key = quantize_recipe_hash(source_dir, recommendations, backend, shape, calibration)
+    stale = stale_reason(out_dir, key)
+    if stale is not None:
+        logger.warning("rebuilding the quantized model: %s", stale)
+    if not is_complete(out_dir) or stale is not None:
         float_model = load_module(source_dir)
         recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
         report = plan_quantization(float_model, recommendations, backend=backend)
@@ -380,6 +373,7 @@ def quantize(
                 report=report,
                 example_input=example,
                 calibration=calibration,
+                recipe_key=key,
             )
         except (OnnxRuntimeError, QuantizationError) as exc:
             if backend != AUTO or report.backend == DEFAULT_BACKEND:
@@ -396,9 +390,10 @@ def quantize(
                 report=report,
                 example_input=example,
                 calibration=calibration,
+                recipe_key=key,
             )
         logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
-    return dict(read_json(out_dir / "artifact.json")["quantization"])
+    return {**read_json(out_dir / "artifact.json")["quantization"], "rebuilt": stale}
 
 
 # --- evaluation -------------------------------------------------------------------------------------
@@ -509,12 +504,30 @@ def _macs(model: nn.Module, shape: InputShape) -> int | None:
         return None
 
 
+def latency_device(artifact_dir: Path, device: str = "cpu") -> str:
+    """Where an artifact runs: quantized kernels (ONNX Runtime's, OpenVINO's too) are CPU kernels."""
+    quantized = read_json(Path(artifact_dir) / "artifact.json")["kind"] == "quantized"
+    return "cpu" if quantized else str(resolve_device(device))
+
+
 def compare_latency(
     artifacts: dict[str, Path], shape: InputShape, *, repeats: int = 20, device: str = "cpu", seed: int = 0
 ) -> dict[str, float]:
-    """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds."""
+    """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds.
+
+    Float models run on ``device`` (on CUDA each call is synchronised, after warm-up), quantized ones on
+    the CPU; the artifacts of each device are timed interleaved with each other.
+    """
     from tools.evaluation.cost import compare_latencies
 
-    # an nn.Module, or an OrtModel for onnxruntime artifacts
-    models: dict[str, Callable[[torch.Tensor], Any]] = {name: load_compressed(path) for name, path in artifacts.items()}
-    return compare_latencies(models, example_input(shape, seed=seed), warmup=3, repeats=repeats)
+    by_device: dict[str, dict[str, Path]] = {}
+    for name, path in artifacts.items():
+        by_device.setdefault(latency_device(path, device), {})[name] = path
+    times: dict[str, float] = {}
+    for where, group in by_device.items():
+        # an nn.Module, or an OrtModel / OpenVINO model for runtime artifacts
+        models: dict[str, Callable[[torch.Tensor], Any]] = {
+            name: load_compressed(path, device=where) for name, path in group.items()
+        }
+        times |= compare_latencies(models, example_input(shape, device=where, seed=seed), warmup=3, repeats=repeats)
+    return times

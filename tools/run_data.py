@@ -3,7 +3,9 @@
 :class:`EvalSpec` names the dataset and the sizes of its disjoint, seeded parts (calibration, evaluation,
 holdout, finetune: ``tools.evaluation.datasets.split_indices``). :func:`calibration_batch` and
 :func:`finetune_batch` give the preprocessed calibration and distillation images; :func:`preprocess_of`
-turns images into the batch the original model expects, each image once per process.
+turns images into the batch the original model expects (greyscale or colour as the model takes them), each
+image once per process. :func:`check_data` decodes the parts a run uses once, up front: images that cannot be
+decoded are left out of every part and named, and too many of them stop the run with a one-line error.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from PIL import Image
+from pydantic import BaseModel, Field
 
 from tools.models.base import build_preprocess
 from tools.schemas import InputShape
@@ -22,8 +25,10 @@ from tools.store.artifacts import load_original
 
 __all__ = [
     "Calibration",
+    "DataCheck",
     "EvalSpec",
     "calibration_batch",
+    "check_data",
     "finetune_batch",
     "match_dataset_labels",
     "part_sizes",
@@ -60,6 +65,10 @@ class EvalSpec(BaseModel):
             raise ValueError("no dataset")
         return _dataset(self.dataset, self.split, self.samples, self.seed, name, tuple(sorted(self.sizes().items())))
 
+    def finetune_spec(self) -> EvalSpec:
+        """The spec whose ``finetune`` part is what distillation adds to the calibration images."""
+        return self.model_copy(update={"finetune_samples": max(0, self.finetune_samples - self.calibration_samples)})
+
 
 @functools.lru_cache(maxsize=8)
 def _dataset(
@@ -72,17 +81,116 @@ def _dataset(
 ) -> Any:
     from tools.evaluation.datasets import load_eval_dataset
 
-    return load_eval_dataset(spec, split=split, samples=samples, seed=seed, part=part, sizes=dict(sizes))
+    # the share of unreadable images is checked over all the parts a run uses, by check_data
+    return load_eval_dataset(
+        spec, split=split, samples=samples, seed=seed, part=part, sizes=dict(sizes), max_unreadable=None
+    )
 
 
 def match_dataset_labels(
-    original_dir: Path, dataset: str, split: str | None, samples: int, seed: int
+    original_dir: Path,
+    dataset: str,
+    split: str | None,
+    samples: int,
+    seed: int,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """The dataset's classes matched to the model's (``LabelMatch.model_dump()``). ``sizes``: the other parts
+    of the run's data (``EvalSpec.sizes()``), so that the evaluation part decoded here is the run's own."""
     from tools.evaluation.labels import match_labels
 
     loaded = load_original(original_dir)
-    data = _dataset(dataset, split, samples, seed)
+    parts = {f"{name}_samples": count for name, count in (sizes or {}).items()}
+    spec = EvalSpec.model_validate({"dataset": dataset, "split": split, "samples": samples, "seed": seed, **parts})
+    data = spec.part("evaluation")
     return match_labels(loaded.id2label, data.label_names).model_dump()
+
+
+class DataCheck(BaseModel):
+    """The parts of a run's data once decoded: images per part, and those left out because they are unreadable."""
+
+    total: int = Field(default=0, description="Rows in the dataset split.")
+    parts: dict[str, int] = Field(default_factory=dict, description="Images decoded in each part the run uses.")
+    looked_at: int = Field(default=0, description="Rows of all those parts, readable or not.")
+    unreadable: int = 0
+    unreadable_parts: dict[str, int] = Field(default_factory=dict, description="Unreadable images of each part.")
+    examples: list[str] = Field(default_factory=list, description="The first unreadable images: 'path (why)'.")
+
+    def note(self) -> str | None:
+        """The report's note naming the unreadable images (None when every image was read)."""
+        if not self.unreadable:
+            return None
+        where = ", ".join(f"{part} {count}" for part, count in self.unreadable_parts.items())
+        more = f", ... ({self.unreadable} in all)" if self.unreadable > len(self.examples) else ""
+        return (
+            f"{self.unreadable} of {self.looked_at} images could not be read and were left out ({where}): "
+            + ", ".join(self.examples)
+            + more
+        )
+
+
+def _used_parts(spec: EvalSpec) -> dict[str, EvalSpec]:
+    """The parts a run decodes (in ``PARTS`` order), each with the spec that loads it as the run does."""
+    used = {"calibration": spec} if spec.calibration_samples > 0 else {}
+    used["evaluation"] = spec
+    if spec.holdout_samples > 0:
+        used["holdout"] = spec
+    if spec.finetune_samples > spec.calibration_samples:
+        used["finetune"] = spec.finetune_spec()
+    return used
+
+
+def check_data(spec: EvalSpec) -> DataCheck:
+    """Decode every part the run uses (kept for the run in this process) and count what could not be read.
+
+    Raises ``DatasetError`` when more than ``MAX_UNREADABLE_FRACTION`` of the images looked at are unreadable,
+    or when no evaluation image is left.
+    """
+    from tools.evaluation.datasets import (
+        MAX_UNREADABLE_FRACTION,
+        PARTS,
+        UNREADABLE_SHOWN,
+        split_indices,
+        too_many_unreadable,
+    )
+    from tools.evaluation.sources import DatasetError
+
+    if spec.dataset is None:
+        return DataCheck()
+    total = spec.part("evaluation").size_total
+    planned = split_indices(total, {**spec.sizes(), "evaluation": spec.samples}, spec.seed)
+    loaded = {name: part.part(name) for name, part in _used_parts(spec).items() if planned[name]}
+    unreadable = [u for data in loaded.values() for u in data.unreadable]
+    looked_at = sum(data.looked_at for data in loaded.values())
+    problem = too_many_unreadable(spec.dataset, unreadable, looked_at, MAX_UNREADABLE_FRACTION)
+    if problem:
+        raise DatasetError(problem)
+    if not loaded["evaluation"].images:
+        raise DatasetError(
+            f"no image of the evaluation part of {spec.dataset} can be read: repair the files or raise --eval-samples"
+        )
+    return DataCheck(
+        total=total,
+        parts={name: len(loaded[name]) if name in loaded else 0 for name in PARTS},
+        looked_at=looked_at,
+        unreadable=len(unreadable),
+        unreadable_parts={name: len(data.unreadable) for name, data in loaded.items() if data.unreadable},
+        examples=[str(u) for u in unreadable[:UNREADABLE_SHOWN]],
+    )
+
+
+def _in_mode(preprocess: Callable[[list[Any]], torch.Tensor], channels: int) -> Callable[[list[Any]], torch.Tensor]:
+    """``preprocess`` given every image as the model takes it: 'L' for one channel, 'RGB' for three."""
+    mode = {1: "L", 3: "RGB"}.get(channels)
+    if mode is None:
+        return preprocess
+
+    def converted(images: list[Any]) -> torch.Tensor:
+        return preprocess(
+            [img.convert(mode) if isinstance(img, Image.Image) and img.mode != mode else img for img in images]
+        )
+
+    return converted
 
 
 class _MemoPreprocess:
@@ -111,21 +219,20 @@ def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]]
 
         loaded = load_original(original_dir)
         _PREPROCESS.clear()  # one model's images at a time
-        _PREPROCESS[key] = _MemoPreprocess(
+        plain = (
             preprocess_for(loaded.preprocessing)
             if loaded.preprocessing
             else build_preprocess(loaded.processor, shape.as_tuple())
         )
+        _PREPROCESS[key] = _MemoPreprocess(_in_mode(plain, shape.channels))
     return _PREPROCESS[key]
 
 
 def part_sizes(spec: EvalSpec) -> dict[str, int]:
-    """Rows each part of the spec's data holds (calibration, evaluation, holdout, finetune), and ``total``."""
-    from tools.evaluation.datasets import split_indices
-
-    total = spec.part("evaluation").size_total if spec.dataset is not None else 0
-    parts = split_indices(total, {**spec.sizes(), "evaluation": spec.samples}, spec.seed)
-    return {**{name: len(rows) for name, rows in parts.items()}, "total": total} if total else {}
+    """Images each part of the spec's data holds as the run uses it (calibration, evaluation, holdout, finetune:
+    the images distillation adds to the calibration ones), ``total`` rows, and ``unreadable`` images left out."""
+    check = check_data(spec)
+    return {**check.parts, "total": check.total, "unreadable": check.unreadable} if check.total else {}
 
 
 class Calibration(BaseModel):
@@ -140,7 +247,8 @@ class Calibration(BaseModel):
 def calibration_batch(
     original_dir: Path, shape: InputShape, spec: EvalSpec, part: str = "calibration"
 ) -> Calibration | None:
-    """The calibration part of the data as one preprocessed batch (None without a dataset or calibration).
+    """The calibration part of the data as one preprocessed batch (None without a dataset or calibration, or when
+    none of its images can be read).
 
     ``targets`` holds the matched model class of each image, -1 for images of unmatched classes (None when
     the model is untrained or no labels were matched).
@@ -148,6 +256,8 @@ def calibration_batch(
     if spec.dataset is None or spec.calibration_samples < 1:
         return None
     data = spec.part(part)
+    if not data.images:  # every image of the part is unreadable
+        return None
     images = preprocess_of(original_dir, shape)(list(data.images))
     targets = None
     if spec.label_match is not None and not load_original(original_dir).untrained:
@@ -163,6 +273,5 @@ def finetune_batch(original_dir: Path, shape: InputShape, spec: EvalSpec) -> tor
         return None
     if spec.finetune_samples <= spec.calibration_samples:
         return calibration.images
-    extra = spec.model_copy(update={"finetune_samples": spec.finetune_samples - spec.calibration_samples})
-    more = calibration_batch(original_dir, shape, extra, part="finetune")
+    more = calibration_batch(original_dir, shape, spec.finetune_spec(), part="finetune")
     return calibration.images if more is None else torch.cat([calibration.images, more.images])

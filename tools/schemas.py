@@ -52,9 +52,24 @@ class InputShape(BaseModel):
     height: int = Field(ge=1)
     width: int = Field(ge=1)
     source: str = Field(default="config", description="Where the shape came from: config, processor, llm ...")
+    channels_source: str | None = Field(
+        default=None, description="Where the channels came from: '--channels', 'first convolution conv1', ..."
+    )
+    size_source: str | None = Field(
+        default=None, description="Where height and width came from: '--image-size', 'processor.crop_size', ..."
+    )
 
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.channels, self.height, self.width)
+
+    def describe(self) -> str:
+        """``channels: 1 (first convolution conv1); image size: 28 × 28 (--image-size)``, or shape and source."""
+        if self.channels_source is None and self.size_source is None:
+            return f"{self.channels} × {self.height} × {self.width} (from {self.source})"
+        return (
+            f"channels: {self.channels} ({self.channels_source or self.source}); "
+            f"image size: {self.height} × {self.width} ({self.size_source or self.source})"
+        )
 
 
 class LayerProfile(BaseModel):
@@ -201,6 +216,7 @@ class ModelEntry(Metrics):
 
     accuracy_drop_points: float | None = Field(default=None, description="Points lost against the baseline.")
     latency_measured: str | None = Field(default=None, description="'interleaved' once the final comparison ran.")
+    latency_device: str | None = Field(default=None, description="Where latency_s was measured (cpu, cuda).")
     round: int | None = Field(default=None, description="Best pruned model: the round it comes from.")
 
 
@@ -241,6 +257,9 @@ class RunReport(BaseModel):
     quantized_original: ModelEntry | None = None
     deployment: dict[str, Any] | None = Field(
         default=None, description="DeployChoice: each runtime and precision measured, the one deployed and why."
+    )
+    speedup: dict[str, Any] | None = Field(
+        default=None, description="SpeedupFactors: the deployed model's speed-up as runtime x precision x pruning."
     )
     rounds: list[RoundResult] = Field(default_factory=list)
     plan: PlanRecord = Field(default_factory=PlanRecord)

@@ -9,10 +9,18 @@ up to ``max_attempts`` → otherwise, or at once when the endpoint fails (HTTP e
 use the fallback planner (the rules planner). It never raises for what the model or the server does;
 every request is recorded as an :class:`~tools.llm.structured.LLMExchange`.
 
+Real servers differ (:mod:`tools.llm.response_format`): the response format each endpoint accepts is
+learned from its refusals and remembered in ``RUN/llm/response_format.json`` for the rest of the run and
+its resumes. Prompts are kept within ``context_tokens`` (``--llm-context-tokens``, estimated from
+characters): when the full prompt is longer, the profile, the sensitivity table and the history are cut
+to their most important entries (:mod:`agents.planning.prompt_budget`) and the exchange says what was cut.
+
 ``PlanResult.source`` is ``llm`` (valid at the first attempt), ``llm-repaired`` (valid after follow-ups)
 or ``rules-fallback``. ``planner_state`` records the attempts and the rejected plans with their reasons;
 after a fallback it also holds the fallback's own state, and its ``level`` at the top level, so that the
-rules planner's level search goes on in later rounds.
+rules planner's level search goes on in later rounds. ``planner_state["report_notes"]`` holds what the
+run's report should say (a shortened prompt, a learned response format); the same text every time, so
+that the nodes can add each note once.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from agents.planning.base import Planner, PlanningContext, PlanResult
 from agents.planning.llm_settings import settings_from_options
 from agents.planning.normalize import normalize_payload
+from agents.planning.prompt_budget import LEVELS, PromptDetail, cuts
 from agents.planning.prompts import (
+    SHAPE_LEVELS,
     analysis_messages,
     input_shape_messages,
     iteration_messages,
@@ -38,8 +48,17 @@ from agents.planning.prompts import (
 )
 from agents.planning.rules import SEARCH_KEYS, RulesPlanner
 from agents.planning.validation import validate_plan
-from tools.llm.client import LLMSettings, make_chat_model
-from tools.llm.structured import LLMExchange, ResponseFormatMode, invoke_structured
+from tools.llm.budget import (
+    CHARS_PER_TOKEN,
+    DEFAULT_CONTEXT_TOKENS,
+    MIN_CONTEXT_TOKENS,
+    FittedMessages,
+    estimate_prompt_tokens,
+    fit_messages,
+)
+from tools.llm.client import LLMSettings, make_chat_model, shorten
+from tools.llm.response_format import FORMAT_MEMORY_FILE, ResponseFormatMemory
+from tools.llm.structured import LLMExchange, ResponseFormatMode, endpoint_of, invoke_structured
 from tools.schemas import InputShape, OptimizationPlan
 
 if TYPE_CHECKING:
@@ -65,6 +84,10 @@ Purpose = Literal["input_shape", "analysis", "iteration"]
 MAX_CHANNELS = 16
 MIN_SIDE, MAX_SIDE = 4, 8192
 _RAW_KEPT = 600  # characters of an unparsable answer kept in planner_state
+_ECHO_CHARS = 3000  # characters of a rejected answer sent back in a follow-up (at most 1/8 of the budget)
+_ECHO_ERRORS = 8  # rejection reasons sent back in a follow-up
+_ECHO_ERROR_CHARS = 300  # characters of each
+PromptBuilder = Callable[[PromptDetail], list[dict[str, str]]]
 
 
 class JsonlExchangeLog:
@@ -86,6 +109,15 @@ class JsonlExchangeLog:
             return []
         lines = self.path.read_text(encoding="utf-8").splitlines()
         return [LLMExchange.model_validate_json(line) for line in lines if line.strip()]
+
+    def format_memory(self) -> ResponseFormatMemory:
+        """The response formats learned for this log's run, kept next to it (``response_format.json``)."""
+        return ResponseFormatMemory(self.path.with_name(FORMAT_MEMORY_FILE))
+
+
+def _memory_for(sink: ExchangeSink | None) -> ResponseFormatMemory:
+    """A run's memory when ``sink`` is its log, else one for this process."""
+    return sink.format_memory() if isinstance(sink, JsonlExchangeLog) else ResponseFormatMemory()
 
 
 def _emit(sink: ExchangeSink | None, exchange: LLMExchange) -> None:
@@ -120,14 +152,21 @@ class LLMPlanner:
         exchange_log: ExchangeSink | None = None,
         response_format: ResponseFormatMode = "auto",
         model_layer_names: list[str] | None = None,
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+        format_memory: ResponseFormatMemory | None = None,
     ) -> None:
         """``settings`` (default: :meth:`LLMSettings.from_env` at first use) or a ready ``chat`` model.
 
         ``exchange_log``: a list, or a callable such as :class:`JsonlExchangeLog`, receiving every exchange.
         ``model_layer_names``: module names for the quantization-regex check (default: the profile's).
+        ``context_tokens``: the estimated size a prompt is kept within (follow-ups included).
+        ``format_memory``: where learned response formats are kept (default: next to a
+        :class:`JsonlExchangeLog`, else in memory).
         """
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if context_tokens < MIN_CONTEXT_TOKENS:
+            raise ValueError(f"--llm-context-tokens must be at least {MIN_CONTEXT_TOKENS} (got {context_tokens})")
         self.settings = settings
         self._chat = chat
         self.max_attempts = max_attempts
@@ -135,6 +174,9 @@ class LLMPlanner:
         self.exchange_log = exchange_log
         self.response_format: ResponseFormatMode = response_format
         self.model_layer_names = model_layer_names
+        self.context_tokens = context_tokens
+        self._echo_chars = min(_ECHO_CHARS, int(context_tokens * CHARS_PER_TOKEN / 8))
+        self.format_memory = format_memory if format_memory is not None else _memory_for(exchange_log)
 
     @property
     def chat(self) -> BaseChatModel:
@@ -175,12 +217,60 @@ class LLMPlanner:
                 return self.fallback.next_plan(replace(ctx, history=own))
         return self.fallback.analyze(ctx)
 
+    def _fit(self, build: PromptBuilder, followups: list[dict[str, str]]) -> tuple[FittedMessages[PromptDetail], int]:
+        """The prompt at the most detail that fits with the follow-ups, and how many follow-ups are kept (the
+        oldest rejected answers are dropped, down to the last one, when even the shortest prompt is too long)."""
+        kept = len(followups)
+        while True:
+            reserved = estimate_prompt_tokens(followups[len(followups) - kept :]) if kept else 0
+            fitted = fit_messages(LEVELS, build, self.context_tokens, reserved)
+            if not fitted.over_budget or kept <= 2:
+                return fitted, kept
+            kept -= 2
+
+    def _prompt_notes(self, fitted: FittedMessages[PromptDetail], ctx: PlanningContext) -> tuple[str | None, str]:
+        """(the exchange's note, the report's note) when the prompt was shortened or is still too long."""
+        if not fitted.shortened and not fitted.over_budget:
+            return None, ""
+        budget = f"--llm-context-tokens {self.context_tokens:,}"
+        note = f"prompt shortened to fit {budget} (estimated {fitted.tokens:,} tokens, {fitted.full_tokens:,} in full)"
+        if fitted.shortened:
+            text = "\n".join(m["content"] for m in fitted.messages)
+            note += ": " + "; ".join(cuts(fitted.level, ctx, text))
+        if fitted.over_budget:
+            note += "; still over the budget at its shortest"
+            return note, (
+                f"LLM prompts were over {budget} even at their shortest (llm/exchanges.jsonl has their sizes): a "
+                "server with a context window that small may refuse them; raise the window and the budget"
+            )
+        return note, (
+            f"LLM prompts were shortened to fit {budget} (estimated at 3.5 characters a token): the profile, the "
+            "sensitivity table and the earlier rounds were cut to their most important entries; each exchange in "
+            "llm/exchanges.jsonl says what its prompt left out"
+        )
+
+    def _format_note(self, chat: BaseChatModel) -> str | None:
+        """The report's note on the response format this endpoint was found to accept, if a refusal taught one."""
+        key = endpoint_of(chat)
+        learned = self.format_memory.learned(key)
+        if learned is None or self.response_format != "auto":
+            return None
+        return (
+            f"LLM endpoint {key}: {self.format_memory.reason(key) or 'a response format was refused'}; "
+            f"requests use response_format={learned} from then on"
+        )
+
     def _plan(self, ctx: PlanningContext, purpose: Purpose) -> PlanResult:
         chat = self.chat  # configuration errors are the caller's to report
         iteration = purpose == "iteration"
         round_no = next_round(ctx) if iteration else None
-        messages = iteration_messages(ctx) if iteration else analysis_messages(ctx)
+        build: PromptBuilder = (
+            (lambda d: iteration_messages(ctx, d)) if iteration else (lambda d: analysis_messages(ctx, d))
+        )
+        followups: list[dict[str, str]] = []
+        fitted: FittedMessages[PromptDetail] | None = None
         rejected: list[dict[str, Any]] = []
+        report_notes: list[str] = []
         usage: Counter[str] = Counter()
         attempts = 0
         reason = ""
@@ -188,19 +278,25 @@ class LLMPlanner:
         try:
             for attempt in range(1, self.max_attempts + 1):
                 attempts = attempt
+                fitted, kept = self._fit(build, followups)
+                followups = followups[len(followups) - kept :] if kept else []
+                exchange_note, report_note = self._prompt_notes(fitted, ctx)
+                if report_note and report_note not in report_notes:
+                    report_notes.append(report_note)
                 plan, exchange = invoke_structured(
                     chat,
-                    messages,
+                    fitted.messages + followups,
                     OptimizationPlan,
                     purpose=purpose,
                     normalize=normalize_payload,
                     attempt=attempt,
                     round=round_no,
                     response_format=self.response_format,
+                    memory=self.format_memory,
                 )
                 model = exchange.model
-                if self.response_format == "auto" and any("refused response_format" in n for n in exchange.notes):
-                    self.response_format = "none"  # do not ask again for what this server refuses
+                if exchange_note:
+                    exchange.notes.insert(0, exchange_note)
                 if plan is not None:
                     if iteration:
                         plan = self._carry_quantization(plan, ctx)
@@ -214,6 +310,7 @@ class LLMPlanner:
                     source = "llm" if attempt == 1 else "llm-repaired"
                     logger.info("LLM %s plan accepted at attempt %d (%s)", purpose, attempt, source)
                     state = self._state(model, attempts, rejected, usage, exchange)
+                    self._add_notes(state, chat, report_notes, fitted)
                     return PlanResult(plan=plan, source=source, planner_state=state)
                 entry: dict[str, Any] = {
                     "attempt": attempt,
@@ -236,17 +333,47 @@ class LLMPlanner:
                     detail = exchange.errors[-1] if exchange.errors else ""
                     reason = f"the LLM endpoint failed ({exchange.failure}): {detail}"
                     break
-                messages = [
-                    *messages,
-                    {"role": "assistant", "content": exchange.raw_response or "(empty answer)"},
-                    {"role": "user", "content": retry_message(exchange.errors)},
-                ]
+                followups += self._followup(exchange)
             else:
                 reason = f"no valid plan after {self.max_attempts} attempts"
         except Exception as exc:  # a bug here must not cost the run: the rules planner still plans
             logger.exception("LLM planner failed")
             reason = f"LLM planner error: {type(exc).__name__}: {exc}"
-        return self._fallback_result(ctx, purpose, model, attempts, rejected, usage, reason)
+        result = self._fallback_result(ctx, purpose, model, attempts, rejected, usage, reason)
+        self._add_notes(result.planner_state, chat, report_notes, fitted)
+        return result
+
+    def _followup(self, exchange: LLMExchange) -> list[dict[str, str]]:
+        """The rejected answer (cut to fit the budget) and the reasons, to send back with the next attempt."""
+        echo = exchange.raw_response or "(empty answer)"
+        if len(echo) > self._echo_chars:
+            echo = echo[: self._echo_chars] + " ... (cut)"
+        reasons = [shorten(e, _ECHO_ERROR_CHARS) for e in exchange.errors[:_ECHO_ERRORS]]
+        if len(exchange.errors) > _ECHO_ERRORS:
+            reasons.append(f"... and {len(exchange.errors) - _ECHO_ERRORS} more")
+        return [{"role": "assistant", "content": echo}, {"role": "user", "content": retry_message(reasons)}]
+
+    def _add_notes(
+        self,
+        state: dict[str, Any],
+        chat: BaseChatModel,
+        report_notes: list[str],
+        fitted: FittedMessages[PromptDetail] | None,
+    ) -> None:
+        """The prompt's size against the budget, and the notes for the report, into ``planner_state``."""
+        notes = list(report_notes)
+        with_format = self._format_note(chat)
+        if with_format:
+            notes.insert(0, with_format)
+        if fitted is not None:
+            state["prompt"] = {
+                "budget_tokens": self.context_tokens,
+                "estimated_tokens": fitted.tokens,
+                "full_estimated_tokens": fitted.full_tokens,
+                "detail": fitted.level.name,
+            }
+        if notes:
+            state["report_notes"] = notes
 
     def _state(
         self,
@@ -302,12 +429,14 @@ def llm_planner_for_run(
     base_url: str | None = None,
     timeout_s: float | None = None,
     max_attempts: int = 3,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> LLMPlanner:
     """The LLM planner of one run: settings from the environment (non-None arguments win), every exchange
-    appended to ``RUN/llm/exchanges.jsonl``. Raises ``LLMConfigError`` when nothing is configured."""
+    appended to ``RUN/llm/exchanges.jsonl``, learned response formats kept in ``RUN/llm/response_format.json``.
+    Raises ``LLMConfigError`` when nothing is configured."""
     settings = settings_from_options(model, base_url, timeout_s)
     log = JsonlExchangeLog(Path(run_dir) / "llm" / "exchanges.jsonl")
-    return LLMPlanner(settings, max_attempts=max_attempts, exchange_log=log)
+    return LLMPlanner(settings, max_attempts=max_attempts, exchange_log=log, context_tokens=context_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -345,15 +474,32 @@ def resolve_input_shape_with_llm(
     metadata: dict[str, Any],
     *,
     exchange_log: ExchangeSink | None = None,
+    format_memory: ResponseFormatMemory | None = None,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> tuple[InputShape | None, LLMExchange]:
     """Ask the LLM for (channels, height, width) from ``metadata`` (see :func:`shape_metadata`).
 
     Returns ``(InputShape(source="llm"), exchange)``, or ``(None, exchange)`` when the answer is missing,
-    unparsable or implausible. The caller must still prove the shape with a dry forward pass.
+    unparsable or implausible. The caller must still prove the shape with a dry forward pass. The prompt
+    shows fewer and shorter metadata fields when it would not fit ``context_tokens``; ``format_memory``
+    (default: next to a :class:`JsonlExchangeLog`) keeps the response format the endpoint accepts.
     """
+    fitted = fit_messages(SHAPE_LEVELS, lambda level: input_shape_messages(metadata, level), context_tokens)
     shape, exchange = invoke_structured(
-        chat, input_shape_messages(metadata), InputShape, purpose="input_shape", normalize=normalize_payload
+        chat,
+        fitted.messages,
+        InputShape,
+        purpose="input_shape",
+        normalize=normalize_payload,
+        memory=format_memory if format_memory is not None else _memory_for(exchange_log),
     )
+    if fitted.shortened or fitted.over_budget:
+        fields, chars = fitted.level
+        exchange.notes.insert(
+            0,
+            f"prompt shortened to fit {context_tokens:,} tokens (estimated {fitted.tokens:,}, {fitted.full_tokens:,} "
+            f"in full): at most {fields} metadata fields per section, values cut to {chars} characters",
+        )
     if shape is not None:
         shape = shape.model_copy(update={"source": "llm"})
         problems = _shape_problems(shape)

@@ -10,7 +10,9 @@
   width}``.
 * :func:`retry_message` — the follow-up that sends validation errors back.
 
-Everything here is deterministic text built from the inputs; nothing calls a model.
+Each takes a :class:`~agents.planning.prompt_budget.PromptDetail` that caps its long parts, so that the
+prompt fits a small context window. Everything here is deterministic text built from the inputs; nothing
+calls a model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.prompt_budget import FULL, PromptDetail, capped, compact_schema_text, rounds_shown
 from agents.planning.prompt_sensitivity import sensitivity_lines, settings_lines
 from agents.planning.rules import exact_pattern
 from tools.profiling.profile import name_pattern
@@ -31,6 +34,7 @@ __all__ = [
     "ANALYSIS_SYSTEM",
     "INPUT_SHAPE_SYSTEM",
     "ITERATION_SYSTEM",
+    "SHAPE_LEVELS",
     "analysis_messages",
     "analysis_prompt",
     "blocked_summary",
@@ -178,19 +182,23 @@ def plan_schema_json() -> str:
 
 
 def _head_lines(ctx: PlanningContext) -> list[str]:
+    """One line per group of head-prunable attention modules (largest latency share first)."""
     heads: dict[str, int] = ctx.prunable.get("heads") or {}
-    lines = []
+    lines: list[tuple[float, str]] = []
     for pattern in sorted({name_pattern(h) for h in heads}):
         members = [h for h in heads if re.search(pattern, h)]
         inside = [lp for lp in ctx.profile.layers if any(lp.name == h or lp.name.startswith(f"{h}.") for h in members)]
         counts = "/".join(str(c) for c in sorted({heads[h] for h in members}))
+        latency = sum(lp.latency_share for lp in inside)
         lines.append(
-            f"- {pattern} : {len(members)} attention modules with {counts} heads each; with their q/k/v/o "
-            f"projections {_pct(sum(lp.latency_share for lp in inside))} of latency, "
-            f"{_pct(sum(lp.macs_share for lp in inside))} of MACs, {_pct(sum(lp.params_share for lp in inside))} "
-            "of parameters"
+            (
+                latency,
+                f"- {pattern} : {len(members)} attention modules with {counts} heads each; with their q/k/v/o "
+                f"projections {_pct(latency)} of latency, {_pct(sum(lp.macs_share for lp in inside))} of MACs, "
+                f"{_pct(sum(lp.params_share for lp in inside))} of parameters",
+            )
         )
-    return lines
+    return [text for _, text in sorted(lines, key=lambda r: -r[0])]
 
 
 def _structured_lines(ctx: PlanningContext) -> tuple[list[str], list[str]]:
@@ -226,10 +234,12 @@ def _structured_lines(ctx: PlanningContext) -> tuple[list[str], list[str]]:
     return describe(internal, ""), describe(coupled, coupled_suffix)
 
 
-def profile_summary(ctx: PlanningContext, top_k: int = 12) -> str:
-    """The static profile P as text: model, top layer groups, prunable layers, quantizable layers."""
+def profile_summary(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
+    """The static profile P as text: model, top layer groups, prunable layers, quantizable layers; each list
+    capped by ``detail`` (largest latency share first)."""
     profile = ctx.profile
-    shown = [g for g in profile.groups if max(g.latency_share, g.macs_share, g.params_share) >= 0.001][:top_k]
+    shown = [g for g in profile.groups if max(g.latency_share, g.macs_share, g.params_share) >= 0.001]
+    shown = shown[: detail.groups]
     out = [
         f"Model: {profile.model_class} (family: {profile.family or 'unknown'}), input "
         f"{'x'.join(str(d) for d in profile.input_shape)}, {_int(profile.total_params)} parameters, "
@@ -245,19 +255,21 @@ def profile_summary(ctx: PlanningContext, top_k: int = 12) -> str:
         )
 
     out += ["", "Head pruning (pruning_type 'head'; the regex may select the attention module or its projections):"]
-    out += _head_lines(ctx) or ["- none: this model has no head-prunable attention modules; do not use 'head'"]
+    heads = capped(_head_lines(ctx), detail.lines, "head-prunable groups")
+    out += heads or ["- none: this model has no head-prunable attention modules; do not use 'head'"]
 
     internal, coupled = _structured_lines(ctx)
     out += ["", "Structured pruning, layers internal to their block (pruning_type 'structured'; safest):"]
-    out += internal or ["- none"]
+    out += capped(internal, detail.lines, "structured-prunable groups") or ["- none"]
     if coupled:
         out += ["", "Structured pruning, coupled layers (allowed; each prunes its whole coupled group once):"]
-        out += coupled
+        out += capped(coupled, detail.lines, "coupled groups")
 
     blocked = ctx.prunable.get("blocked") or {}
     if blocked:
         out += ["", "Not prunable (never select these with a pruning regex):"]
-        out += [f"- {p} ({n}): {reason}" for p, n, reason in blocked_summary(blocked)]
+        listed = [f"- {p} ({n}): {reason}" for p, n, reason in blocked_summary(blocked)]
+        out += capped(listed, detail.lines, "not-prunable groups", "select only what is listed as prunable")
 
     linear = [g for g in profile.groups if g.type == "Linear"]
     n_linear = sum(g.count for g in linear)
@@ -270,10 +282,10 @@ def profile_summary(ctx: PlanningContext, top_k: int = 12) -> str:
     return "\n".join(out)
 
 
-def _measured(ctx: PlanningContext) -> list[str]:
+def _measured(ctx: PlanningContext, detail: PromptDetail = FULL) -> list[str]:
     """The pruning settings and the sensitivity table, each followed by a blank line (nothing if absent)."""
     out: list[str] = []
-    for block in (settings_lines(ctx), sensitivity_lines(ctx)):
+    for block in (settings_lines(ctx), sensitivity_lines(ctx, max_units=detail.units)):
         out += [*block, ""] if block else []
     return out
 
@@ -319,26 +331,34 @@ def _rules(ctx: PlanningContext, *, iteration: bool) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def analysis_prompt(ctx: PlanningContext) -> str:
+def _schema(ctx: PlanningContext, detail: PromptDetail, *, iteration: bool) -> list[str]:
+    if detail.compact_schema:
+        return [compact_schema_text(ctx.max_ratio, iteration=iteration)]
+    return ["JSON schema of the answer (OptimizationPlan):", plan_schema_json()]
+
+
+def analysis_prompt(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
     return "\n".join(
         [
             "Write the optimization plan for this model.",
             "",
-            profile_summary(ctx),
+            profile_summary(ctx, detail),
             "",
-            *_measured(ctx),
+            *_measured(ctx, detail),
             _budget(ctx),
             "",
             *_rules(ctx, iteration=False),
             "",
-            "JSON schema of the answer (OptimizationPlan):",
-            plan_schema_json(),
+            *_schema(ctx, detail, iteration=False),
         ]
     )
 
 
-def analysis_messages(ctx: PlanningContext) -> list[dict[str, str]]:
-    return [{"role": "system", "content": ANALYSIS_SYSTEM}, {"role": "user", "content": analysis_prompt(ctx)}]
+def analysis_messages(ctx: PlanningContext, detail: PromptDetail = FULL) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": ANALYSIS_SYSTEM},
+        {"role": "user", "content": analysis_prompt(ctx, detail)},
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -394,13 +414,20 @@ def next_round(ctx: PlanningContext) -> int:
     return max((r.round for r in ctx.history), default=-1) + 1
 
 
-def iteration_prompt(ctx: PlanningContext) -> str:
+def iteration_prompt(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
     history = sorted(ctx.history, key=lambda r: r.round)
-    out = [f"Write the pruning plan for round {next_round(ctx)}.", "", profile_summary(ctx), ""]
-    out += [*_measured(ctx), _budget(ctx), ""]
+    out = [f"Write the pruning plan for round {next_round(ctx)}.", "", profile_summary(ctx, detail), ""]
+    out += [*_measured(ctx, detail), _budget(ctx), ""]
     if history:
         out.append("Earlier rounds (plan A_i, then its evaluation E_i):")
-        for record in history:
+        shown, omitted = rounds_shown(history, detail)
+        if omitted:
+            over = sum(not r.within_budget for r in history if r not in shown)
+            out.append(
+                f"({omitted} earlier rounds left out to fit the context window, {over} of them over budget; "
+                "shown: the latest rounds and the best within budget)"
+            )
+        for record in shown:
             out.append(f"Round {record.round} [{record.source}]: {_plan_line(record.plan)}")
             out.append(f"  -> {_result_line(record, ctx)}")
             line = _over_budget_line(record, ctx)
@@ -424,18 +451,15 @@ def iteration_prompt(ctx: PlanningContext) -> str:
             )
     else:
         out.append("No round has been evaluated yet.")
-    out += [
-        "",
-        *_rules(ctx, iteration=True),
-        "",
-        "JSON schema of the answer (OptimizationPlan):",
-        plan_schema_json(),
-    ]
+    out += ["", *_rules(ctx, iteration=True), "", *_schema(ctx, detail, iteration=True)]
     return "\n".join(out)
 
 
-def iteration_messages(ctx: PlanningContext) -> list[dict[str, str]]:
-    return [{"role": "system", "content": ITERATION_SYSTEM}, {"role": "user", "content": iteration_prompt(ctx)}]
+def iteration_messages(ctx: PlanningContext, detail: PromptDetail = FULL) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": ITERATION_SYSTEM},
+        {"role": "user", "content": iteration_prompt(ctx, detail)},
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -467,7 +491,7 @@ def _compact(value: Any, limit: int = 300) -> str:
 _SHAPE_NOISE = {"id2label", "label2id", "label_names", "task_specific_params", "transformers_version"}
 
 
-def _fields(data: Mapping[str, Any], first: tuple[str, ...], limit: int = 25) -> list[str]:
+def _fields(data: Mapping[str, Any], first: tuple[str, ...], limit: int = 25, value_chars: int = 300) -> list[str]:
     """``first`` keys, then the others sorted; label maps, private keys and empty values left out."""
     useful = {
         k: v
@@ -476,22 +500,30 @@ def _fields(data: Mapping[str, Any], first: tuple[str, ...], limit: int = 25) ->
     }
     keys = [k for k in first if k in useful] + sorted(k for k in useful if k not in first)
     data = useful
-    return [f"- {k}: {_compact(data[k])}" for k in keys[:limit]]
+    return [f"- {k}: {_compact(data[k], value_chars)}" for k in keys[:limit]]
 
 
-def input_shape_prompt(metadata: Mapping[str, Any]) -> str:
-    """``metadata``: ``model_class``, ``config`` (dict) and ``processor`` (dict); other keys are shown too."""
+#: (fields per section, characters per value) of the input-shape prompt, from the most to the least detail.
+SHAPE_LEVELS: tuple[tuple[int, int], ...] = ((25, 300), (15, 160), (10, 80))
+
+
+def input_shape_prompt(metadata: Mapping[str, Any], level: tuple[int, int] = SHAPE_LEVELS[0]) -> str:
+    """``metadata``: ``model_class``, ``config`` (dict) and ``processor`` (dict); other keys are shown too.
+
+    ``level``: at most that many fields per section, each value cut to that many characters (the fields
+    that tell the shape come first)."""
+    limit, chars = level
     out = ["What input tensor does this image classifier take (one image, without the batch dimension)?", ""]
     out.append(f"Model class: {metadata.get('model_class', 'unknown')}")
     config = metadata.get("config")
     if isinstance(config, Mapping) and config:
-        out += ["Model config fields:", *_fields(config, SHAPE_CONFIG_FIELDS)]
+        out += ["Model config fields:", *_fields(config, SHAPE_CONFIG_FIELDS, limit, chars)]
     processor = metadata.get("processor")
     if isinstance(processor, Mapping) and processor:
-        out += ["Image processor fields:", *_fields(processor, SHAPE_PROCESSOR_FIELDS)]
+        out += ["Image processor fields:", *_fields(processor, SHAPE_PROCESSOR_FIELDS, limit, chars)]
     others = {k: v for k, v in metadata.items() if k not in {"model_class", "config", "processor"}}
     if others:
-        out += ["Other metadata:", *_fields(others, ())]
+        out += ["Other metadata:", *_fields(others, (), limit, chars)]
     out += [
         "",
         "The processor's crop_size (else size) is what the model sees; image_mean has one value per channel.",
@@ -500,8 +532,8 @@ def input_shape_prompt(metadata: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
-def input_shape_messages(metadata: Mapping[str, Any]) -> list[dict[str, str]]:
+def input_shape_messages(metadata: Mapping[str, Any], level: tuple[int, int] = SHAPE_LEVELS[0]) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": INPUT_SHAPE_SYSTEM},
-        {"role": "user", "content": input_shape_prompt(metadata)},
+        {"role": "user", "content": input_shape_prompt(metadata, level)},
     ]

@@ -11,7 +11,11 @@ accuracy budget, bisect once one does not. The saving uses parameters and MACs, 
 plans do not depend on timing noise.
 
 Without a sensitivity profile (no data, or ``--no-sensitivity``) it falls back to one global level over
-the groups that cost the most latency, searched the same way.
+the groups that cost the most MACs (parameters where MACs are unknown), searched the same way.
+
+Nothing timed reaches a plan: no decision, ratio, order or justification reads a latency (the profile's
+latency shares, a round's ``latency_s``), so the same saved profile (with its sensitivity profile) and the
+same evaluated rounds give the same plans, byte for byte.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from agents.planning.base import PlanningContext, PlanResult
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
+    LayerProfile,
     ModelProfile,
     OptimizationPlan,
     PruningRecommendation,
@@ -156,27 +161,38 @@ class RulesPlanner:
 
     # --- what to prune --------------------------------------------------------------------------
 
+    @staticmethod
+    def _cost_shares(profile: ModelProfile, layers: list[LayerProfile]) -> tuple[float, float]:
+        """(MACs share, parameters share) of ``layers``, from the exact counts (never from a timing)."""
+        macs = sum(lp.macs for lp in layers) / profile.total_macs if profile.total_macs > 0 else 0.0
+        params = sum(lp.params for lp in layers) / profile.total_params if profile.total_params > 0 else 0.0
+        return macs, params
+
     def _targets(self, ctx: PlanningContext) -> list[_Target]:
-        """Head groups and internal structured groups, weighted by their share of latency."""
+        """Head groups and internal structured groups, weighted by their share of MACs (else of parameters).
+
+        Ranked by that share, ties by pattern, so the same profile always gives the same targets in the same
+        order: timed latency shares are too noisy to rank by.
+        """
         profile = ctx.profile
         layers = {layer.name: layer for layer in profile.layers}
-        raw: list[tuple[str, str, float, str]] = []  # pattern, type, latency share, justification
+        by_macs = profile.total_macs > 0 and any(lp.macs > 0 for lp in profile.layers)
+        raw: list[tuple[str, str, float, str]] = []  # pattern, type, cost share, justification
 
         heads: dict[str, int] = ctx.prunable.get("heads", {})
         for pat in sorted({name_pattern(h) for h in heads}):
             members = [h for h in heads if re.search(pat, h)]
             inside = [lp for lp in profile.layers if any(lp.name.startswith(f"{h}.") or lp.name == h for h in members)]
-            share = sum(lp.latency_share for lp in inside)
-            macs = sum(lp.macs_share for lp in inside)
+            macs, params = self._cost_shares(profile, inside)
             counts = "/".join(str(c) for c in sorted({heads[h] for h in members}))
             raw.append(
                 (
                     pat,
                     "head",
-                    share,
-                    f"{len(members)} attention modules ({counts} heads each) take {_pct(share)} of latency and "
-                    f"{_pct(macs)} of MACs; whole heads are removed with their q/k/v rows and output columns, "
-                    "so the residual width is kept.",
+                    macs if by_macs else params,
+                    f"{len(members)} attention modules ({counts} heads each) hold {_pct(macs)} of MACs and "
+                    f"{_pct(params)} of parameters; whole heads are removed with their q/k/v rows and output "
+                    "columns, so the residual width is kept.",
                 )
             )
 
@@ -189,26 +205,24 @@ class RulesPlanner:
         universe = list(layers)
         for members in by_template.values():
             stats = [layers[n] for n in members]
-            share = sum(lp.latency_share for lp in stats)
-            macs = sum(lp.macs_share for lp in stats)
-            params = sum(lp.params_share for lp in stats)
-            if share < 0.002 and macs < 0.002:
+            macs, params = self._cost_shares(profile, stats)
+            if macs < 0.002 and params < 0.002:
                 continue
             kind = "Linear layers" if stats[0].type == "Linear" else "convolutions"
             raw.append(
                 (
                     exact_pattern(members, universe),
                     "structured",
-                    share,
-                    f"{len(members)} {kind} take {_pct(share)} of latency, {_pct(macs)} of MACs and "
-                    f"{_pct(params)} of parameters; their output channels are internal to their block (the "
-                    "dependency graph couples them to no other layer's outputs), so removing the weakest ones "
-                    "shrinks this layer and the next without touching a residual stream.",
+                    macs if by_macs else params,
+                    f"{len(members)} {kind} hold {_pct(macs)} of MACs and {_pct(params)} of parameters; their "
+                    "output channels are internal to their block (the dependency graph couples them to no other "
+                    "layer's outputs), so removing the weakest ones shrinks this layer and the next without "
+                    "touching a residual stream.",
                 )
             )
 
         top = max((share for _, _, share, _ in raw), default=0.0) or 1.0
-        raw.sort(key=lambda t: -t[2])
+        raw.sort(key=lambda t: (-t[2], t[0]))
         return [_Target(p, kind, 0.5 + 0.5 * min(1.0, share / top), why) for p, kind, share, why in raw]
 
     # --- how much -------------------------------------------------------------------------------
@@ -238,9 +252,9 @@ class RulesPlanner:
     def _quantization(profile: ModelProfile) -> list[QuantizationRecommendation]:
         linear = [g for g in profile.groups if g.type == "Linear"]
         params = sum(g.params_share for g in linear)
-        latency = sum(g.latency_share for g in linear)
+        macs = sum(g.macs_share for g in linear)
         why = (
-            f"nn.Linear layers hold {_pct(params)} of parameters and take {_pct(latency)} of latency; "
+            f"nn.Linear layers hold {_pct(params)} of parameters and {_pct(macs)} of MACs; "
             "dynamic int8 stores their weights in a quarter of the space and runs them with int8 kernels, "
             "activations are quantized on the fly so no calibration data is needed."
         )
@@ -382,7 +396,7 @@ class RulesPlanner:
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
             budget = self._initial_budget(ctx)
             return self._allocated(ctx, budget, f"Allocated under a damage budget of {budget:.4f}.")
-        return self._plan_at(ctx, self.start_level, f"Initial level {self.start_level:.2f}, scaled by latency share.")
+        return self._plan_at(ctx, self.start_level, f"Initial level {self.start_level:.2f}, scaled by MACs share.")
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:

@@ -82,6 +82,16 @@ def test_pruned_then_quantized_reloads_as_deployed(vit_original: Path, tmp_path:
         assert torch.equal(reloaded(_x()).logits, qmodel(_x()).logits)
     float_size = sum(p.numel() * 4 for p in model.parameters())
     assert (out / "model.safetensors").stat().st_size < 0.5 * float_size
+    # latency is measured where the artifact runs: int8 kernels on the CPU whatever --device says; float models on
+    # the run's device (and a CUDA device that is not there is a clear error, not a silent CPU figure)
+    from tools.models.base import ModelLoadError
+    from tools.ops import latency_device
+
+    assert latency_device(out, "cuda") == "cpu"
+    assert latency_device(vit_original, "cpu") == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA is not available"):
+            latency_device(vit_original, "cuda")
 
 
 def test_pruned_resnet_reloads(tmp_path: Path) -> None:

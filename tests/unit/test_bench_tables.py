@@ -118,3 +118,32 @@ def test_matched_summary_without_accuracy_or_agent() -> None:
 def test_tradeoff_plot_draws_every_row() -> None:
     image = Image.open(io.BytesIO(tradeoff_plot(MODEL, rows())))
     assert image.size[0] > 400 and image.size[1] > 200
+
+
+def _timed(method: str, latency_s: float, runtime: str, precision: str, params: int = 10_000) -> dict[str, Any]:
+    return _row(method, 0.80, params, latency_s=latency_s, runtime=runtime, precision=precision)
+
+
+def test_table3_splits_each_speed_up_into_runtime_precision_and_pruning() -> None:
+    from tools.reporting.bench_tables import table3
+
+    dyn = "int8 dynamic (MatMul/Gemm)"
+    timed = [
+        _timed("original", 8e-3, "pytorch", "fp32"),
+        _timed("onnxruntime-fp32", 4e-3, "onnxruntime", "fp32"),
+        _timed("openvino-fp32", 5e-3, "openvino", "fp32"),
+        _timed("onnxruntime-quant", 2e-3, "onnxruntime", dyn),
+        _timed("openvino-int8-quant", 2.5e-3, "openvino", "int8 static (NNCF)"),
+        _timed("agent-quant", 2e-3, "onnxruntime", dyn),
+        _timed("agent-prune+quant", 1e-3, "onnxruntime", dyn, params=5_000),
+    ]
+    header, body = table3(MODEL, timed)
+    by_method = {line[1]: dict(zip(header, line, strict=True)) for line in body}
+    final = by_method["agent-prune+quant"]
+    assert final["speed-up vs FP32"] == "8.00x"
+    assert (final["= runtime"], final["x precision"], final["x pruning"]) == ("2.00x", "2.00x", "2.00x")
+    assert final["speed gain vs ONNX Runtime"] == "2.00x" and final["speed gain vs OpenVINO int8"] == "2.50x"
+    ov = by_method["openvino-int8-quant"]
+    assert (ov["= runtime"], ov["x precision"], ov["x pruning"]) == ("1.60x", "2.00x", "1.00x")
+    assert by_method["agent-quant"]["note"] == "same export and quantize_dynamic as onnxruntime-quant"
+    assert by_method["onnxruntime-quant"]["note"] == ""

@@ -1,4 +1,4 @@
-"""The bundled digits data (tools.digits) and the committed demo models (tools/assets/digits-*)."""
+"""The bundled digits data (tools.evaluation.digits) and the committed demo models (tools/models/assets/digits-*)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ from tools.evaluation.digits import DIGIT_NAMES, IMAGE_SIZE, digits_dataset, spl
 from tools.models.builtin import ASSETS
 
 MODELS = ("digits-vit", "digits-cnn")
+# What scripts/train_demo_models.py may tune: optimisation and ordinary augmentation, nothing aimed at pruning.
+PLAIN_SETTINGS = {
+    "epochs",
+    "lr",
+    "weight_decay",
+    "batch_size",
+    "warmup_epochs",
+    "label_smoothing",
+    "max_rotation_deg",
+    "max_scale",
+    "max_shift_px",
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +91,57 @@ def test_committed_model_accuracy(name: str, test_split) -> None:
     assert accuracy >= 0.95
     recorded = json.loads((folder / "training_result.json").read_text())
     assert abs(recorded["test_accuracy"] - accuracy) < 0.01
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_committed_model_was_selected_on_validation_data_from_the_train_split(name: str) -> None:
+    recorded = json.loads((ASSETS / name / "training_result.json").read_text())
+    assert set(recorded["settings"]) == PLAIN_SETTINGS, "only plain optimisation settings, no pruning regulariser"
+    selection = recorded["selection"]
+    validation = selection["validation_indices"]
+    train, test = set(split_indices()["train"]), set(split_indices()["test"])
+    assert len(set(validation)) == len(validation) == selection["validation_size"] >= 200
+    assert set(validation) <= train and not set(validation) & test
+    assert selection["fit_size"] + selection["validation_size"] == recorded["train_size"] == len(train)
+    candidates = selection["candidates"]
+    assert len(candidates) >= 2
+    ranked = sorted(candidates, key=lambda c: (-c["validation_accuracy"], c["validation_cross_entropy"]))
+    chosen = candidates[selection["chosen"]]
+    assert chosen == ranked[0], "the chosen settings are the best on validation"
+    for key in selection["grid"]:
+        assert recorded["settings"][key] == chosen[key]
+    assert all(
+        recorded["settings"][k] == v for k, v in selection["base_settings"].items() if k not in selection["grid"]
+    )
+
+
+def _head_norms(attention: torch.nn.Module) -> torch.Tensor:
+    """L2 norm of each head's weights: its q, k, v rows and its output-projection columns."""
+    d = attention.head_dim
+    rows = [
+        getattr(attention, n).weight.reshape(-1, d * attention.q_proj.in_features)
+        for n in ("q_proj", "k_proj", "v_proj")
+    ]
+    out = attention.o_proj.weight.reshape(attention.o_proj.out_features, -1, d).transpose(0, 1)
+    return torch.cat([*rows, out.reshape(len(rows[0]), -1)], dim=1).norm(dim=1)
+
+
+@torch.no_grad()
+def test_committed_vit_has_no_head_switched_off_in_training() -> None:
+    """A regulariser that drives a head to zero norm makes head pruning free; a plain model has none such."""
+    from transformers import AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(ASSETS / "digits-vit")
+    for i, layer in enumerate(model.vit.layers):
+        norms = _head_norms(layer.attention)
+        assert norms.min() > 0.5 * norms.median(), f"layer {i} head norms {norms.tolist()}"
+
+
+@torch.no_grad()
+def test_committed_cnn_has_no_batchnorm_channels_switched_off_in_training() -> None:
+    """Network slimming (L1 on BatchNorm scales) zeroes whole channels; a plain model keeps them alive."""
+    from transformers import AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(ASSETS / "digits-cnn")
+    scales = torch.cat([m.weight.abs() for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)])
+    assert (scales < 1e-2).float().mean() < 0.02, f"{int((scales < 1e-2).sum())} of {len(scales)} near zero"

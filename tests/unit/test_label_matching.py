@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tools.evaluation.accuracy import accuracy_from_predictions
 from tools.evaluation.labels import LabelMatch, LabelMatchError, label_alternatives, match_labels, normalise_label
 
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -77,10 +78,66 @@ def test_exact_match_wins_over_looser_ones() -> None:
     assert match.mapping == {0: 1}
 
 
-def test_duplicate_exact_names_are_ambiguous() -> None:
+def test_duplicate_model_names_are_one_class() -> None:
+    # ImageNet-1k names 134 (the bird) and 517 (the machine) both "crane"; a dataset with one "crane" class
     match = match_labels({134: "crane", 517: "crane", 1: "goldfish"}, ["crane", "goldfish"])
-    assert match.unmatched == ["crane"]
-    assert match.mapping == {1: 1}
+    assert match.unmatched == [] and match.mapping == {0: 134, 1: 1}
+    assert match.same_class == {517: 134} and match.duplicates == {"crane": [134, 517]}
+    assert match.duplicates_matched == "merged"
+    assert match.counts_as(517) == 134 and match.counts_as(1) == 1
+    note = match.duplicates_note()
+    assert note is not None and "'crane' (134, 517)" in note and "one class" in note
+    # a prediction of either crane counts for the dataset's crane; other classes are unaffected
+    assert accuracy_from_predictions([134, 517, 1, 517], [0, 0, 1, 1], match) == (0.75, 4)
+
+
+def test_duplicate_primary_names_with_synonyms_are_one_class() -> None:
+    # as in Hugging Face ImageNet checkpoints: 638 "maillot", 639 "maillot, tank suit"
+    model = {638: "maillot", 639: "maillot, tank suit", 1: "goldfish"}
+    match = match_labels(model, ["maillot", "goldfish"])
+    assert match.duplicates == {"maillot": [638, 639]} and match.same_class == {639: 638}
+    assert match.mapping == {0: 638, 1: 1} and match.match_kinds["maillot"] == "exact"
+    # a dataset naming both: "tank suit" is 639 alone, so "maillot" is the other one, and nothing is merged
+    both = match_labels(model, ["maillot", "tank suit", "goldfish"])
+    assert both.mapping == {0: 638, 1: 639, 2: 1}
+    assert both.same_class == {} and both.duplicates_note() is None
+
+
+def test_classes_lining_up_with_duplicates_match_by_position() -> None:
+    names = ["tench", "crane", "goldfish", "crane", "maillot", "maillot, tank suit"]
+    match = match_labels(dict(enumerate(names)), ["tench", "crane", "goldfish", "crane", "maillot", "maillot"])
+    assert match.mapping == {i: i for i in range(6)}
+    assert match.same_class == {} and match.duplicates_matched == "position"
+    assert set(match.match_kinds.values()) == {"position"}
+    assert match.duplicates == {"crane": [1, 3], "maillot": [4, 5]}
+    assert match.dataset_duplicates == {"crane": [1, 3], "maillot": [4, 5]}
+    note = match.duplicates_note()
+    assert note is not None and "by position" in note
+    assert accuracy_from_predictions([3, 1], [1, 3], match) == (0.0, 2)  # by position, the two cranes differ
+
+
+def test_classes_out_of_order_fall_back_to_merging() -> None:
+    names = ["crane", "goldfish", "crane"]
+    match = match_labels(dict(enumerate(names)), ["goldfish", "crane"])  # not the model's order or count
+    assert match.duplicates_matched == "merged" and match.mapping == {0: 1, 1: 0}
+    assert match.same_class == {2: 0}
+
+
+def test_duplicates_the_dataset_does_not_use_are_not_noted() -> None:
+    match = match_labels({0: "crane", 1: "goldfish", 2: "crane"}, ["goldfish"])
+    assert match.mapping == {0: 1} and match.duplicates_note() is None and match.same_class == {}
+
+
+def test_repeated_dataset_names_share_their_model_class() -> None:
+    match = match_labels({0: "crane", 1: "goldfish"}, ["crane", "goldfish", "crane"])
+    assert match.mapping == {0: 0, 1: 1, 2: 0}
+    assert match.dataset_duplicates == {"crane": [0, 2]} and match.duplicates == {}
+    assert match.unmatched == []
+
+
+def test_no_duplicates_no_note() -> None:
+    match = match_labels(dict(enumerate(CIFAR10)), CIFAR10)
+    assert match.duplicates_note() is None and match.duplicates_matched is None and match.same_class == {}
 
 
 def test_primary_name_breaks_exact_ties() -> None:

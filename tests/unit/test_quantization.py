@@ -57,3 +57,12 @@ def test_quantized_model_runs_close_to_float_and_roundtrips_tensors() -> None:
 def test_unknown_backend() -> None:
     with pytest.raises(QuantizationError, match="unknown quantization backend"):
         get_backend("nope")
+
+
+def test_nothing_selected_is_said_in_the_report_not_only_the_log() -> None:
+    from tools.compression.quantization import plan_quantization
+
+    recs = [QuantizationRecommendation(layer=r"^no_such_layer$", dtype="qint8", justification="test")]
+    report = plan_quantization(tiny_vit(), recs)
+    assert report.layers == {}
+    assert any("no nn.Linear layer was selected for int8" in note for note in report.notes)

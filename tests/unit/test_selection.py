@@ -1,25 +1,52 @@
-"""Choosing the best round: accuracy (ties within the evaluation's resolution), then params, then latency."""
+"""Choosing the best round: accuracy (ties within the evaluation's resolution), then params, then latency;
+or ``--selection smallest-within-budget``; the budget test (drop + one standard error); and the node that
+reports the original when no round is within budget."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agents.planning.selection import best_round
+import pytest
+from langgraph.runtime import Runtime
+
+from agents.iterative import select_best_model
+from agents.planning.selection import accuracy_drop_points, best_round, budget_drop_points, within_budget
+from graph.context import Context
+
+Z95 = 1.96
 
 
-def _round(i: int, accuracy: float, params: int, ok: bool = True, half_width: float | None = None) -> dict[str, Any]:
-    metrics: dict[str, Any] = {"accuracy": accuracy, "params": params, "latency_s": 0.001 * params / 1000}
+def _paired(delta: float = 0.0, half_width: float = 0.0) -> dict[str, Any]:
+    return {
+        "delta_points": delta,
+        "ci95_low_points": delta - half_width,
+        "ci95_high_points": delta + half_width,
+        "agreement": 0.95,
+        "samples": 1000,
+        "gained": 10,
+        "lost": 10,
+    }
+
+
+def _round(
+    i: int,
+    accuracy: float | None,
+    params: int,
+    ok: bool = True,
+    half_width: float | None = None,
+    latency_s: float | None = None,
+) -> dict[str, Any]:
+    metrics: dict[str, Any] = {
+        "accuracy": accuracy,
+        "params": params,
+        "latency_s": 0.001 * params / 1000 if latency_s is None else latency_s,
+    }
     if half_width is not None:
-        metrics["paired"] = {
-            "delta_points": 0.0,
-            "ci95_low_points": -half_width,
-            "ci95_high_points": half_width,
-            "agreement": 0.95,
-            "samples": 1000,
-            "gained": 10,
-            "lost": 10,
-        }
-    return {"round": i, "within_budget": ok, "metrics": metrics}
+        metrics["paired"] = _paired(half_width=half_width)
+    return {"round": i, "within_budget": ok, "metrics": metrics, "plan": {"round": i}, "source": "rules"}
+
+
+# ------------------------------------------------------------------------------------------ best_round
 
 
 def test_most_accurate_within_budget_wins_without_paired_results() -> None:
@@ -27,6 +54,13 @@ def test_most_accurate_within_budget_wins_without_paired_results() -> None:
     assert best_round(rounds, "accuracy")["round"] == 0
     assert best_round(rounds, "smallest-within-budget")["round"] == 1
     assert best_round([_round(0, 0.6, 1, ok=False)], "accuracy") is None
+
+
+@pytest.mark.parametrize("selection", ["accuracy", "smallest-within-budget"])
+def test_no_round_within_budget_gives_none(selection: Any) -> None:
+    assert best_round([], selection) is None
+    rounds = [_round(0, 0.9, 100, ok=False), _round(1, 0.99, 50, ok=False, half_width=5.0)]
+    assert best_round(rounds, selection) is None
 
 
 def test_accuracy_differences_within_one_standard_error_are_ties() -> None:
@@ -40,3 +74,135 @@ def test_accuracy_differences_within_one_standard_error_are_ties() -> None:
     # a precise evaluation resolves 0.1 points: then the more accurate round stays the best
     precise = [_round(0, 0.645, 900, half_width=0.05), _round(1, 0.644, 700, half_width=0.05)]
     assert best_round(precise, "accuracy")["round"] == 0
+
+
+def test_the_tie_tolerance_is_one_standard_error_of_the_best_round() -> None:
+    se_points = 0.5  # half-width 0.98 points
+    best = _round(0, 0.800, 900, half_width=se_points * Z95)
+    just_inside = _round(1, 0.800 - 0.0049, 500, half_width=50.0)  # 0.49 points lower: a tie, fewer params
+    just_outside = _round(2, 0.800 - 0.0051, 100, half_width=50.0)  # 0.51 points lower: not a tie
+    assert best_round([best, just_inside], "accuracy")["round"] == 1
+    assert best_round([best, just_outside], "accuracy")["round"] == 0
+    assert best_round([best, just_inside, just_outside], "accuracy")["round"] == 1
+    # the other rounds' (wide) intervals do not widen the tolerance: only the most accurate round's counts
+    narrow = _round(0, 0.800, 900, half_width=0.0)
+    assert best_round([narrow, just_inside], "accuracy")["round"] == 0
+
+
+def test_among_ties_fewest_params_then_lowest_latency_then_higher_accuracy() -> None:
+    hw = 2.0  # se ~ 1 point: all three are ties
+    rounds = [
+        _round(0, 0.80, 500, half_width=hw, latency_s=0.003),
+        _round(1, 0.795, 400, half_width=hw, latency_s=0.002),
+        _round(2, 0.79, 400, half_width=hw, latency_s=0.001),
+    ]
+    assert best_round(rounds, "accuracy")["round"] == 2
+    same_latency = [{**r, "metrics": {**r["metrics"], "latency_s": 0.001}} for r in rounds]
+    assert best_round(same_latency, "accuracy")["round"] == 1  # same params and latency: the more accurate
+
+
+def test_equal_accuracy_without_paired_results_falls_to_params_then_latency_then_round() -> None:
+    rounds = [_round(0, 0.7, 500, latency_s=0.001), _round(1, 0.7, 400, latency_s=0.002)]
+    assert best_round(rounds, "accuracy")["round"] == 1
+    rounds = [_round(0, 0.7, 400, latency_s=0.002), _round(1, 0.7, 400, latency_s=0.001)]
+    assert best_round(rounds, "accuracy")["round"] == 1
+    rounds = [_round(3, 0.7, 400, latency_s=0.001), _round(1, 0.7, 400, latency_s=0.001)]
+    assert best_round(rounds, "accuracy")["round"] == 1  # a full tie: the earlier round
+
+
+def test_unknown_accuracy_selects_the_smallest_round() -> None:
+    """An untrained model or no dataset: accuracies are None, every round is within budget; params decide."""
+    rounds = [_round(0, None, 900), _round(1, None, 300), _round(2, None, 600)]
+    assert best_round(rounds, "accuracy")["round"] == 1
+    assert best_round(rounds, "smallest-within-budget")["round"] == 1
+
+
+def test_smallest_within_budget_ignores_accuracy_until_params_tie() -> None:
+    rounds = [
+        _round(0, 0.90, 900, half_width=0.1),
+        _round(1, 0.60, 300, half_width=0.1),
+        _round(2, 0.95, 100, ok=False),  # smaller and more accurate, but over budget
+        _round(3, 0.70, 300, half_width=0.1),
+    ]
+    assert best_round(rounds, "smallest-within-budget")["round"] == 3  # same params: the more accurate
+    assert best_round(rounds, "accuracy")["round"] == 0
+    slower = [_round(0, 0.7, 300, latency_s=0.002), _round(1, 0.6, 300, latency_s=0.001)]
+    assert best_round(slower, "smallest-within-budget")["round"] == 0  # accuracy before latency
+    equal = [_round(0, 0.7, 300, latency_s=0.002), _round(1, 0.7, 300, latency_s=0.001)]
+    assert best_round(equal, "smallest-within-budget")["round"] == 1
+
+
+# -------------------------------------------------------------------------------------- the budget test
+
+
+def test_accuracy_drop_points() -> None:
+    assert accuracy_drop_points(0.9, 0.885) == pytest.approx(1.5)
+    assert accuracy_drop_points(0.9, 0.91) == pytest.approx(-1.0)
+    assert accuracy_drop_points(None, 0.9) is None and accuracy_drop_points(0.9, None) is None
+
+
+def test_budget_is_the_drop_plus_one_standard_error() -> None:
+    se = 0.5
+    paired = _paired(delta=-0.5, half_width=se * Z95)
+    assert budget_drop_points(0.5, paired) == pytest.approx(1.0)
+    assert within_budget(0.5, 1.0, paired)
+    assert not within_budget(0.5, 0.99, paired)
+    worse = _paired(delta=-0.52, half_width=se * Z95)
+    assert not within_budget(0.52, 1.0, worse), "0.52 + 0.5 is over a 1-point budget"
+    assert within_budget(0.52, 1.0), "without the standard error the same drop is within budget"
+
+
+def test_a_gain_meets_a_zero_budget_only_when_it_beats_its_standard_error() -> None:
+    assert within_budget(-1.0, 0.0, _paired(delta=1.0, half_width=0.5 * Z95))  # -1 + 0.5 <= 0
+    assert not within_budget(-0.2, 0.0, _paired(delta=0.2, half_width=0.5 * Z95))  # -0.2 + 0.5 > 0
+
+
+def test_the_paired_result_decides_over_the_point_estimate() -> None:
+    """Both come from the same images; the paired difference (and its se) is what the test holds."""
+    assert budget_drop_points(5.0, _paired(delta=0.0, half_width=0.0)) == 0.0
+    assert not within_budget(0.0, 1.0, _paired(delta=-2.0, half_width=0.0))
+
+
+# ------------------------------------------------------------------------------- the select_best_model node
+
+
+def _state(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    baseline = {"accuracy": 0.9, "params": 1000, "latency_s": 0.01, "memory_mb": 4.0, "artifact": "/runs/original"}
+    return {"baseline": {**baseline, "data_parts": {"evaluation": 40}}, "rounds": rounds}
+
+
+def test_no_round_within_budget_reports_the_original() -> None:
+    state = _state([_round(0, 0.5, 400, ok=False), _round(1, 0.6, 600, ok=False)])
+    for selection in ("accuracy", "smallest-within-budget"):
+        out = select_best_model(state, Runtime(context=Context(selection=selection, max_accuracy_drop=0.5)))  # type: ignore[arg-type]
+        pruned = out["pruned"]
+        assert pruned == {
+            "accuracy": 0.9,
+            "params": 1000,
+            "latency_s": 0.01,
+            "memory_mb": 4.0,
+            "artifact": "/runs/original",
+            "round": None,
+            "within_budget": False,
+            "accuracy_drop_points": 0.0,
+        }
+        (note,) = out["notes"]
+        assert "0.5 point accuracy budget" in note and "original" in note
+
+
+@pytest.mark.parametrize("selection,expected", [("accuracy", 0), ("smallest-within-budget", 2)])
+def test_the_selected_round_is_reported(selection: Any, expected: int) -> None:
+    rounds = [_round(0, 0.89, 800), _round(1, 0.95, 100, ok=False), _round(2, 0.85, 300)]
+    for r in rounds:
+        r["accuracy_drop_points"] = accuracy_drop_points(0.9, r["metrics"]["accuracy"])
+    out = select_best_model(_state(rounds), Runtime(context=Context(selection=selection)))  # type: ignore[arg-type]
+    chosen = rounds[expected]
+    assert out["pruned"] == {
+        **chosen["metrics"],
+        "round": expected,
+        "within_budget": True,
+        "accuracy_drop_points": chosen["accuracy_drop_points"],
+        "plan": {"round": expected},
+        "source": "rules",
+    }
+    assert out["notes"] == []

@@ -288,12 +288,15 @@ class OnnxRuntimeDynamicBackend:
             nodes = linear_nodes(graph, float_model)
             selected = {name: nodes.get(name, []) for name in report.layers}
             notes = list(report.notes)
+            if graph == fp32:
+                notes.append("onnxruntime: quant_pre_process failed on this graph: the raw export was quantized")
             unmapped = sorted(name for name, found in selected.items() if not found)
             if unmapped:
                 notes.append(f"onnxruntime: no MatMul/Gemm node applies {', '.join(unmapped[:3])}: left in float32")
             chosen = sorted({node for found in selected.values() for node in found})
             if not chosen:
                 shutil.copyfile(graph, target)  # nothing to quantize: the float graph is deployed
+                notes.append("onnxruntime: no MatMul/Gemm node to quantize: the FP32 graph is deployed")
             else:
                 every = set(report.layers) == set(nodes) and not unmapped
                 quantize_onnx(graph, target, preprocess=False, nodes_to_quantize=None if every else chosen)
@@ -423,8 +426,9 @@ class OnnxRuntimeBackend:
             raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
         target = Path(out_dir) / self.deployed_file
         if calibration is None or not self.static:
-            ortd.export_fp32_onnx(float_model, example[:1], target)
-            return report.model_copy(update={"layers": {}})
+            notes = list(report.notes)
+            ortd.export_fp32_onnx(float_model, example[:1], target, notes=notes)
+            return report.model_copy(update={"layers": {}, "notes": notes})
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
             fp32 = ortd.export_onnx(float_model, example[:1], Path(work) / "float.onnx")
             applied = {name for name, found in ortd.linear_nodes(fp32, float_model).items() if found}
@@ -481,9 +485,10 @@ def plan_quantization(
     """What ``backend`` will quantize in ``model``: the selected nn.Linear layers it supports, and why not others."""
     impl = get_backend(backend)
     targets, unmatched = resolve_targets(model, recommendations)
+    layers, notes = impl.supported(targets)
     if not targets:
         logger.warning("no nn.Linear selected for quantization; the model is left in float32")
-    layers, notes = impl.supported(targets)
+        notes = [*notes, "no nn.Linear layer was selected for int8: this backend's model keeps float32 weights"]
     return QuantReport(backend=impl.name, layers=layers, unmatched=unmatched, notes=notes)
 
 

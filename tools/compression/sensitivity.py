@@ -11,15 +11,21 @@ the MACs and latency of the unit's layers (profiled) times the ratio.
 The cost is one pruning (a dependency-graph trace for channel units), one recovery (one forward pass, plus
 one for BatchNorm models) and one forward pass over the calibration images per (unit, ratio); the original's
 activations (importance statistics, reconstruction targets, logits) are computed once.
+
+The profile is deterministic: the calibration images are a seeded part of the data, their number
+(:func:`auto_samples`) follows from the model's MACs, never from a timing, every probe starts from the same
+seed, and torch runs with deterministic algorithms meanwhile. So the same model, data, settings and machine
+(CPU, thread count, library versions) give the same profile; only ``seconds`` differs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -42,7 +48,14 @@ from tools.schemas import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_RATIOS", "auto_samples", "measure_sensitivity", "prunable_units", "unit_pattern"]
+__all__ = [
+    "DEFAULT_RATIOS",
+    "auto_samples",
+    "deterministic_torch",
+    "measure_sensitivity",
+    "prunable_units",
+    "unit_pattern",
+]
 
 #: Ratios each unit is measured at (those above the planner's highest ratio are left out).
 DEFAULT_RATIOS: tuple[float, ...] = (0.3, 0.6, 0.9)
@@ -54,18 +67,36 @@ STOP_DAMAGE = 0.5
 #: Time the automatic sample count aims the whole sensitivity profile at, and its floor in images.
 TARGET_SECONDS = 120.0
 MIN_SAMPLES = 32
+#: The batched forward speed the automatic sample count assumes (about a 2-core CPU's on ViT-B/16): a fixed
+#: figure rather than a measured one, so that the count, hence the profile and the plans, never depend on timing.
+ASSUMED_MACS_PER_SECOND = 5e10
 
 
-def auto_samples(latency_s: float, probes: int, available: int, seconds: float = TARGET_SECONDS) -> int:
+def auto_samples(macs: int, probes: int, available: int, seconds: float = TARGET_SECONDS) -> int:
     """Calibration images to probe with so that ``probes`` forward passes take about ``seconds``.
 
-    ``latency_s`` is the profiled batch-1 latency (an over-estimate per image of a batched pass). At least
-    :data:`MIN_SAMPLES`, at most ``available``: small models use every calibration image, ViT-B/16 on a
-    2-core CPU the floor.
+    ``macs`` is the model's count per image; the time per image is estimated from it at
+    :data:`ASSUMED_MACS_PER_SECOND`, so the answer is the same on every run. At least :data:`MIN_SAMPLES`,
+    at most ``available``: small models use every calibration image, ViT-B/16 the floor.
     """
-    if latency_s <= 0 or probes <= 0:
+    if macs <= 0 or probes <= 0:
         return available
-    return max(min(available, MIN_SAMPLES), min(available, int(seconds / (latency_s * (probes + 3)))))
+    per_image_s = macs / ASSUMED_MACS_PER_SECOND
+    return max(min(available, MIN_SAMPLES), min(available, int(seconds / (per_image_s * (probes + 3)))))
+
+
+@contextlib.contextmanager
+def deterministic_torch(seed: int) -> Iterator[None]:
+    """Deterministic torch algorithms (a warning where an op has none) and a seeded RNG, restored on exit."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def _has_batchnorm(model: nn.Module) -> bool:
@@ -142,10 +173,27 @@ def measure_sensitivity(
 
     ``images`` are the calibration images (preprocessed); ``targets`` their model classes (-1: unknown)
     where labels exist; ``layers`` the profile's per-layer MACs and latency. ``original`` is not modified.
+    Runs under :func:`deterministic_torch` with the pruning config's seed (the caller's RNG is left as it was).
     """
-    start = time.perf_counter()
     pruning = pruning or PruningConfig()
     recovery = recovery or RecoveryConfig()
+    with deterministic_torch(pruning.seed):
+        return _measure(original, images, units, targets, layers, ratios, pruning, recovery, batch_size, progress)
+
+
+def _measure(
+    original: nn.Module,
+    images: torch.Tensor,
+    units: Sequence[SensitivityUnit],
+    targets: torch.Tensor | None,
+    layers: Sequence[LayerProfile],
+    ratios: Sequence[float],
+    pruning: PruningConfig,
+    recovery: RecoveryConfig,
+    batch_size: int,
+    progress: Callable[[int, int], None] | None,
+) -> SensitivityProfile:
+    start = time.perf_counter()
     original = original.eval()
     example = images[:1]
     ratios = sorted({float(r) for r in ratios if 0 < r <= pruning.max_ratio})
@@ -179,6 +227,7 @@ def measure_sensitivity(
                     pruning_ratio=ratio,
                     justification="sensitivity probe",
                 )
+                torch.manual_seed(pruning.seed)  # each probe as if it were the only one (random importance)
                 report = apply_pruning(model, [rec], example, pruning, channel_scores=scores)
                 done += 1
                 if not report.applied:

@@ -272,10 +272,13 @@ def optimize_onnx(src: Path, dst: Path) -> Path:
     return dst
 
 
-def export_fp32_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, *, optimize: bool = True) -> Path:
+def export_fp32_onnx(
+    model: nn.Module, example_input: torch.Tensor, path: Path, *, optimize: bool = True, notes: list[str] | None = None
+) -> Path:
     """The FP32 deployment: :func:`export_onnx`, then (``optimize``) :func:`optimize_onnx` in place.
 
-    Should the optimization fail, the plain export is kept (logged): it runs the same, loads slower.
+    Should the optimization fail, the plain export is kept (logged, and said in ``notes`` when given): it
+    runs the same, loads slower.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +288,8 @@ def export_fp32_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, 
             source = optimize_onnx(exported, Path(work) / "optimized.onnx") if optimize else exported
         except OnnxRuntimeError as exc:
             logger.warning("%s; deploying the plain export", exc)
+            if notes is not None:
+                notes.append(f"{first_line(exc)}: the plain export is deployed (runs the same, loads slower)")
             source = exported
         with _atomic_target(path) as tmp:
             os.replace(source, tmp)

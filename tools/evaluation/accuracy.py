@@ -3,7 +3,8 @@
 :func:`iter_logits` / :func:`predict_logits` run a model (eval mode, ``torch.inference_mode``) over
 preprocessed batches. The prediction is always the argmax over all model classes; a sample counts as
 correct when that argmax is the model class its dataset class was matched to (see
-:mod:`tools.evaluation.labels`), and samples of unmatched classes are left out of the accuracy.
+:mod:`tools.evaluation.labels`; a model class whose name repeats counts as the first of that name), and samples
+of unmatched classes are left out of the accuracy.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def accuracy_from_predictions(
         if target is None:
             continue
         counted += 1
-        correct += int(int(pred) == target)
+        correct += int(match.counts_as(int(pred)) == target)
     return (correct / counted if counted else None), counted
 
 

@@ -2,7 +2,11 @@
 
 :func:`load_eval_dataset` resolves the spec through :mod:`tools.evaluation.sources` (built-in names,
 save_to_disk folders, image folders, data-file folders, Hugging Face Hub ids), then only the selected
-rows are decoded.
+rows are decoded, one at a time: an image that cannot be decoded (truncated, not an image, empty) is
+left out with a warning and named in :attr:`EvalDataset.unreadable`, and the load fails only when more
+than :data:`MAX_UNREADABLE_FRACTION` of the rows looked at are unreadable. Every image is loaded fully
+(PIL opens lazily; ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays off, so a truncated file is an error, not
+grey padding) and comes back as 'RGB', or 'L' when it is single-channel.
 """
 
 from __future__ import annotations
@@ -10,26 +14,32 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from tools.evaluation.sources import DatasetError, pick_from_dict, resolve_source
+from tools.text import first_line
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "IMAGE_COLUMN_NAMES",
     "LABEL_COLUMN_NAMES",
+    "MAX_UNREADABLE_FRACTION",
     "PARTS",
+    "UNREADABLE_SHOWN",
     "EvalDataset",
+    "UnreadableImage",
     "find_image_column",
     "find_label_column",
     "load_eval_dataset",
     "split_indices",
     "subset_indices",
     "to_pil",
+    "too_many_unreadable",
 ]
 
 IMAGE_COLUMN_NAMES: tuple[str, ...] = ("image", "img", "pixel_values", "picture", "photo", "images")
@@ -46,10 +56,28 @@ LABEL_COLUMN_NAMES: tuple[str, ...] = (
     "y",
 )
 
+#: The largest share of the images looked at that may be unreadable before loading fails.
+MAX_UNREADABLE_FRACTION = 0.05
+#: How many unreadable images a warning, an error or a note names.
+UNREADABLE_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class UnreadableImage:
+    """An image left out because it cannot be decoded: its row in the split, where it is, and why."""
+
+    row: int
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where} ({self.reason})"
+
 
 @dataclass
 class EvalDataset:
-    """A decoded evaluation subset. ``labels[i]`` indexes ``label_names``."""
+    """A decoded evaluation subset. ``labels[i]`` indexes ``label_names``; ``indices[i]`` is the row of
+    ``images[i]`` in the split. ``unreadable`` names the selected rows left out because they cannot be decoded."""
 
     images: list[Image.Image]
     labels: list[int]
@@ -58,9 +86,15 @@ class EvalDataset:
     size_total: int
     split: str | None = None
     indices: list[int] = field(default_factory=list)
+    unreadable: list[UnreadableImage] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.images)
+
+    @property
+    def looked_at(self) -> int:
+        """Rows selected: the images decoded and those left out as unreadable."""
+        return len(self.images) + len(self.unreadable)
 
 
 # ---------------------------------------------------------------------------------------------- columns
@@ -123,34 +157,113 @@ def _label_names_and_encoder(rows: Any, column: str) -> tuple[list[str], Callabl
 
 
 def to_pil(value: Any) -> Image.Image:
-    """A decoded dataset cell as a loaded PIL image: RGB, or 'L' when it is single-channel."""
+    """A dataset cell (PIL image, ``{"bytes", "path"}`` dict, array) as a fully loaded PIL image: 'RGB', or 'L'
+    when it is single-channel (greyscale, 'LA', 1-bit, 16-bit; RGBA, CMYK and palette images become 'RGB').
+
+    Raises whatever PIL raises for a file it cannot decode (``OSError`` for a truncated or unknown file).
+    """
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
         import io
 
-        data = value.get("bytes")
-        value = Image.open(io.BytesIO(data)) if data else Image.open(value["path"])
+        data, path = value.get("bytes"), value.get("path")
+        if data is None and not path:
+            raise DatasetError("an image cell holds neither bytes nor a path")
+        source: io.BytesIO | str = io.BytesIO(data) if data is not None else str(path)
+        with Image.open(source) as opened:
+            opened.load()  # PIL decodes lazily: a truncated file fails here, inside the ``with``
+            return _model_mode(opened)
     if isinstance(value, Image.Image):
-        image = value
-    else:
-        array = np.asarray(value)
-        if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
-            array = np.moveaxis(array, 0, -1)
-        if array.ndim == 3 and array.shape[-1] == 1:
-            array = array[..., 0]
-        if array.dtype.kind == "f":
-            array = array * 255.0 if array.size and float(array.max()) <= 1.0 else array
-            array = np.clip(np.rint(array), 0, 255)
-        if array.ndim not in (2, 3):
-            raise DatasetError(f"cannot read an image of shape {array.shape}: expected HxW or HxWxC")
-        image = Image.fromarray(array.astype(np.uint8))
+        value.load()
+        return _model_mode(value)
+    array = np.asarray(value)
+    if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+        array = np.moveaxis(array, 0, -1)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.dtype.kind == "f":
+        array = array * 255.0 if array.size and float(array.max()) <= 1.0 else array
+        array = np.clip(np.rint(array), 0, 255)
+    if array.ndim not in (2, 3):
+        raise DatasetError(f"cannot read an image of shape {array.shape}: expected HxW or HxWxC")
+    return _model_mode(Image.fromarray(array.astype(np.uint8)))
+
+
+def _model_mode(image: Image.Image) -> Image.Image:
+    """A loaded image as 'RGB' or 'L' (see :func:`to_pil`)."""
     if image.mode == "L":
-        image.load()
         return image
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         return _wide_grey_to_l(image)
-    if image.mode in ("1", "LA"):
+    if image.mode in ("1", "LA", "La"):
         return image.convert("L")
+    if image.mode == "P" and "transparency" in image.info:
+        return image.convert("RGBA").convert("RGB")  # PIL warns when a palette image with transparency skips RGBA
     return image.convert("RGB")
+
+
+def _reason(exc: Exception, cell: Any) -> str:
+    """Why an image cannot be read, in a few words."""
+    if isinstance(exc, UnidentifiedImageError):
+        path = _path_of(cell)
+        data = cell.get("bytes") if isinstance(cell, dict) else None
+        empty = data == b"" or (path is not None and Path(path).is_file() and Path(path).stat().st_size == 0)
+        return "empty file" if empty else "not an image file PIL can read"
+    text = first_line(exc)
+    return "truncated file" if "truncated" in text.lower() else text
+
+
+def _decode_rows(
+    cells: list[Any], rows: list[int], root: Path | None
+) -> tuple[list[Image.Image], list[int], list[UnreadableImage]]:
+    """Decode each cell; (images, positions of the decoded cells, unreadable rows). A cell that fails is left out."""
+    images: list[Image.Image] = []
+    kept: list[int] = []
+    unreadable: list[UnreadableImage] = []
+    for position, (cell, row) in enumerate(zip(cells, rows, strict=True)):
+        try:
+            images.append(to_pil(cell))
+        except MemoryError:
+            raise
+        except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, EOFError, ... for broken files
+            where = _where(cell, row, root)
+            unreadable.append(UnreadableImage(row=row, where=where, reason=_reason(exc, cell)))
+            if len(unreadable) <= UNREADABLE_SHOWN:
+                logger.warning("skipping an unreadable image: %s", unreadable[-1])
+            continue
+        kept.append(position)
+    return images, kept, unreadable
+
+
+def _path_of(cell: Any) -> str | None:
+    if isinstance(cell, dict) and isinstance(cell.get("path"), str) and cell.get("bytes") is None:
+        return str(cell["path"])
+    return None
+
+
+def _where(cell: Any, row: int, root: Path | None) -> str:
+    """The file of an image (relative to the dataset folder where it is inside it), else ``row N (name)``."""
+    path = _path_of(cell)
+    if path is not None:
+        if root is not None:
+            try:
+                return str(Path(path).resolve().relative_to(root))
+            except ValueError:
+                pass
+        return path
+    name = cell.get("path") if isinstance(cell, dict) else None
+    return f"row {row}" + (f" ({name})" if name else "")
+
+
+def too_many_unreadable(spec: str, unreadable: list[UnreadableImage], looked_at: int, limit: float) -> str | None:
+    """The one-line error when more than ``limit`` of the ``looked_at`` images are unreadable, else None."""
+    if not unreadable or len(unreadable) <= limit * looked_at:
+        return None
+    shown = "; ".join(str(u) for u in unreadable[:UNREADABLE_SHOWN])
+    more = f"; ... ({len(unreadable)} in all)" if len(unreadable) > UNREADABLE_SHOWN else ""
+    return (
+        f"{len(unreadable)} of {looked_at} images of {spec} cannot be read (more than {limit:.0%}): {shown}{more}; "
+        "repair or remove the broken files (or download the dataset again) and run again"
+    )
 
 
 def _wide_grey_to_l(image: Image.Image) -> Image.Image:
@@ -207,12 +320,15 @@ def load_eval_dataset(
     seed: int = 0,
     part: str = "evaluation",
     sizes: dict[str, int] | None = None,
+    max_unreadable: float | None = MAX_UNREADABLE_FRACTION,
 ) -> EvalDataset:
     """Load ``spec`` (see module doc), pick a split, and decode a seeded random subset of ``samples`` rows.
 
     ``samples=None`` keeps every row; fewer rows are returned when the split is smaller. With ``sizes``
     (rows per part of :data:`PARTS`; ``samples`` is then the evaluation size), the rows are those of
-    ``part`` in :func:`split_indices`, disjoint from the other parts.
+    ``part`` in :func:`split_indices`, disjoint from the other parts. Rows whose image cannot be decoded are
+    left out (``EvalDataset.unreadable``); more than ``max_unreadable`` of them raise a ``DatasetError``
+    (None: never; the caller checks the share over several parts).
     """
     if samples is not None and samples < 1:
         raise DatasetError(f"samples must be >= 1 (or None for all), not {samples}")
@@ -236,13 +352,26 @@ def load_eval_dataset(
         if not indices:
             raise DatasetError(f"the {part} part of {spec} is empty: {total} rows, parts {sizes}")
     chosen = rows.select_columns([image_column, label_column]).select(indices, keep_in_memory=True)
-    images = [to_pil(value) for value in chosen[image_column]]
+    chosen = _undecoded(chosen, image_column)  # decode each image here, so that a broken one can be skipped
     labels = [encode(value) for value in chosen[label_column]]
     if any(label < 0 for label in labels):
         raise DatasetError(f"split {used_split!r} of {spec} has unlabelled rows (label < 0): choose a labelled split")
     bad = [label for label in labels if label >= len(names)]
     if bad:
         raise DatasetError(f"label {bad[0]} exceeds the {len(names)} class names of column {label_column!r}")
+    root = Path(spec).expanduser().resolve() if source.name == "imagefolder" else None
+    images, kept, unreadable = _decode_rows(chosen[image_column], indices, root)
+    if unreadable:
+        logger.warning(
+            "left out %d unreadable of %d images of the %s part of %s", len(unreadable), len(indices), part, spec
+        )
+        problem = (
+            None if max_unreadable is None else too_many_unreadable(spec, unreadable, len(indices), max_unreadable)
+        )
+        if problem:
+            raise DatasetError(problem)
+        labels = [labels[i] for i in kept]
+        indices = [indices[i] for i in kept]
     logger.info(
         "loaded %d/%d rows of %s (source=%s, split=%s, image=%r, label=%r, %d classes)",
         len(images),
@@ -262,4 +391,15 @@ def load_eval_dataset(
         size_total=total,
         split=used_split,
         indices=indices,
+        unreadable=unreadable,
     )
+
+
+def _undecoded(rows: Any, column: str) -> Any:
+    """``rows`` with an ``Image`` column read as ``{"bytes", "path"}`` (left to :func:`to_pil`), else as is."""
+    from datasets import Image as ImageFeature
+
+    feature = rows.features.get(column) if rows.features is not None else None
+    if isinstance(feature, ImageFeature) and feature.decode:
+        return rows.cast_column(column, ImageFeature(decode=False))
+    return rows

@@ -4,10 +4,11 @@
 demo needs no download. Each image is scaled to 0..255 (uint8), enlarged ``UPSCALE`` times by pixel
 replication (every native pixel becomes a 4x4 block, so no interpolation is involved and the
 result is identical on every platform) to ``IMAGE_SIZE`` x ``IMAGE_SIZE``, and stored as a PIL RGB
-image. The demo models in ``tools/assets`` take this size, so their image processors do not resize.
+image. The demo models in ``tools/models/assets`` take this size, so their image processors do not resize.
 
 The split is a fixed stratified 70/30 split (1257 train / 540 test); the demo models were trained
-on ``"train"`` only, so ``"test"`` is held out.
+on ``"train"`` only, their hyper-parameters chosen on a validation part carved from it
+(``scripts/train_demo_models.py``), so ``"test"`` is held out.
 """
 
 from __future__ import annotations

@@ -16,6 +16,15 @@ paper), with guards that keep it honest:
    several candidates make it ambiguous, so it stays unmatched;
 4. a model class serves at most one dataset class: classes matched in a tighter tier are taken
    first, and two dataset classes claiming the same model class in one tier both stay unmatched.
+
+Real class lists repeat names: ImageNet-1k has ``crane`` twice (the bird and the machine) and ``maillot``
+twice, and so do the ``id2label`` of Hugging Face ImageNet checkpoints. Names are duplicates when their
+primary alternatives are equal. When the dataset's classes line up with the model's (same count, and the
+names agree position by position, duplicates included), classes are matched by position (``position``).
+Otherwise a dataset class whose only candidates are model classes sharing a name takes the first of them
+still free, and the others count as the same class (``same_class``: a prediction of any of them counts as
+the first); dataset classes sharing a name are one class. :meth:`LabelMatch.duplicates_note` says which
+was done.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from tools.text import preview
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "BY_POSITION",
     "MATCH_TIERS",
     "MIN_SUBSTRING_LETTERS",
     "LabelMatch",
@@ -44,6 +54,8 @@ __all__ = [
 ]
 
 MATCH_TIERS: tuple[str, ...] = ("exact", "variant", "word", "substring")
+#: The match kind of classes matched by position, when the dataset's classes line up with the model's.
+BY_POSITION = "position"
 MIN_SUBSTRING_LETTERS = 4
 _DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _SYNONYM_SEPARATORS = re.compile(r"[,;/|]")
@@ -68,6 +80,19 @@ class LabelMatch(BaseModel):
     ambiguous: dict[str, list[str]] = Field(
         default_factory=dict, description="Unmatched dataset name -> model names it could not choose from."
     )
+    same_class: dict[int, int] = Field(
+        default_factory=dict,
+        description="Model class -> the model class of the same name its predictions count as (duplicates merged).",
+    )
+    duplicates: dict[str, list[int]] = Field(
+        default_factory=dict, description="A name the model gives several classes -> their model class indices."
+    )
+    dataset_duplicates: dict[str, list[int]] = Field(
+        default_factory=dict, description="A name the dataset gives several classes -> their dataset label indices."
+    )
+    duplicates_matched: str | None = Field(
+        default=None, description="How duplicated names were matched: 'position' or 'merged' (None: none)."
+    )
 
     @property
     def matched_count(self) -> int:
@@ -75,6 +100,26 @@ class LabelMatch(BaseModel):
 
     def is_complete(self) -> bool:
         return not self.unmatched
+
+    def counts_as(self, predicted: int) -> int:
+        """The model class a prediction counts as: itself, or the first class of its duplicated name."""
+        return self.same_class.get(int(predicted), int(predicted))
+
+    def duplicates_note(self) -> str | None:
+        """How duplicated class names were matched, for the report (None when no name repeats)."""
+        if not self.duplicates and not self.dataset_duplicates:
+            return None
+
+        def named(groups: dict[str, list[int]], whose: str) -> list[str]:
+            listed = ", ".join(f"{name!r} ({', '.join(str(i) for i in ids)})" for name, ids in groups.items())
+            return [f"{whose} {listed}"] if groups else []
+
+        names = "; ".join(named(self.duplicates, "model classes") + named(self.dataset_duplicates, "dataset classes"))
+        if self.duplicates_matched == BY_POSITION:
+            how = "matched by position, as the dataset's classes line up with the model's"
+        else:
+            how = "each name treated as one class: a prediction of any of its model classes counts for it"
+        return f"class names given more than once ({names}): {how}"
 
 
 def normalise_label(name: str) -> str:
@@ -179,6 +224,84 @@ def _build_index(tier: str, models: dict[int, _Name]) -> dict[str, dict[int, boo
     return index
 
 
+def _duplicate_groups(names: Mapping[int, str]) -> dict[int, list[int]]:
+    """First index -> every index of a repeated (primary) name, for names given to several classes."""
+    by_name: dict[str, list[int]] = {}
+    for index, name in sorted(names.items()):
+        alts = label_alternatives(name)
+        if alts:
+            by_name.setdefault(alts[0], []).append(index)
+    return {group[0]: group for group in by_name.values() if len(group) > 1}
+
+
+def _agree(dataset_name: str, model_name: str) -> bool:
+    """Two class names that could be the same class: an alternative (or its singular form) in common."""
+    d, m = _Name.of(dataset_name), _Name.of(model_name)
+    return bool(set(d.alts) & set(m.alts) or set(d.keys("variant")) & set(m.keys("variant")))
+
+
+def _lines_up(model_names: Mapping[int, str], dataset_labels: Sequence[str]) -> bool:
+    """The dataset's classes are the model's, in the same order: same count, names agreeing by position."""
+    return sorted(model_names) == list(range(len(dataset_labels))) and all(
+        _agree(str(d), model_names[i]) for i, d in enumerate(dataset_labels)
+    )
+
+
+def _match_by_tiers(
+    models: dict[int, _Name], wanted: list[_Name], skip: set[int]
+) -> tuple[dict[int, int], dict[int, str], dict[int, list[int]], dict[int, str]]:
+    """Rules 2-4 of the module docstring: (mapping, match kinds, ambiguous candidates, tier of each ambiguity)."""
+    mapping: dict[int, int] = {}
+    kinds: dict[int, str] = {}
+    ambiguous: dict[int, list[int]] = {}
+    ambiguous_in: dict[int, str] = {}
+    for tier in MATCH_TIERS:
+        claimed = set(mapping.values())
+        free = {m_index: m for m_index, m in models.items() if m_index not in claimed}
+        index = _build_index(tier, free)
+        proposals: dict[int, int] = {}
+        for d_index, d in enumerate(wanted):
+            if d_index in mapping or d_index in ambiguous or d_index in skip or not d.alts:
+                continue
+            hits = _candidates(tier, d, free, index)
+            if len(hits) == 1:
+                proposals[d_index] = next(iter(hits))
+            elif hits:
+                ambiguous[d_index], ambiguous_in[d_index] = sorted(hits), tier
+        taken: dict[int, list[int]] = {}
+        for d_index, m_index in proposals.items():
+            taken.setdefault(m_index, []).append(d_index)
+        for m_index, d_indices in taken.items():
+            if len(d_indices) == 1:
+                mapping[d_indices[0]] = m_index
+                kinds[d_indices[0]] = tier
+            else:
+                for d_index in d_indices:
+                    ambiguous[d_index], ambiguous_in[d_index] = [m_index], tier
+    return mapping, kinds, ambiguous, ambiguous_in
+
+
+def _settle_duplicates(
+    found: tuple[dict[int, int], dict[int, str], dict[int, list[int]], dict[int, str]],
+    groups: dict[int, list[int]],
+) -> dict[int, list[int]]:
+    """Dataset classes ambiguous only between model classes of one repeated name take the first of them still
+    free, and count the other free ones as the same class. Updates ``found``; returns the groups merged."""
+    mapping, kinds, ambiguous, ambiguous_in = found
+    merged: dict[int, list[int]] = {}
+    for d_index in sorted(ambiguous):
+        candidates = set(ambiguous[d_index])
+        group = next((g for g in groups.values() if len(candidates) > 1 and candidates <= set(g)), None)
+        free = [m for m in group or [] if m not in mapping.values()]
+        if not free:
+            continue
+        mapping[d_index], kinds[d_index] = free[0], ambiguous_in[d_index]
+        del ambiguous[d_index]
+        if len(free) > 1:
+            merged[free[0]] = free
+    return merged
+
+
 def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_labels: Sequence[str]) -> LabelMatch:
     """Match dataset class names to model classes (rules in the module docstring).
 
@@ -189,35 +312,32 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
     if not model_id2label:
         raise LabelMatchError("the model has no id2label: set config.id2label to its class names")
     model_names = {int(k): str(v) for k, v in model_id2label.items()}
+    model_groups = _duplicate_groups(model_names)
+    dataset_groups = _duplicate_groups(dict(enumerate(str(n) for n in dataset_labels)))
+    dataset_duplicates = {
+        label_alternatives(str(dataset_labels[first]))[0]: group for first, group in dataset_groups.items()
+    }
+    if (model_groups or dataset_groups) and _lines_up(model_names, dataset_labels):
+        result = LabelMatch(
+            mapping={i: i for i in range(len(dataset_labels))},
+            matched_names={str(d): model_names[i] for i, d in enumerate(dataset_labels)},
+            match_kinds={str(d): BY_POSITION for d in dataset_labels},
+            duplicates={label_alternatives(model_names[first])[0]: group for first, group in model_groups.items()},
+            dataset_duplicates=dataset_duplicates,
+            duplicates_matched=BY_POSITION,
+        )
+        logger.info("%s", result.duplicates_note())
+        return result
     models = {m_index: _Name.of(name) for m_index, name in model_names.items()}
-    wanted = [_Name.of(str(n)) for n in dataset_labels]
-
-    mapping: dict[int, int] = {}
-    kinds: dict[int, str] = {}
-    ambiguous: dict[int, list[int]] = {}
-    for tier in MATCH_TIERS:
-        claimed = set(mapping.values())
-        free = {m_index: m for m_index, m in models.items() if m_index not in claimed}
-        index = _build_index(tier, free)
-        proposals: dict[int, int] = {}
-        for d_index, d in enumerate(wanted):
-            if d_index in mapping or d_index in ambiguous or not d.alts:
-                continue
-            hits = _candidates(tier, d, free, index)
-            if len(hits) == 1:
-                proposals[d_index] = next(iter(hits))
-            elif hits:
-                ambiguous[d_index] = sorted(hits)
-        taken: dict[int, list[int]] = {}
-        for d_index, m_index in proposals.items():
-            taken.setdefault(m_index, []).append(d_index)
-        for m_index, d_indices in taken.items():
-            if len(d_indices) == 1:
-                mapping[d_indices[0]] = m_index
-                kinds[d_indices[0]] = tier
-            else:
-                for d_index in d_indices:
-                    ambiguous[d_index] = [m_index]
+    repeats = {index: first for first, group in dataset_groups.items() for index in group[1:]}
+    found = _match_by_tiers(models, [_Name.of(str(n)) for n in dataset_labels], set(repeats))
+    merged = _settle_duplicates(found, model_groups)
+    mapping, kinds, ambiguous, _ = found
+    for d_index, first in repeats.items():  # a repeated dataset name is the class of its first occurrence
+        if first in mapping:
+            mapping[d_index], kinds[d_index] = mapping[first], kinds[first]
+        elif first in ambiguous:
+            ambiguous[d_index] = ambiguous[first]
 
     if not mapping:
         hint = ""
@@ -233,7 +353,13 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
         matched_names={str(dataset_labels[d]): model_names[m] for d, m in sorted(mapping.items())},
         match_kinds={str(dataset_labels[d]): kinds[d] for d in sorted(mapping)},
         ambiguous={str(dataset_labels[d]): [model_names[m] for m in ms] for d, ms in sorted(ambiguous.items())},
+        same_class={index: first for first, group in merged.items() for index in group[1:]},
+        duplicates={label_alternatives(model_names[first])[0]: group for first, group in merged.items()},
+        dataset_duplicates=dataset_duplicates,
+        duplicates_matched="merged" if merged or dataset_duplicates else None,
     )
+    if merged or dataset_duplicates:
+        logger.info("%s", result.duplicates_note())
     if result.unmatched:
         logger.warning(
             "%d/%d dataset classes match no model class and are left out: %s",

@@ -204,7 +204,7 @@ def predict_part(
         model, preprocess, images, batch_size=batch_size, device=device, progress=progress, desc=desc
     ):
         predictions.extend(int(p) for p in logits.argmax(dim=-1))
-    correct = [int(p == t) for p, t in zip(predictions, targets, strict=True)]
+    correct = [int(match.counts_as(p) == t) for p, t in zip(predictions, targets, strict=True)]
     if correct:
         logger.info("%s: accuracy %.4f on %d samples", desc, sum(correct) / len(correct), len(correct))
     return predictions, correct

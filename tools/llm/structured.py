@@ -6,6 +6,8 @@
   Callers pass a ``normalize`` function that maps field-name variants onto the schema's names (see
   :data:`Normalizer`); the default only unwraps wrapper objects. It never raises for HTTP errors,
   timeouts or garbage: it returns ``None`` and an :class:`LLMExchange` that says what went wrong.
+  When the server refuses the ``response_format``, it asks again with the next one
+  (:mod:`tools.llm.response_format`) and remembers what the endpoint accepts.
 * Every exchange is a record that can be stored.
 
 This module knows nothing about what the answers mean: schemas and normalisers come from the caller.
@@ -25,7 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
+from tools.llm.budget import estimate_prompt_tokens
 from tools.llm.client import shorten
+from tools.llm.response_format import (
+    ResponseFormatMemory,
+    ResponseFormatMode,
+    endpoint_key,
+    error_text,
+    refuses_format,
+)
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -39,7 +49,9 @@ __all__ = [
     "LLMExchange",
     "Normalizer",
     "PromptMessage",
+    "ResponseFormatMemory",
     "ResponseFormatMode",
+    "endpoint_of",
     "extract_json_candidates",
     "find_object",
     "invoke_structured",
@@ -49,7 +61,6 @@ __all__ = [
     "prompt_dicts",
 ]
 
-ResponseFormatMode = Literal["auto", "json_schema", "json_object", "none"]
 Failure = Literal["http", "timeout", "connection", "error", "parse", "schema", "validation"]
 #: Failures of the transport (the server did not give an answer): retrying the same prompt is pointless.
 TRANSPORT_FAILURES: frozenset[str] = frozenset({"http", "timeout", "connection", "error"})
@@ -79,8 +90,12 @@ class LLMExchange(BaseModel):
     notes: list[str] = Field(default_factory=list, description="Non-fatal: renamed fields, format downgrades.")
     failure: Failure | None = None
     http_status: int | None = None
-    response_format: ResponseFormatMode = "none"
-    token_usage: dict[str, int] = Field(default_factory=dict)
+    response_format: ResponseFormatMode = Field(default="none", description="The format the answer was asked with.")
+    refused_formats: list[ResponseFormatMode] = Field(
+        default_factory=list, description="Formats the server refused for this request, in the order tried."
+    )
+    estimated_prompt_tokens: int = Field(default=0, description="The prompt's size as estimated before sending.")
+    token_usage: dict[str, int] = Field(default_factory=dict, description="Tokens as counted by the server.")
     latency_s: float = 0.0
     ok: bool = False
     timestamp: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
@@ -351,6 +366,12 @@ def _model_name(chat: Any) -> str:
     return str(getattr(chat, "model_name", None) or getattr(chat, "model", None) or type(chat).__name__)
 
 
+def endpoint_of(chat: Any) -> str:
+    """The key under which ``chat``'s endpoint is remembered (base URL and model; see :func:`endpoint_key`)."""
+    base = getattr(chat, "openai_api_base", None) or getattr(chat, "base_url", None) or ""
+    return endpoint_key(str(base), _model_name(chat))
+
+
 def invoke_structured(
     chat: BaseChatModel,
     messages: Sequence[BaseMessage | PromptMessage],
@@ -361,37 +382,64 @@ def invoke_structured(
     attempt: int = 1,
     round: int | None = None,
     response_format: ResponseFormatMode = "auto",
+    memory: ResponseFormatMemory | None = None,
 ) -> tuple[T | None, LLMExchange]:
     """Ask ``chat`` for JSON matching ``schema`` and parse it from the raw answer. Never raises for
     HTTP errors, timeouts, connection failures or unparsable answers: returns ``(None, exchange)``.
 
     ``response_format``: ``auto`` sends a ``json_schema`` response format (a hint only: many servers
-    ignore it) and, if the server refuses it with HTTP 400/422, asks again without one; ``json_schema``,
-    ``json_object`` or ``none`` fix the mode. The answer is parsed from its text in every mode.
-    ``purpose`` labels the exchange; ``normalize`` maps field-name variants (see :func:`parse_structured`).
+    ignore it) and, when the server refuses it, asks again with ``json_object``, then without one
+    (:data:`~tools.llm.response_format.LADDER`). A refusal is an HTTP 4xx/5xx whose message mentions the
+    format (llama-cpp-python's server answers 500), or a plain 400/422. ``memory`` remembers per endpoint
+    the format it accepts, so later requests start there (refusals that name the format are remembered at
+    once, a plain 400/422 once the next format was answered). ``json_schema``, ``json_object`` or ``none``
+    fix the mode. The exchange records the format used, the refused ones and a note for each refusal.
+    The answer is parsed from its text in every mode. ``purpose`` labels the exchange; ``normalize``
+    maps field-name variants (see :func:`parse_structured`).
     """
     prompt = prompt_dicts(messages)
-    exchange = LLMExchange(purpose=purpose, attempt=attempt, round=round, model=_model_name(chat), prompt=prompt)
-    modes: list[ResponseFormatMode]
-    if not _supports_response_format(chat):
-        modes = ["none"]
-    elif response_format == "auto":
-        modes = ["json_schema", "none"]
-    else:
-        modes = [response_format]
+    exchange = LLMExchange(
+        purpose=purpose,
+        attempt=attempt,
+        round=round,
+        model=_model_name(chat),
+        prompt=prompt,
+        estimated_prompt_tokens=estimate_prompt_tokens(prompt),
+    )
+    key = endpoint_of(chat)
+    memory = memory if memory is not None else ResponseFormatMemory()
+    modes: list[ResponseFormatMode] = (
+        memory.start(key, response_format) if _supports_response_format(chat) else ["none"]
+    )
+    if response_format == "auto" and modes[0] != "json_schema":
+        exchange.notes.append(f"response_format={modes[0]}, learned earlier for this endpoint")
     lc_messages = _to_messages(prompt)
     started = time.perf_counter()
     message: Any = None
+    unconfirmed: str | None = None  # a plain 400/422 refusal, remembered once the next format is answered
     for i, mode in enumerate(modes):
         exchange.response_format = mode
         fmt = _response_format(mode, schema)
         try:
             message = chat.invoke(lc_messages, extra_body={"response_format": fmt}) if fmt else chat.invoke(lc_messages)
-            break
         except Exception as exc:  # every client error becomes a recorded failure
             failure, status = _classify(exc)
-            if failure == "http" and status in (400, 422) and i + 1 < len(modes):
-                exchange.notes.append(f"server refused response_format={mode} (HTTP {status}); asked again without it")
+            text = error_text(exc)
+            named = failure == "http" and refuses_format(status, text)
+            if (named or (failure == "http" and status in (400, 422))) and i + 1 < len(modes):
+                following = modes[i + 1]
+                exchange.refused_formats.append(mode)
+                reason = (
+                    f"the server refused response_format={mode} (HTTP {status}: {shorten(str(exc), 160)}); "
+                    f"asked again with response_format={following}"
+                )
+                exchange.notes.append(reason)
+                logger.warning("LLM %s: %s", purpose, reason)
+                if named:
+                    if memory.learn(key, following, reason):
+                        exchange.notes.append(f"response_format={following} is used for this endpoint from now on")
+                else:
+                    unconfirmed = reason
                 continue
             exchange.failure, exchange.http_status = failure, status
             exchange.errors.append(
@@ -399,6 +447,9 @@ def invoke_structured(
             )
             logger.warning("LLM %s request failed: %s", purpose, exchange.errors[-1])
             break
+        if unconfirmed is not None and memory.learn(key, mode, unconfirmed):
+            exchange.notes.append(f"response_format={mode} is used for this endpoint from now on")
+        break
     exchange.latency_s = float(f"{time.perf_counter() - started:.4f}")
     if message is None:
         if exchange.failure is None:  # pragma: no cover - defensive

@@ -32,6 +32,11 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 OPTIONAL_BUFFERS = ("num_batches_tracked",)
 
 _SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024
+#: What to do about a weights file that cannot be read.
+DAMAGED_HINT = (
+    "it is damaged, cut short or no state dict: copy it again, or pass a file written by "
+    "torch.save(model.state_dict(), ...) or safetensors"
+)
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -64,10 +69,10 @@ def _torch_load(path: Path) -> Any:
                 f"refusing to unpickle {path}: it holds {what}, and arbitrary code is never run on load; "
                 "save model.state_dict() (torch.save or safetensors) and pass that file"
             ) from None
-        raise ModelLoadError(f"cannot read weights file {path} as a torch file: {reason}") from None
+        raise ModelLoadError(f"cannot read weights file {path} as a torch file: {reason}; {DAMAGED_HINT}") from None
     except Exception as exc:  # corrupt zip, truncated file, wrong format ...
         raise ModelLoadError(
-            f"cannot read weights file {path} as a torch or safetensors file: {first_line(exc)}"
+            f"cannot read weights file {path} as a torch or safetensors file: {first_line(exc)}; {DAMAGED_HINT}"
         ) from None
 
 
@@ -120,14 +125,15 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ModelLoadError(f"weights file {str(path)!r} not found" if not file.exists() else f"{path} is not a file")
+        what = "not found" if not file.exists() else "is not a file"
+        raise ModelLoadError(f"weights file {str(path)!r} {what}: pass the path of the model's state dict file")
     if _is_safetensors(file):
         from safetensors.torch import load_file
 
         try:
             obj: Any = load_file(str(file), device="cpu")
         except Exception as exc:
-            raise ModelLoadError(f"cannot read safetensors file {file}: {first_line(exc)}") from None
+            raise ModelLoadError(f"cannot read safetensors file {file}: {first_line(exc)}; {DAMAGED_HINT}") from None
     else:
         obj = _torch_load(file)
     return _strip_prefixes(_as_state_dict(obj, file))

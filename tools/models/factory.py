@@ -30,6 +30,7 @@ from torch import nn
 
 from tools.models.base import LoadedModel, ModelLoadError, family_of, logits_of
 from tools.models.checkpoints import OPTIONAL_BUFFERS, load_state_dict_file, load_weights
+from tools.models.input_shape import resolve_factory_spec
 from tools.models.specs import FACTORY_RE, FactorySpec, Preprocessing, validation_message
 from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json
 from tools.text import first_line, preview
@@ -181,6 +182,7 @@ def build_factory_model(spec: FactorySpec, *, search_dirs: Sequence[str] = ()) -
     else:
         logger.warning("%s: no --weights given, the model keeps its initial (random) weights", spec.factory)
     model.eval()
+    spec = resolve_factory_spec(model, spec)  # the channels / image size no flag gave, from the model
     pre = spec.preprocessing()
     outputs = count_outputs(model, pre)
     if spec.labels and len(spec.labels) != outputs:
@@ -282,7 +284,10 @@ def load_factory_original(out_dir: str | os.PathLike[str]) -> FactoryModel:
     try:
         missing, unexpected = load_model(model, str(out / WEIGHTS_FILE), strict=False, device="cpu")
     except Exception as exc:
-        raise ModelLoadError(f"cannot load {out / WEIGHTS_FILE} into {spec.factory}(): {first_line(exc)}") from None
+        raise ModelLoadError(
+            f"cannot load {out / WEIGHTS_FILE} into {spec.factory}(): {first_line(exc)}; unless the factory has "
+            "changed since, the file is damaged: start the run again with a new --run-dir"
+        ) from None
     missing = [k for k in missing if k.rpartition(".")[2] not in OPTIONAL_BUFFERS]
     if missing or unexpected:
         raise ModelLoadError(

@@ -58,6 +58,64 @@ def _read_config(spec: str, source: str) -> Any:
         raise ModelLoadError(f"cannot load {spec!r} from the Hugging Face hub: {first_line(exc)}") from exc
 
 
+def _model_dir(spec: str, source: str) -> Path | None:
+    """The directory ``from_pretrained`` reads ``spec`` from: the spec itself, or its Hugging Face cache snapshot."""
+    if source != "hub":
+        return Path(spec)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(spec, "config.json")
+    except Exception:  # an id the cache cannot even look up
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
+def _unreadable(file: Path) -> bool:
+    """Whether a weights file fails a cheap check: the safetensors header, the torch zip's directory (at its end)."""
+    import zipfile
+
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(file), "pt"):
+                return False
+        if zipfile.is_zipfile(file):  # torch.save's format: a zip, its directory at the end
+            zipfile.ZipFile(file).close()
+            return False
+        with file.open("rb") as handle:
+            return handle.read(1) != b"\x80"  # not a pickle either (torch's legacy format): cut short or not torch
+    except Exception:
+        return True
+
+
+def damaged_weights(directory: Path) -> Path | None:
+    """The first weights file in a ``save_pretrained`` directory that cannot be read; None when all look sound."""
+    for pattern in ("*.safetensors", "pytorch_model*.bin"):
+        for file in sorted(directory.glob(pattern)):
+            if _unreadable(file):
+                return file
+    return None
+
+
+def _weights_error(spec: str, source: str, exc: BaseException) -> ModelLoadError:
+    """One line naming the weights file that failed (when one is found damaged) and what to do."""
+    directory = _model_dir(spec, source)
+    file = damaged_weights(directory) if directory is not None and directory.is_dir() else None
+    reason = f"{type(exc).__name__}: {first_line(exc)}"
+    if file is None:
+        where = f"the model in {directory}" if directory is not None else f"model {spec!r}"
+        return ModelLoadError(f"cannot load {where}: {reason} (rerun with --debug for the traceback)")
+    if directory is not None and (directory / MARKER_FILE).is_file():
+        todo = "the run's copy of the model is damaged: start the run again with a new --run-dir"
+    elif source == "hub":
+        todo = f"the download is damaged: remove it with `hf cache rm model/{spec}` and rerun to download it again"
+    else:
+        todo = "the file is damaged or incomplete (an interrupted copy?): copy it again or save the model again"
+    return ModelLoadError(f"cannot read weights file {file}: {reason}; {todo}")
+
+
 def load_pretrained(spec: str, source: str) -> LoadedModel:
     """An image classifier and its image processor from a ``save_pretrained`` directory or a hub id."""
     from transformers import AutoImageProcessor, AutoModelForImageClassification
@@ -66,10 +124,14 @@ def load_pretrained(spec: str, source: str) -> LoadedModel:
     try:
         model = AutoModelForImageClassification.from_pretrained(spec, config=config)
     except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise _weights_error(spec, source, exc) from exc
         raise ModelLoadError(
             f"{spec!r} is a {config.model_type!r} model, not an image classifier: "
             "pass a model with an image-classification head"
         ) from exc
+    except Exception as exc:  # a damaged weights file: SafetensorError, UnpicklingError, OSError ...
+        raise _weights_error(spec, source, exc) from exc
     try:
         processor = AutoImageProcessor.from_pretrained(spec)
     except Exception as exc:  # no preprocessor_config.json

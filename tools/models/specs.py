@@ -3,6 +3,8 @@
 A plain model has no image processor, so the preprocessing is part of the spec: ``image_size``
 (height, width), ``channels`` (1: greyscale 'L' images, 3: RGB), and the per-channel ``mean`` / ``std``
 applied after scaling pixels to [0, 1] -- what ``torchvision.transforms.ToTensor`` + ``Normalize`` do.
+``sources`` says where each came from: a flag, or ``default`` until the model is built and
+:func:`tools.models.input_shape.resolve_factory_spec` resolves it from the model (:meth:`FactorySpec.with_shape`).
 :func:`parse_labels`, :func:`parse_image_size` and :func:`parse_floats` read the command-line values.
 """
 
@@ -23,6 +25,8 @@ from tools.models.base import IMAGENET_MEAN, IMAGENET_STD, ModelLoadError, build
 from tools.text import first_line, preview
 
 DEFAULT_IMAGE_SIZE = (224, 224)
+#: ``FactorySpec.sources`` value of a number no flag gave (the model decides it when it is built).
+DEFAULT_SOURCE = "default"
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 #: ``module.path:callable``.
@@ -32,7 +36,7 @@ FACTORY_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}$")
 def parse_labels(value: str | Sequence[str] | None) -> list[str]:
     """Class names: comma-separated (``"cat,dog"``), a file with one name per line, or a list; [] for None.
 
-    Blank lines of a file are skipped; names are stripped; empty or duplicate names are errors.
+    Blank lines of a file are skipped; names are stripped; empty names are errors (repeated ones are kept).
     """
     if value is None:
         return []
@@ -60,10 +64,7 @@ def parse_labels(value: str | Sequence[str] | None) -> list[str]:
         names = [str(v).strip() for v in value]
     if any(not name for name in names):
         raise ModelLoadError(f"--labels has an empty class name at position {names.index('')}: {preview(names)}")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ModelLoadError(f"--labels names {preview(duplicates)} more than once: class names must be unique")
-    return names
+    return names  # a name may repeat (ImageNet-1k has 'crane' twice): label matching handles duplicates
 
 
 def parse_image_size(value: str | int | Sequence[int]) -> tuple[int, int]:
@@ -167,6 +168,11 @@ class FactorySpec(Preprocessing):
     factory: str = Field(description="'module.path:callable' that builds the model with no arguments.")
     weights: str | None = Field(default=None, description="State dict file (safetensors or torch); None: untrained.")
     labels: list[str] = Field(default_factory=list, description="Class names in output order; [] for class_N.")
+    sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="Where channels, image_size, mean and std came from: a flag ('--channels'), 'default' "
+        "(resolved from the model when it is built), or what the model said ('first convolution conv1').",
+    )
 
     @field_validator("factory")
     @classmethod
@@ -192,15 +198,23 @@ class FactorySpec(Preprocessing):
 
         Defaults: ``image_size`` 224x224; ``channels`` = the number of ``mean`` values when more than one,
         else 3; ``mean`` / ``std`` = the ImageNet statistics for 3 channels, 0.5 otherwise (one value is
-        used for every channel). ``weights`` must exist and is stored as an absolute path.
+        used for every channel). ``weights`` must exist and is stored as an absolute path. ``sources``
+        marks the defaults (``default``), which the model replaces when it is built.
         """
         if not FACTORY_RE.match(factory.strip()):
             raise ModelLoadError(f"--model {factory!r} is not a factory: write module.path:callable")
         mean_values = None if mean is None else parse_floats(mean, "mean")
         std_values = None if std is None else parse_floats(std, "std")
+        sources = {
+            "image_size": DEFAULT_SOURCE if image_size is None else "--image-size",
+            "mean": DEFAULT_SOURCE if mean is None else "--mean",
+            "std": DEFAULT_SOURCE if std is None else "--std",
+            "channels": "--channels",
+        }
         if channels is None:
-            counts = [len(v) for v in (mean_values, std_values) if v is not None and len(v) > 1]
-            n_channels = counts[0] if counts else 3
+            counts = [(len(v), n) for v, n in ((mean_values, "--mean"), (std_values, "--std")) if v and len(v) > 1]
+            n_channels = counts[0][0] if counts else 3
+            sources["channels"] = f"{counts[0][1]} ({counts[0][0]} values)" if counts else DEFAULT_SOURCE
         else:
             try:
                 n_channels = int(channels)
@@ -214,7 +228,11 @@ class FactorySpec(Preprocessing):
         if weights is not None:
             path = Path(weights).expanduser()
             if not path.is_file():
-                raise ModelLoadError(f"--weights {str(weights)!r}: no such file")
+                what = "is a directory, not a file" if path.is_dir() else f"no such file ({path.resolve()})"
+                raise ModelLoadError(
+                    f"--weights {str(weights)!r}: {what}; pass the model's state dict file, "
+                    "or leave --weights out to run the model untrained"
+                )
             weights_path = str(path.resolve())
         size = DEFAULT_IMAGE_SIZE if image_size is None else parse_image_size(image_size)
         try:
@@ -226,9 +244,36 @@ class FactorySpec(Preprocessing):
                 mean=mean_values,
                 std=std_values,
                 channels=n_channels,
+                sources=sources,
             )
         except ValidationError as exc:
             raise ModelLoadError(f"--model {factory}: {validation_message(exc)}") from None
+
+    def given(self, name: str) -> bool:
+        """Whether ``name`` (channels, image_size, mean, std) came from the user or the model, not a default.
+
+        A spec without ``sources`` (saved before they were recorded) counts as given throughout.
+        """
+        return self.sources.get(name, "given") != DEFAULT_SOURCE
+
+    def with_shape(
+        self, channels: int, image_size: tuple[int, int], *, channels_source: str, size_source: str
+    ) -> FactorySpec:
+        """This spec for ``channels`` x ``image_size`` (resolved from the model), with its sources.
+
+        Default ``mean`` / ``std`` follow the channels (ImageNet's for 3, 0.5 for 1); one value given for
+        every channel is kept for the new number of channels.
+        """
+        values: dict[str, list[float]] = {}
+        for name, imagenet in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):
+            current: list[float] = getattr(self, name)
+            if not self.given(name):
+                values[name] = list(imagenet) if channels == 3 else [0.5]
+            else:
+                values[name] = current[:1] if len(set(current)) == 1 else list(current)
+        sources = {**self.sources, "channels": channels_source, "image_size": size_source}
+        data = self.model_dump() | values | {"channels": channels, "image_size": image_size, "sources": sources}
+        return FactorySpec.model_validate(data)
 
     def preprocessing(self) -> Preprocessing:
         return Preprocessing(image_size=self.image_size, channels=self.channels, mean=self.mean, std=self.std)

@@ -1,7 +1,8 @@
 """Dynamic profile: per-layer and whole-model latency, operators, peak memory and the Chrome trace.
 
 * **Per-layer latency** (:func:`module_latencies`) comes from forward pre/post hooks and
-  ``time.perf_counter`` (with ``torch.cuda.synchronize`` on CUDA).
+  ``time.perf_counter`` (with ``torch.cuda.synchronize`` on CUDA): the median over the timed passes, as is
+  the whole-model latency (:func:`model_latency`), so that one descheduled pass does not move a share.
 * **Operators, peak memory and the Chrome trace** (:func:`operator_profile`) come from
   ``torch.profiler``.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -45,7 +47,7 @@ def module_latencies(
     iters: int = 3,
     modules: Iterable[str] | None = None,
 ) -> dict[str, float]:
-    """Mean forward latency (seconds per forward pass of the model) of each listed module.
+    """Median forward latency (seconds per forward pass of the model) of each listed module over ``iters`` passes.
 
     ``modules`` defaults to the atomic modules (:func:`layer_names`). Times are inclusive of the
     module's children and summed over repeated calls within one pass. Hooks are removed afterwards.
@@ -56,7 +58,8 @@ def module_latencies(
     if missing:
         raise KeyError(f"no such modules: {missing[:5]}")
     device = example_inputs.device
-    totals: dict[str, float] = dict.fromkeys(names, 0.0)
+    totals: dict[str, float] = dict.fromkeys(names, 0.0)  # the pass being timed
+    passes: dict[str, list[float]] = {name: [] for name in names}
     starts: dict[str, list[float]] = defaultdict(list)
     recording = [False]
 
@@ -86,30 +89,33 @@ def module_latencies(
             for _ in range(max(0, warmup)):
                 forward(model, example_inputs)
             recording[0] = True
-            n = max(1, iters)
-            for _ in range(n):
+            for _ in range(max(1, iters)):
+                totals.update(dict.fromkeys(names, 0.0))
                 forward(model, example_inputs)
-            sync(device)
+                sync(device)
+                for name, total in totals.items():
+                    passes[name].append(total)
         finally:
             recording[0] = False
             for handle in handles:
                 handle.remove()
-    return {name: total / n for name, total in totals.items()}
+    return {name: statistics.median(times) for name, times in passes.items()}
 
 
 def model_latency(model: nn.Module, example_inputs: torch.Tensor, *, warmup: int, iters: int) -> float:
-    """Mean seconds per whole-model forward pass, timed without hooks."""
+    """Median seconds per whole-model forward pass over ``iters`` passes, timed without hooks."""
     device = example_inputs.device
+    times = []
     with clean_model(model), torch.no_grad():
         for _ in range(max(0, warmup)):
             forward(model, example_inputs)
         sync(device)
-        n = max(1, iters)
-        start = time.perf_counter()
-        for _ in range(n):
+        for _ in range(max(1, iters)):
+            start = time.perf_counter()
             forward(model, example_inputs)
-        sync(device)
-        return (time.perf_counter() - start) / n
+            sync(device)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def self_latencies(

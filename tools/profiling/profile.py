@@ -106,15 +106,18 @@ def profile_model(
     *,
     family: str = "",
     warmup: int = 1,
-    iters: int = 3,
+    iters: int = 5,
     trace_path: Path | None = None,
     progress: bool = False,
 ) -> ModelProfile:
     """Profile ``model`` on ``example_inputs[:1]`` (batch size 1): MACs, params, latencies, operators.
 
-    ``latency_s`` is the mean whole-model forward latency measured without hooks; layer latencies
-    come from a separate hooked run and their shares are relative to the hooked run's total. MACs/params
-    shares are relative to the model totals. The model is left unchanged (hooks, attributes, modes).
+    ``latency_s`` is the median whole-model forward latency over ``iters`` passes measured without hooks;
+    layer latencies are medians over ``iters`` passes of a separate hooked run and their shares are relative
+    to the hooked run's total; the operator profile (``torch.profiler``) averages at most 3 passes. MACs and
+    params (and their shares, relative to the model totals) are exact and the same on every run; timed
+    figures are not, which is why the rules planner decides on MACs and parameters only. The model is left
+    unchanged (hooks, attributes, modes).
     """
     x = example_inputs[:1]
     input_shape = tuple(int(s) for s in x.shape[1:])
@@ -135,7 +138,7 @@ def profile_model(
     t_latency = time.perf_counter()
     bar.update()
     bar.set_postfix_str("operators (torch.profiler)")
-    operators, peak_mb = operator_profile(model, x, iters=iters, trace_path=trace_path, warmup=0)
+    operators, peak_mb = operator_profile(model, x, iters=min(iters, 3), trace_path=trace_path, warmup=0)
     bar.update()
     bar.close()
     t_ops = time.perf_counter()

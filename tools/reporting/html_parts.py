@@ -113,6 +113,8 @@ def shape_text(shape: Any) -> str:
     if isinstance(shape, dict):
         dims = [shape.get(k) for k in ("channels", "height", "width")]
         text = " × ".join(str(d) for d in dims if d is not None)
+        if shape.get("channels_source") or shape.get("size_source"):  # where each number came from
+            return f"{text} (channels from {shape.get('channels_source')}; size from {shape.get('size_source')})"
         return f"{text} (from {shape['source']})" if shape.get("source") else text
     if isinstance(shape, list | tuple):
         return " × ".join(str(d) for d in shape)

@@ -210,4 +210,21 @@ def deployment(report: RunReport) -> str:
         if original
         else ""
     )
-    return section("deployment", "Deployment: runtimes measured side by side", why + table(headers, rows) + note)
+    return section(
+        "deployment", "Deployment: runtimes measured side by side", why + table(headers, rows) + note + _speedup(report)
+    )
+
+
+def _speedup(report: RunReport) -> str:
+    """The deployed model's speed-up as runtime x precision x pruning (one timing run)."""
+    if not report.speedup:
+        return ""
+    from tools.deploy.speedup import SpeedupFactors
+
+    factors = SpeedupFactors.model_validate(report.speedup)
+    items = "".join(f"<li>{esc(line)}</li>" for line in factors.lines())
+    return (
+        "<h3>Speed-up, decomposed</h3><p class=\"small\">The deployed model against the original FP32 PyTorch model "
+        "at batch 1; all four models were timed interleaved in one run, so the factors multiply to the total.</p>"
+        f'<ul class="decisions">{items}</ul>'
+    )

@@ -21,6 +21,7 @@ from tools.reporting.format import (
     signed_points,
     speedup,
 )
+from tools.reporting.html_parts import shape_text
 from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
 from tools.schemas import PairedAccuracy, RunReport, SensitivityProfile
@@ -58,6 +59,7 @@ def data_split(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any
         "calibration_samples": int(parts.get("calibration", 0)),
         "evaluation_samples": int(parts.get("evaluation", 0)),
         "holdout_samples": int(parts.get("holdout", 0)),
+        "unreadable_images": int(parts.get("unreadable", 0)),  # left out; the notes name them
         "parts_disjoint": True,
     }
 
@@ -95,6 +97,7 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
         "quantized": metrics_view(state.get("quantized")),
         "quantized_original": metrics_view(state.get("quantized_original")),
         "deployment": state.get("deployment"),
+        "speedup": state.get("speedup"),
         "rounds": rounds,
         "plan": {
             "source": (state.get("plan") or {}).get("source"),
@@ -139,7 +142,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         f"# ProfilingAgent report: {model['spec']}",
         "",
         f"- model class: `{model['model_class']}` (family `{model['family']}`, source {model['source']})",
-        f"- input shape: {model.get('input_shape')}",
+        f"- input shape: {shape_text(model.get('input_shape'))}",
         f"- dataset: {report.dataset['spec'] or 'none (latency and memory only)'}",
     ]
     split = split_text(report.dataset)
@@ -197,6 +200,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
                 f"{recovery_text(r.prune_report)} | {plan} |"
             )
     lines += _deployment_lines(report.deployment)
+    lines += speedup_lines(report.speedup)
     lines += _planner_decisions(report)
     if report.profile.get("top_groups"):
         lines += [
@@ -252,6 +256,23 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
     if deployment.get("calibration"):
         lines += [f"Static int8 candidates were calibrated on {deployment['calibration']}."]
     return lines
+
+
+def speedup_lines(speedup: dict[str, Any] | None) -> list[str]:
+    """The deployed model's speed-up over the original FP32 PyTorch model, step by step (one timing run)."""
+    if not speedup:
+        return []
+    from tools.deploy.speedup import SpeedupFactors
+
+    factors = SpeedupFactors.model_validate(speedup)
+    return [
+        "",
+        "## Speed-up, decomposed",
+        "",
+        f"The deployed model ({factors.backend}: {factors.runtime}, {factors.precision}) against the original FP32 "
+        "PyTorch model at batch 1, all four models timed interleaved in one run; the factors multiply to the total.",
+        "",
+    ] + [f"- {line}" for line in factors.lines()]
 
 
 def _planner_decisions(report: RunReport) -> list[str]:

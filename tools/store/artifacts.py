@@ -11,16 +11,24 @@ Every model artifact is a directory with its deployed file (no pickle) and ``art
 * ``quantized``: the quantization backend's deployed file (``model.safetensors`` with int8 weights and
   scales for ``torch-ao-dynamic``, an int8 ``model.onnx`` for ``onnxruntime``), the float structure,
   and the quantization report naming the backend that loads it back (:func:`deployed_file`).
+
+A pruned or quantized artifact also carries its ``recipe_hash`` (:func:`recipe_hash`: sha256 of the canonical
+JSON of everything that decides its weights: plan, importance, recovery, fine-tuning, backend, input shape,
+calibration images, source model). ``tools.ops`` reuses a complete artifact only when that hash matches the
+recipe at hand (:func:`stale_reason`), and rebuilds it otherwise.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -35,7 +43,13 @@ from tools.compression.quantization import (
 )
 from tools.models.base import LoadedModel, family_of
 from tools.models.sources import source_named
-from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json
+from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json, sha256_of
+from tools.text import first_line
+
+if TYPE_CHECKING:
+    from tools.compression.distill import DistillConfig
+    from tools.compression.recipes import PruningConfig, RecoveryConfig
+    from tools.schemas import InputShape, OptimizationPlan, QuantizationRecommendation
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +87,112 @@ def deployed_files(artifact_dir: Path) -> list[Path]:
 def is_complete(artifact_dir: Path) -> bool:
     """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
     return (artifact_dir / META_FILE).is_file() and all(f.is_file() for f in deployed_files(artifact_dir))
+
+
+# --- recipe hashes: reuse an artifact only if it was built from the recipe at hand -------------------
+
+
+def recipe_hash(recipe: Mapping[str, Any]) -> str:
+    """sha256 of ``recipe`` as canonical JSON (sorted keys, no whitespace): the same for the same content,
+    whatever the key order; tuples hash as lists, anything else not JSON as its ``str``."""
+    text = json.dumps(recipe, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def tensor_digest(tensor: torch.Tensor | None) -> str | None:
+    """sha256 of a tensor's dtype, shape and values (None for None): identifies calibration images in a recipe."""
+    if tensor is None:
+        return None
+    data = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{data.dtype}{tuple(data.shape)}".encode())
+    digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
+
+
+def artifact_identity(artifact_dir: Path) -> str:
+    """What a model derived from this artifact depends on: its recipe hash where it has one, else the sha256 of
+    its ``artifact.json`` (an original's, written once)."""
+    meta = Path(artifact_dir) / META_FILE
+    stored = read_json(meta).get("recipe_hash")
+    return str(stored) if stored else sha256_of(meta)
+
+
+def stored_recipe_hash(artifact_dir: Path) -> str | None:
+    """The recipe hash a complete artifact was built with (None: absent, incomplete, or written before hashes)."""
+    if not is_complete(artifact_dir):
+        return None
+    try:
+        value = read_json(Path(artifact_dir) / META_FILE).get("recipe_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(value) if value else None
+
+
+def prune_recipe_hash(
+    original_dir: Path,
+    plan: OptimizationPlan,
+    shape: InputShape,
+    config: PruningConfig,
+    recovery: RecoveryConfig,
+    *,
+    calibration: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    finetune: DistillConfig | None = None,
+    finetune_images: torch.Tensor | None = None,
+) -> str:
+    """The recipe hash of a pruned model (``tools.ops.prune``): everything that decides its weights -- the
+    original, the recommendations, importance/round_to/seed, recovery, fine-tuning, the input shape, the
+    calibration images and targets -- and nothing that does not (justifications, the planner's ``max_ratio``)."""
+    tuned = finetune is not None and finetune.steps > 0
+    images, targets = calibration if calibration is not None else (None, None)
+    return recipe_hash(
+        {
+            "kind": "pruned",
+            "original": artifact_identity(original_dir),
+            "pruning": [r.model_dump(exclude={"justification"}) for r in plan.pruning_recommendations],
+            "config": config.model_dump(exclude={"max_ratio"}),
+            "recovery": recovery.model_dump(),
+            "finetune": finetune.model_dump() if tuned and finetune is not None else None,
+            "shape": list(shape.as_tuple()),
+            "calibration": tensor_digest(images),
+            "calibration_targets": tensor_digest(targets),
+            "finetune_images": tensor_digest(finetune_images) if tuned else None,
+        }
+    )
+
+
+def quantize_recipe_hash(
+    source_dir: Path,
+    recommendations: list[QuantizationRecommendation],
+    backend: str,
+    shape: InputShape | None = None,
+    calibration: torch.Tensor | None = None,
+) -> str:
+    """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
+    pruned model changes it), the recommendations without their justifications, the backend asked for, the
+    export shape and the calibration images."""
+    return recipe_hash(
+        {
+            "kind": "quantized",
+            "source": artifact_identity(source_dir),
+            "recommendations": [r.model_dump(exclude={"justification"}) for r in recommendations],
+            "backend": backend,
+            "shape": list(shape.as_tuple()) if shape is not None else None,
+            "calibration": tensor_digest(calibration),
+        }
+    )
+
+
+def stale_reason(artifact_dir: Path, wanted_hash: str) -> str | None:
+    """Why the complete artifact in ``artifact_dir`` cannot be reused for the recipe hashed ``wanted_hash``;
+    None when it can, or when there is no complete artifact (nothing to reuse, nothing stale)."""
+    if not is_complete(artifact_dir):
+        return None
+    stored = stored_recipe_hash(artifact_dir)
+    if stored == wanted_hash:
+        return None
+    if stored is None:
+        return f"{artifact_dir} carries no recipe hash (built before artifacts were hashed)"
+    return f"{artifact_dir} was built from another recipe (hash {stored[:12]}, now {wanted_hash[:12]})"
 
 
 # --- structure of a compressed model ---------------------------------------------------------------
@@ -170,8 +290,10 @@ def save_compressed(
     float_model: nn.Module | None = None,
     example_input: torch.Tensor | None = None,
     calibration: torch.Tensor | None = None,
+    recipe_key: str | None = None,
 ) -> Path:
-    """Save a pruned or quantized model as deployed, plus its structure and recipe.
+    """Save a pruned or quantized model as deployed, plus its structure, recipe and ``recipe_key`` (its
+    :func:`recipe_hash`, which decides whether the artifact may be reused).
 
     For a quantized model pass its ``quant_report`` and ``float_model`` (the float model it was
     quantized from, whose structure is the one rebuilt on load). ``model`` is the quantized module
@@ -191,11 +313,12 @@ def save_compressed(
             example_input=example_input,
             qmodel=model if in_memory else None,
             calibration=calibration,
+            recipe_key=recipe_key,
         )
     reference = load_original(base_dir).model
     with StagingDir(out_dir) as tmp:
         save_file(_state_for_save(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        atomic_write_json(tmp / META_FILE, _meta(kind, base_dir, out_dir, reference, model, recipe, None))
+        atomic_write_json(tmp / META_FILE, _meta(kind, base_dir, out_dir, reference, model, recipe, None, recipe_key))
     return out_dir
 
 
@@ -209,17 +332,20 @@ def save_quantized(
     example_input: torch.Tensor | None = None,
     qmodel: nn.Module | None = None,
     calibration: torch.Tensor | None = None,
+    recipe_key: str | None = None,
 ) -> Path:
     """Quantize ``float_model`` with ``report``'s backend and save the artifact (or save ``qmodel``, an
     in-memory torch backend's result). The report written is the one the backend carried out.
-    ``calibration``: preprocessed images for backends that quantize activations statically."""
+    ``calibration``: preprocessed images for backends that quantize activations statically; ``recipe_key``:
+    the recipe's :func:`recipe_hash`."""
     reference = load_original(base_dir).model
     backend = get_backend(report.backend)
     with StagingDir(out_dir) as tmp:
         done = backend.save(
             float_model, report, tmp, example_input=example_input, qmodel=qmodel, calibration=calibration
         )
-        atomic_write_json(tmp / META_FILE, _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done))
+        meta = _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done, recipe_key)
+        atomic_write_json(tmp / META_FILE, meta)
     return out_dir
 
 
@@ -231,6 +357,7 @@ def _meta(
     model: nn.Module,
     recipe: dict[str, Any],
     quant_report: QuantReport | None,
+    recipe_key: str | None = None,
 ) -> dict[str, Any]:
     return {
         "format": 1,
@@ -240,6 +367,7 @@ def _meta(
         "model_class": type(reference).__name__,
         "structure": describe_structure(model, reference),
         "recipe": recipe,
+        "recipe_hash": recipe_key,
         "quantization": quant_report.model_dump() if quant_report else None,
     }
 
@@ -289,7 +417,13 @@ def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | Quanti
         deployed = get_backend(report.backend).load(path, report, rebuild)
         return deployed.to(device).eval() if isinstance(deployed, nn.Module) else deployed
     model = rebuild()
-    tensors = load_file(str(path / WEIGHTS_FILE))
+    try:
+        tensors = load_file(str(path / WEIGHTS_FILE))
+    except Exception as exc:  # SafetensorError: a damaged or cut-short file
+        raise ValueError(
+            f"cannot read {path / WEIGHTS_FILE}: {first_line(exc)}; the file is damaged: save or build the model "
+            "again (in a run: start it again with a new --run-dir)"
+        ) from None
     result = model.load_state_dict(tensors, strict=False)
     missing = [k for k in result.missing_keys if not _is_tied(model, k, tensors)]
     if missing:

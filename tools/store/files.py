@@ -60,7 +60,16 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The JSON in ``path``; a ``ValueError`` naming the file when it is not valid JSON (OSError when unreadable)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}): the file is damaged or was "
+            "edited by hand; fix or restore it"
+        ) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: the file is damaged; restore it") from None
 
 
 def sha256_of(path: Path) -> str:

@@ -39,6 +39,11 @@ class RunPaths:
         return self.root / "models" / "quantized-original"
 
     @property
+    def runtime_fp32_original(self) -> Path:
+        """The original in the deployed runtime at FP32: the middle step of the decomposed speed-up."""
+        return self.root / "models" / "runtime-fp32-original"
+
+    @property
     def report_json(self) -> Path:
         return self.root / "report.json"
 
