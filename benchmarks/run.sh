@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the benchmark tables (see benchmarks/README.md). Needs ../shared beside the repo.
+# README.md's "Measured" figures come from benchmarks/figures.sh; the bench figures quoted there from the first command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared}

@@ -246,6 +246,8 @@ class OnnxRuntimeDynamicBackend:
 
     name = "onnxruntime"
     deployed_file = "model.onnx"
+    #: Export ViT-style attention as ONNX Runtime's fused Attention operator (:mod:`tools.deploy.fusion`).
+    fuse = False
 
     @staticmethod
     def available() -> bool:
@@ -274,20 +276,31 @@ class OnnxRuntimeDynamicBackend:
     ) -> QuantReport:
         import shutil
 
-        from tools.deploy.onnxruntime import export_onnx, linear_nodes, preprocess_onnx, quantize_onnx, weighted_nodes
+        from tools.deploy import onnx_graph as graphs
+        from tools.deploy.onnxruntime import export_onnx, preprocess_onnx, quantize_onnx
 
         if example_input is None:
-            raise QuantizationError("the onnxruntime backend needs an example input to export the model to ONNX")
+            raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
         if qmodel is not None:
-            raise QuantizationError("the onnxruntime backend quantizes the float model itself: pass no qmodel")
+            raise QuantizationError(f"the {self.name} backend quantizes the float model itself: pass no qmodel")
         out_dir = Path(out_dir)
         target = out_dir / self.deployed_file
+        exported, op_types, notes = float_model, graphs.QUANTIZED_OP_TYPES, list(report.notes)
+        if self.fuse:
+            from tools.deploy.fusion import AttentionFusionError, fuse_attention
+
+            try:
+                exported, count = fuse_attention(float_model, example_input[:1])
+            except AttentionFusionError as exc:
+                raise QuantizationError(str(exc)) from exc
+            op_types = (*op_types, *graphs.CONTRIB_OP_TYPES)
+            notes.append(f"{self.name}: {count} attention module(s) exported as one fused Attention node each")
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
-            fp32 = export_onnx(float_model, example_input[:1], Path(work) / "float.onnx")
+            fp32 = export_onnx(exported, example_input[:1], Path(work) / "float.onnx")
             graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
-            nodes = linear_nodes(graph, float_model)
+            packed = graphs.packed_attention_nodes(graph, exported) if self.fuse else {}
+            nodes = graphs.linear_nodes(graph, exported) | packed
             selected = {name: nodes.get(name, []) for name in report.layers}
-            notes = list(report.notes)
             if graph == fp32:
                 notes.append("onnxruntime: quant_pre_process failed on this graph: the raw export was quantized")
             unmapped = sorted(name for name, found in selected.items() if not found)
@@ -299,8 +312,11 @@ class OnnxRuntimeDynamicBackend:
                 notes.append("onnxruntime: no MatMul/Gemm node to quantize: the FP32 graph is deployed")
             else:
                 every = set(report.layers) == set(nodes) and not unmapped
-                quantize_onnx(graph, target, preprocess=False, nodes_to_quantize=None if every else chosen)
-        still_float = set(weighted_nodes(target))  # a quantized node is renamed (<name>_quant) and re-typed
+                quantize_onnx(
+                    graph, target, preprocess=False, op_types=op_types, nodes_to_quantize=None if every else chosen
+                )
+        # a quantized node is renamed (<name>_quant) and re-typed (MatMulInteger, QAttention, ...)
+        still_float = set(graphs.weighted_nodes(target)) | set(graphs.attention_nodes(target))
         layers = {
             name: report.layers[name] for name, found in selected.items() if found and not still_float & set(found)
         }
@@ -312,7 +328,16 @@ class OnnxRuntimeDynamicBackend:
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         from tools.deploy.onnxruntime import OrtModel
 
-        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
+        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)
+
+
+class OnnxRuntimeFusedBackend(OnnxRuntimeDynamicBackend):
+    """:class:`OnnxRuntimeDynamicBackend` with every ViT-style attention exported as one fused ``Attention`` node
+    (Q/K/V packed; int8 ``QAttention`` after quantization): far fewer nodes per layer, which is where small
+    transformers spend their time in ONNX Runtime. Models without such attention cannot use it (a clear error)."""
+
+    name = "onnxruntime-fused"
+    fuse = True
 
 
 class OpenVinoBackend:
@@ -415,6 +440,7 @@ class OnnxRuntimeBackend:
         qmodel: nn.Module | None = None,
         calibration: torch.Tensor | None = None,
     ) -> QuantReport:
+        from tools.deploy import onnx_graph as graphs
         from tools.deploy import onnxruntime as ortd
 
         if qmodel is not None:
@@ -431,11 +457,11 @@ class OnnxRuntimeBackend:
             return report.model_copy(update={"layers": {}, "notes": notes})
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
             fp32 = ortd.export_onnx(float_model, example[:1], Path(work) / "float.onnx")
-            applied = {name for name, found in ortd.linear_nodes(fp32, float_model).items() if found}
+            applied = {name for name, found in graphs.linear_nodes(fp32, float_model).items() if found}
             ortd.static_quantize_onnx(fp32, target, calibration)
-        still_float = {name for name, found in ortd.linear_nodes(target, float_model).items() if found}
+        still_float = {name for name, found in graphs.linear_nodes(target, float_model).items() if found}
         layers: dict[str, QuantDType] = {name: "qint8" for name in sorted(applied - still_float)}
-        counts = ", ".join(f"{n} {op}" for op, n in sorted(ortd.quantized_op_counts(target).items())) or "no node"
+        counts = ", ".join(f"{n} {op}" for op, n in sorted(graphs.quantized_op_counts(target).items())) or "no node"
         left = sorted(set(report.layers) - set(layers))
         notes = [*report.notes, f"onnxruntime-static: int8 {counts}; calibrated on {len(calibration)} images"]
         notes += [f"onnxruntime-static left {', '.join(left[:3])} in float32"] * bool(left)
@@ -444,12 +470,13 @@ class OnnxRuntimeBackend:
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         from tools.deploy.onnxruntime import OrtModel
 
-        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
+        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)
 
 
 QUANTIZATION_BACKENDS: dict[str, QuantizationBackend] = {
     "torch-ao-dynamic": TorchAODynamicBackend(),
     "onnxruntime": OnnxRuntimeDynamicBackend(),
+    "onnxruntime-fused": OnnxRuntimeFusedBackend(),
     "onnxruntime-fp32": OnnxRuntimeBackend(static=False),
     "onnxruntime-static": OnnxRuntimeBackend(static=True),
     "openvino": OpenVinoBackend(int8=False),

@@ -27,6 +27,7 @@ RUNTIMES: dict[str, tuple[str, str]] = {
     FLOAT: ("pytorch", "fp32"),
     "torch-ao-dynamic": ("pytorch", "int8 dynamic (Linear)"),
     "onnxruntime": ("onnxruntime", "int8 dynamic (MatMul/Gemm)"),
+    "onnxruntime-fused": ("onnxruntime", "int8 dynamic, fused attention (QAttention)"),
     "onnxruntime-fp32": ("onnxruntime", "fp32"),
     "onnxruntime-static": ("onnxruntime", "int8 static (QDQ)"),
     "openvino": ("openvino", "fp32"),

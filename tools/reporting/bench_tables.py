@@ -226,7 +226,7 @@ def table3(model: str, rows: list[Row]) -> Table:
         factors = speedup_factors(r, methods)
         note = ""
         if name == "agent-quant" and r.get("runtime") == "onnxruntime" and "dynamic" in str(r.get("precision")):
-            note = "same export and quantize_dynamic as onnxruntime-quant"
+            note = "same export and quantize_dynamic as onnxruntime-quant; sessions with a fixed batch"
         body.append(
             [
                 model,

@@ -224,7 +224,7 @@ def _speedup(report: RunReport) -> str:
     factors = SpeedupFactors.model_validate(report.speedup)
     items = "".join(f"<li>{esc(line)}</li>" for line in factors.lines())
     return (
-        "<h3>Speed-up, decomposed</h3><p class=\"small\">The deployed model against the original FP32 PyTorch model "
+        '<h3>Speed-up, decomposed</h3><p class="small">The deployed model against the original FP32 PyTorch model '
         "at batch 1; all four models were timed interleaved in one run, so the factors multiply to the total.</p>"
         f'<ul class="decisions">{items}</ul>'
     )

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Regenerate every figure of README.md's "Measured" section (see benchmarks/README.md, "README figures").
+# Needs ../shared beside the repo. About an hour on a 2-core CPU (DISTILL=1 adds about another hour).
+#
+#   bash benchmarks/figures.sh                 # writes runs/figures/
+#   OUT=elsewhere SHARED=/path/to/shared bash benchmarks/figures.sh
+#
+# A run directory that already holds a report.json is reused, not run again (delete it to re-run).
+# The bench figures the README quotes (uniform baselines at the agent's size) come from benchmarks/run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${SHARED:-../shared}
+OUT=${OUT:-runs/figures}
+HALVES="$OUT/halves"
+mkdir -p "$OUT"
+
+# CIFAR-10's test split in two halves of symbolic links: every second image of each class (5,000 each).
+# The runs get half a; the checks evaluate what they saved on half b, images the runs never saw.
+python benchmarks/split_halves.py --source "$SHARED/data/cifar10-test" --out "$HALVES"
+
+# run NAME ARGS...: one `profiling-agent run` into $OUT/NAME on half a, its wall time in $OUT/NAME.time.
+run() {
+    local name=$1
+    shift
+    if [[ -f "$OUT/$name/report.json" ]]; then
+        echo "$OUT/$name: finished before, reused"
+        return
+    fi
+    local start=$SECONDS
+    profiling-agent run --dataset "$HALVES/a" --run-dir "$OUT/$name" --threads 1 --no-progress "$@"
+    echo "$name: whole run $((SECONDS - start)) s" | tee "$OUT/$name.time"
+}
+
+# The three shared Hugging Face CIFAR-10 models: default settings, 5 rounds, 1 thread.
+for name in vit swin resnet; do
+    run "$name" --model "$SHARED/models/cifar10-$name-tiny" --iterations 5
+done
+
+# Table "Pruning that keeps accuracy": the runs' best pruned (and deployed) models on the unseen half.
+python benchmarks/unseen_half.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" --data "$HALVES/b" \
+    --json "$OUT/unseen_half.json" | tee "$OUT/unseen_half.txt"
+
+# Pruning's own speed-up (PyTorch, float): original vs best pruned, batch 1 and 32, 1 and 2 threads.
+python benchmarks/pruned_latency.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" --threads 1 2 --batches 1 32 \
+    --json "$OUT/pruned_latency.json" | tee "$OUT/pruned_latency.txt"
+
+# Table "Deployment through the fastest runtime": the deployed models vs ONNX Runtime dynamic int8 and
+# OpenVINO int8 of the original, batch 1, 1 thread, interleaved; runtime x precision x pruning factors.
+python benchmarks/runtimes_vs_original.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" --data "$HALVES/b" \
+    --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
+    --json "$OUT/runtimes_vs_original.json" | tee "$OUT/runtimes_vs_original.txt"
+
+# A dense plain-PyTorch model: CIFAR ResNet-20 from a factory and a checkpoint, 3 rounds.
+run resnet20 --model tools.zoo.cifar_resnet:resnet20 --weights "$SHARED/models/cifar10-resnet20.th" \
+    --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck --image-size 32 \
+    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
+python benchmarks/unseen_half.py "$OUT/resnet20" --data "$HALVES/b" --rounds \
+    --json "$OUT/unseen_half-resnet20.json" | tee "$OUT/unseen_half-resnet20.txt"
+
+# Distillation (DISTILL=1): the ViT with and without knowledge distillation, 2,000 evaluation images,
+# every round's candidate on the unseen half. 3-8 minutes a round on a 2-core CPU.
+if [[ "${DISTILL:-0}" == 1 ]]; then
+    run vit-e2000 --model "$SHARED/models/cifar10-vit-tiny" --iterations 5 --eval-samples 2000
+    run vit-kd --model "$SHARED/models/cifar10-vit-tiny" --iterations 5 --eval-samples 2000 \
+        --finetune-steps 1000 --finetune-samples 2048
+    python benchmarks/unseen_half.py "$OUT/vit-e2000" "$OUT/vit-kd" --data "$HALVES/b" --rounds \
+        --json "$OUT/unseen_half-distill.json" | tee "$OUT/unseen_half-distill.txt"
+fi
+echo "figures: $OUT/*.txt (and .json)"

@@ -1,0 +1,107 @@
+"""The fused-attention ONNX Runtime deployment: one Attention node per ViT attention, int8 QAttention, same outputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from tests.helpers import save_tiny, tiny_vit
+from tests.unit.test_pruning import ResidualCNN
+from tools import ops
+from tools.compression.quantization import QuantizationError
+from tools.compression.recipes import QuantizationConfig
+from tools.deploy.fusion import AttentionFusionError, PackedAttention, fuse_attention
+from tools.models.sources import acquire_model
+from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+from tools.store.artifacts import load_compressed, save_original
+
+SHAPE = InputShape(channels=3, height=16, width=16)
+ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
+
+
+def _x(batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def test_fused_copy_computes_the_same_logits_and_leaves_the_original_alone() -> None:
+    model = tiny_vit().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fused, count = fuse_attention(model, _x(1))
+    assert count == 2 and sum(isinstance(m, PackedAttention) for m in fused.modules()) == 2
+    with torch.inference_mode():
+        assert torch.allclose(fused(_x()).logits, model(_x()).logits, atol=1e-5)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_model_without_vit_attention_is_refused() -> None:
+    with pytest.raises(AttentionFusionError, match="no attention module that can be fused"):
+        fuse_attention(ResidualCNN().eval(), torch.randn(1, 3, 16, 16))
+
+
+def test_pruned_heads_deploy_as_qattention_and_reproduce_the_int8_outputs(tmp_path: Path) -> None:
+    original = save_original(acquire_model(str(save_tiny(tiny_vit(), tmp_path / "src", 16))), tmp_path / "original")
+    plan = OptimizationPlan(
+        pruning_recommendations=[PruningRecommendation(layer=r"attention$", pruning_type="head", pruning_ratio=0.5)]
+    )
+    ops.prune(original, plan, SHAPE, tmp_path / "pruned")
+    config = QuantizationConfig(backend="onnxruntime-fused")
+    report = ops.quantize(tmp_path / "pruned", original, ALL, tmp_path / "fused", config, shape=SHAPE)
+    assert any("2 attention module(s)" in note for note in report["notes"])
+    # every selected Linear is int8, the q/k/v ones inside the fused attention
+    assert any(name.endswith("q_proj") for name in report["layers"])
+    graph = onnx.load(str(tmp_path / "fused" / "model.onnx")).graph
+    ops_count = Counter(node.op_type for node in graph.node)
+    assert ops_count["QAttention"] == 2 and ops_count["Attention"] == 0 and ops_count["Softmax"] == 0
+    # close to the float pruned model (int8 error only), and the reloaded artifact reproduces itself
+    float_model, deployed = load_compressed(tmp_path / "pruned"), load_compressed(tmp_path / "fused")
+    plain = tmp_path / "plain"
+    ops.quantize(tmp_path / "pruned", original, ALL, plain, QuantizationConfig(backend="onnxruntime"), shape=SHAPE)
+    with torch.inference_mode():
+        reference, fused_out, plain_out = float_model(_x()).logits, deployed(_x()), load_compressed(plain)(_x())
+    assert torch.equal(deployed(_x()), fused_out)
+    assert (fused_out - reference).abs().max() <= 2 * (plain_out - reference).abs().max() + 0.05
+
+
+def test_the_fused_backend_on_a_cnn_is_a_clear_error(tmp_path: Path) -> None:
+    from tools.compression.quantization import get_backend, plan_quantization
+
+    cnn = ResidualCNN(width=8, hidden=16).eval()
+    backend = get_backend("onnxruntime-fused")
+    report = plan_quantization(cnn, ALL, backend=backend.name)
+    with pytest.raises(QuantizationError, match="no attention module that can be fused"):
+        backend.save(cnn, report, tmp_path, example_input=torch.randn(1, 3, 16, 16))
+
+
+def test_fixed_batch_sessions_give_the_dynamic_sessions_outputs(tmp_path: Path) -> None:
+    from tools.deploy.onnxruntime import OrtModel, export_onnx
+
+    path = export_onnx(tiny_vit().eval(), _x(1), tmp_path / "model.onnx")
+    dynamic, fixed = OrtModel(path, threads=1), OrtModel(path, threads=1, fixed_batch=True)
+    assert dynamic.batch_dim == fixed.batch_dim == "batch"
+    for batch in (1, 4, 1, 3, 2):
+        assert torch.allclose(fixed(_x(batch)), dynamic(_x(batch)), atol=1e-5)  # folded shapes: float rounding
+    # one session per batch size, the least recently used dropped beyond max_sessions
+    assert list(fixed._sessions) == [4, 1, 3, 2][-OrtModel.max_sessions :]
+
+
+def test_swin_attention_with_shifted_windows_fuses_into_multiheadattention(tmp_path: Path) -> None:
+    from transformers import SwinConfig, SwinForImageClassification
+
+    from tools.deploy.onnxruntime import OrtModel, export_onnx
+
+    torch.manual_seed(0)
+    config = SwinConfig(image_size=16, patch_size=2, embed_dim=16, depths=[2, 1], num_heads=[2, 4], window_size=4)
+    swin = SwinForImageClassification(config).eval()  # depth 2: the second block shifts its windows (masked)
+    fused, count = fuse_attention(swin, _x(1))
+    assert count == 3
+    path = export_onnx(fused, _x(1), tmp_path / "swin.onnx")
+    ops_count = Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+    assert ops_count["MultiHeadAttention"] == 3 and ops_count["Softmax"] == 0
+    with torch.inference_mode():
+        reference = swin(_x()).logits
+    for fixed in (False, True):
+        assert torch.allclose(OrtModel(path, threads=1, fixed_batch=fixed)(_x()), reference, atol=1e-4)
