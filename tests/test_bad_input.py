@@ -62,7 +62,9 @@ def test_dataset_problems(model_dir: Path, tmp_path: Path, capsys: pytest.Captur
     message = _error(
         capsys, "run", "--model", str(model_dir), "--dataset", str(fruit), "--run-dir", str(tmp_path / "r2")
     )
-    assert "matches a model class" in message or "match" in message
+    # the one line names the dataset's classes, says none matches the model's, and what to do
+    assert "no dataset class ('apple', 'pear') matches a model class" in message
+    assert message.rstrip().endswith("use a dataset of the model's classes")
     split_folders = tmp_path / "splits"
     _folder(split_folders / "train", ["one", "two"])
     _folder(split_folders / "test", ["one", "two"])
