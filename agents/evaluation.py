@@ -123,4 +123,11 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
             deployed=by_time["quantized"],
         )
         update["speedup"] = factors.model_dump()
+        if factors.pruned and factors.pruning_factor < 1.0:  # said where the user sees it, not only in a table
+            update["notes"] = [
+                f"pruning made the deployed model slower in {factors.backend} ({1e3 * factors.runtime_original_s:.2f}"
+                f" ms unpruned, {1e3 * factors.deployed_s:.2f} ms pruned, batch 1): the pruned channel counts suit "
+                "this runtime's kernels less; --round-to 8 or 16 keeps them to multiples, or deploy "
+                "RUN/models/quantized-original"
+            ]
     return update

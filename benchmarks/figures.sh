@@ -56,6 +56,20 @@ run resnet20 --model tools.zoo.cifar_resnet:resnet20 --weights "$SHARED/models/c
     --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
 python benchmarks/unseen_half.py "$OUT/resnet20" --data "$HALVES/b" --rounds \
     --json "$OUT/unseen_half-resnet20.json" | tee "$OUT/unseen_half-resnet20.txt"
+run resnet56 --model tools.zoo.cifar_resnet:resnet56 --weights "$SHARED/models/cifar10-resnet56.th" \
+    --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck --image-size 32 \
+    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
+python benchmarks/runtimes_vs_original.py "$OUT/resnet20" "$OUT/resnet56" --data "$HALVES/b" \
+    --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
+    --json "$OUT/runtimes_vs_original-resnets.json" | tee "$OUT/runtimes_vs_original-resnets.txt"
+
+# ViT-B/16 with random weights, nothing pruned: the deployed original vs ONNX Runtime and OpenVINO int8
+# (latency and memory; no data, so static int8 is calibrated on 32 synthetic inputs).
+if [[ ! -f "$OUT/vit-b16/report.json" ]]; then
+    profiling-agent run --model vit-b16 --no-prune --run-dir "$OUT/vit-b16" --threads 1 --no-progress
+fi
+python benchmarks/deployed_original.py "$OUT/vit-b16" --threads 1 --repeats 40 --out "$OUT/deployed-original" \
+    | tee "$OUT/deployed_original-vit-b16.txt"
 
 # Distillation (DISTILL=1): the ViT with and without knowledge distillation, 2,000 evaluation images,
 # every round's candidate on the unseen half. 3-8 minutes a round on a 2-core CPU.

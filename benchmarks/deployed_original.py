@@ -1,0 +1,67 @@
+"""A run without pruning (``--no-prune``, e.g. ViT-B/16 with random weights): its deployed original against
+ONNX Runtime's dynamic int8 and OpenVINO's NNCF int8 of the same original. Latency and memory only.
+
+    python benchmarks/deployed_original.py RUN_DIR [--threads 1] [--repeats 40]
+
+In one process at batch 1: the original FP32 PyTorch model, the run's deployed model, ONNX Runtime dynamic int8
+(one session with the dynamic batch, as ONNX Runtime runs it by default) and OpenVINO int8 calibrated on 32
+seeded synthetic inputs (what the run itself calibrates on without data), timed interleaved after warm-up;
+memory is the size of each model as saved for deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from tools import load_compressed, ops
+from tools.compression.recipes import QuantizationConfig
+from tools.deploy.onnxruntime import OrtModel
+from tools.evaluation.cost import compare_latencies, file_size_mb
+from tools.models.base import example_input
+from tools.schemas import InputShape, QuantizationRecommendation
+from tools.store.artifacts import deployed_files
+
+ALL_LAYERS = [QuantizationRecommendation(layer="all", dtype="qint8")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=Path("runs/figures/deployed-original"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    report = json.loads((args.run_dir / "report.json").read_text())
+    original, deployed = Path(report["baseline"]["artifact"]), Path(report["quantized"]["artifact"])
+    shape = InputShape.model_validate(report["model"]["input_shape"])
+    calibration = torch.randn((32, *shape.as_tuple()), generator=torch.Generator().manual_seed(0))
+    out = args.out / args.run_dir.name
+    for backend in ("onnxruntime", "openvino-int8"):
+        config = QuantizationConfig(backend=backend)
+        ops.quantize(original, original, ALL_LAYERS, out / backend, config, shape=shape, calibration=calibration)
+    label = f"deployed ({report['quantized'].get('backend')})"
+    paths = {"original (PyTorch FP32)": original, label: deployed}
+    paths |= {
+        "ORT dynamic int8 of the original": out / "onnxruntime",
+        "OpenVINO int8 of the original": out / "openvino-int8",
+    }
+    models = {name: load_compressed(path) for name, path in paths.items()}
+    models["ORT dynamic int8 of the original"] = OrtModel(out / "onnxruntime" / "model.onnx", threads=args.threads)
+    times = compare_latencies(models, example_input(shape), warmup=3, repeats=args.repeats)
+    base_mb = sum(file_size_mb(f) for f in deployed_files(original))
+    print(f"{args.run_dir}: batch 1, {args.threads} thread(s), {args.repeats} interleaved calls each")
+    for name, path in paths.items():
+        mb = sum(file_size_mb(f) for f in deployed_files(path))
+        print(
+            f"  {name:36s} {1e3 * times[name]:8.1f} ms  {mb:7.1f} MB ({100 * (1 - mb / base_mb):+.1f} % less)  "
+            f"deployed is {times[name] / times[label]:.2f}x faster than this"
+        )
+
+
+if __name__ == "__main__":
+    main()
