@@ -348,6 +348,7 @@ def quantize(
         DEFAULT_BACKEND,
         ModuleBackend,
         QuantizationError,
+        QuantReport,
         get_backend,
         plan_quantization,
     )
@@ -364,7 +365,8 @@ def quantize(
         report = plan_quantization(float_model, recommendations, backend=backend)
         exports = not isinstance(get_backend(report.backend), ModuleBackend)  # an in-memory backend needs no input
         example = example_input(shape or resolve_input_shape(original_dir)) if shape or exports else None
-        try:
+
+        def save(report: QuantReport) -> None:
             save_quantized(
                 float_model,
                 out_dir,
@@ -375,6 +377,9 @@ def quantize(
                 calibration=calibration,
                 recipe_key=key,
             )
+
+        try:
+            save(report)
         except (OnnxRuntimeError, QuantizationError) as exc:
             if backend != AUTO or report.backend == DEFAULT_BACKEND:
                 raise
@@ -382,16 +387,7 @@ def quantize(
             logger.warning("%s quantization failed (%s); falling back to %s", failed, why, DEFAULT_BACKEND)
             report = plan_quantization(float_model, recommendations, backend=DEFAULT_BACKEND)
             report.notes.append(f"--quant-backend auto: {failed} failed ({why}); used {DEFAULT_BACKEND}")
-            save_quantized(
-                float_model,
-                out_dir,
-                base_dir=original_dir,
-                recipe=recipe,
-                report=report,
-                example_input=example,
-                calibration=calibration,
-                recipe_key=key,
-            )
+            save(report)
         logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
     return {**read_json(out_dir / "artifact.json")["quantization"], "rebuilt": stale}
 
