@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PruningType = Literal["structured", "head"]
+PruningType = Literal["structured", "head", "head_dim"]
 QuantDType = Literal["qint8", "float16"]
 
 
@@ -22,9 +22,14 @@ class PruningRecommendation(BaseModel):
     justification: str = Field(default="", description="Why this layer group is pruned at this ratio.")
     layer: str = Field(description="Regular expression matched (re.search) against module names.")
     pruning_type: PruningType = Field(
-        description="'structured' removes output channels of Conv2d/Linear; 'head' removes attention heads."
+        description=(
+            "'structured' removes output channels of Conv2d/Linear; 'head' removes attention heads; "
+            "'head_dim' keeps the heads and removes the same share of every head's dimensions."
+        )
     )
-    pruning_ratio: float = Field(ge=0.0, lt=1.0, description="Fraction of channels/heads removed, in [0, 1).")
+    pruning_ratio: float = Field(
+        ge=0.0, lt=1.0, description="Fraction of channels/heads/head dimensions removed, in [0, 1)."
+    )
 
 
 class QuantizationRecommendation(BaseModel):

@@ -169,6 +169,8 @@ def _pruning_type(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     text = norm_key(value)
+    if "head" in text and any(k in text for k in ("dim", "width", "size", "narrow")):
+        return "head_dim"
     if "head" in text:
         return "head"
     if any(k in text for k in ("struct", "channel", "filter", "neuron", "width")):

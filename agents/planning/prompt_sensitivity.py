@@ -57,7 +57,7 @@ def _point(point: SensitivityPoint, total: int, accuracy: bool) -> str:
 
 
 def _unit(unit: SensitivityUnit, total: int, accuracy: bool) -> str:
-    kind = "heads" if unit.pruning_type == "head" else "channels"
+    kind = {"head": "heads", "head_dim": "dims per head"}.get(unit.pruning_type, "channels")
     points = "; ".join(_point(p, total, accuracy) for p in sorted(unit.points, key=lambda p: p.ratio))
     return f"- {unit.pattern} ({unit.pruning_type}, {unit.size} {kind}) {points}"
 

@@ -52,7 +52,8 @@ __all__ = [
 ANALYSIS_SYSTEM = (
     "You are the analysis agent of ProfilingAgent, which compresses image classifiers. You read a model's "
     "profile (per-layer latency, MACs and parameters, and what the pruner can act on) and write a layer-wise "
-    "optimization plan: structured channel pruning, attention-head pruning and post-training dynamic "
+    "optimization plan: structured channel pruning, attention-head pruning (whole heads, or 'head_dim': the "
+    "same share of every head's dimensions) and post-training dynamic "
     "quantization. Target what costs the most latency and can be removed safely. Answer with one JSON object "
     "that matches the given schema and nothing else."
 )
@@ -151,7 +152,9 @@ def _group_status(group: LayerGroupProfile, profile: ModelProfile, prunable: Map
     head_members = [m for m in members if m in heads]
     if head_members:
         counts = "/".join(str(c) for c in sorted({heads[m] for m in head_members}))
-        return f"head-prunable ({counts} heads each; pruning_type 'head')"
+        queries = prunable.get("head_dims") or {}
+        narrow = " or narrowed, 'head_dim'" if any(q.startswith(f"{m}.") for q in queries for m in head_members) else ""
+        return f"head-prunable ({counts} heads each; pruning_type 'head'{narrow})"
     parts = []
     internal = [m for m in members if m in structured and coupling.get(m, 1) == 1]
     coupled = [m for m in members if m in structured and coupling.get(m, 1) > 1]
@@ -254,7 +257,11 @@ def profile_summary(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
             f"params {_pct(g.params_share)} — {_group_status(g, profile, ctx.prunable)}"
         )
 
-    out += ["", "Head pruning (pruning_type 'head'; the regex may select the attention module or its projections):"]
+    out += [
+        "",
+        "Head pruning (pruning_type 'head' removes whole heads; 'head_dim' keeps them and removes the same share of "
+        "every head's dimensions; the regex may select the attention module or its projections):",
+    ]
     heads = capped(_head_lines(ctx), detail.lines, "head-prunable groups")
     out += heads or ["- none: this model has no head-prunable attention modules; do not use 'head'"]
 
@@ -305,8 +312,8 @@ def _rules(ctx: PlanningContext, *, iteration: bool) -> list[str]:
         "Rules:",
         "1. 'layer' is a Python regular expression matched with re.search against module names. Copy the "
         "patterns listed above (or narrow them); a pattern must select at least one prunable module of its type.",
-        "2. pruning_type 'head' only for the head-prunable attention modules; 'structured' only for the "
-        "structured-prunable layers. q/k/v projections are pruned through 'head', never 'structured'.",
+        "2. pruning_type 'head' or 'head_dim' only for the head-prunable attention modules; 'structured' only for "
+        "the structured-prunable layers. q/k/v projections are pruned through 'head'/'head_dim', never 'structured'.",
         "3. Never select the classifier or any module listed as not prunable.",
         f"4. pruning_ratio is the fraction of channels/heads removed, in [0, {ctx.max_ratio:g}]. Higher ratios "
         "on layers with a large latency share save the most, and cost the most accuracy.",

@@ -1,14 +1,15 @@
 """The default ``rules`` planner: offline and deterministic (the same profile and history give the same plan).
 
 With a sensitivity profile (``profile.sensitivity``, measured on the calibration images) it *allocates*
-per-unit ratios: every attention module's heads and every block-internal channel group is a unit with a
+per-unit ratios: every attention module's heads, the width of its heads, and every block-internal channel group
+is a unit with a
 measured damage at a few ratios (``1 - agreement + KL`` against the original, after recovery; linearly
 interpolated between the measured ratios) and a saving (its share of the model's parameters plus its
 share of MACs). Greedily, the step with the most saving per unit of damage is taken until the summed
 damage reaches the round's *damage budget*; heads and channels move independently. The rounds then
-search the damage budget with real evaluations: double it while the evaluated candidate stays within the
-accuracy budget, bisect once one does not. The saving uses parameters and MACs, not timed latency, so
-plans do not depend on timing noise.
+search the damage budget with real evaluations: grow it while the evaluated candidate stays within the
+accuracy budget (2x to 8x, by the headroom the candidate left), bisect once one does not. The saving uses
+parameters and MACs, not timed latency, so plans do not depend on timing noise.
 
 Without a sensitivity profile (no data, or ``--no-sensitivity``) it falls back to one global level over
 the groups that cost the most MACs (parameters where MACs are unknown), searched the same way.
@@ -46,6 +47,9 @@ SEARCH_KEYS: tuple[str, ...] = ("damage_budget", "level")
 ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 TRANSFORMER_FAMILIES = {"vit", "deit", "swin", "transformer"}
+
+#: What a ratio of each pruning type removes, in plan justifications.
+UNIT_WORDS: dict[str, str] = {"head": "attention heads", "head_dim": "dimensions of every head"}
 
 
 def exact_pattern(members: list[str], universe: list[str]) -> str:
@@ -301,7 +305,7 @@ class RulesPlanner:
             names = [m for u in members for m in u.modules]
             measured = "; ".join(self._measured(u, ratio) for u in members[:4])
             more = f" (+{len(members) - 4} more)" if len(members) > 4 else ""
-            what = "attention heads" if kind == "head" else "output channels"
+            what = UNIT_WORDS.get(kind, "output channels")
             recs.append(
                 PruningRecommendation(
                     layer=exact_pattern(names, universe) if len(names) > 1 else members[0].pattern,
@@ -334,6 +338,25 @@ class RulesPlanner:
             f"KL {nearest.kl:.4f}, -{nearest.params_saved} params"
         )
 
+    @staticmethod
+    def _growth(ctx: PlanningContext, budget: float) -> float:
+        """How much to grow a damage budget that held: by the headroom its round left, 2x to 8x.
+
+        The headroom is the accuracy budget over what the budget test held against it (drop + one standard
+        error) in the round planned at ``budget``: a round that used a quarter of the accuracy budget grows
+        4x, one that used half or more 2x. Rounds that lose little more than predicted (distillation after
+        each prune recovers most of the predicted damage) so reach the larger reductions in fewer rounds.
+        """
+        used = [
+            r.budget_drop_points
+            for r in ctx.history
+            if r.within_budget and r.planner_state.get("damage_budget") == round(budget, 6)
+        ]
+        if not used or used[-1] is None or ctx.max_accuracy_drop <= 0:
+            return 2.0
+        headroom = ctx.max_accuracy_drop / max(float(used[-1]), ctx.max_accuracy_drop / 8)
+        return float(min(8, max(2, int(headroom))))
+
     def _next_budgets(self, ctx: PlanningContext) -> list[tuple[float, str]]:
         """Damage budgets to try next, best first: double while within the accuracy budget, else bisect."""
         tried = [
@@ -346,8 +369,9 @@ class RulesPlanner:
         good = max((b for b, ok in tried if ok), default=0.0)
         bad = min((b for b, ok in tried if not ok), default=None)
         if bad is None:
-            note = f"Damage budget {good:.4f} stayed within the accuracy budget: growing it."
-            return [(good * k, note) for k in (2, 3, 4, 6, 8)]
+            first = self._growth(ctx, good)
+            note = f"Damage budget {good:.4f} stayed within the accuracy budget: growing it {first:g}x."
+            return [(good * k, note) for k in (first, *(k for k in (2, 3, 4, 6, 8) if k > first))]
         if good <= 0:
             note = f"Damage budget {bad:.4f} broke the accuracy budget: shrinking it."
             return [(bad * k, note) for k in (1 / 3, 2 / 3, 1 / 9)]

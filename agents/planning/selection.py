@@ -47,10 +47,11 @@ def within_budget(
 def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, Any] | None:
     """The best round within budget: by accuracy, then params, then latency (or fewest params first).
 
-    Accuracy differences the evaluation cannot resolve are ties: every round whose accuracy is within one
-    standard error (of the most accurate round's paired difference with the original) of the best counts
-    as equally accurate, and the fewest parameters, then the lowest latency, decide among them. Without
-    paired results, accuracies must be equal to tie.
+    Accuracy differences the evaluation cannot resolve are ties: a round whose accuracy is within one
+    standard error of the most accurate round's counts as equally accurate (the larger of the two rounds'
+    standard errors of their paired differences with the original), and the fewest parameters, then the
+    lowest latency, decide among them. Every candidate passed the budget test, so its own standard error is
+    at most the accuracy budget. Without paired results, accuracies must be equal to tie.
     """
     candidates = [r for r in rounds if r["within_budget"]]
     if not candidates:
@@ -69,7 +70,10 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, 
     best = min(candidates, key=key)
     if selection == "smallest-within-budget" or best["metrics"].get("accuracy") is None:
         return best
-    paired = best["metrics"].get("paired")
-    tolerance = standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
-    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - tolerance - 1e-12]
+
+    def se(r: dict[str, Any]) -> float:
+        paired = r["metrics"].get("paired")
+        return standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
+
+    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - max(se(best), se(r)) - 1e-12]
     return min(tied, key=lambda r: (r["metrics"]["params"], r["metrics"]["latency_s"], -accuracy(r), r["round"]))

@@ -93,7 +93,7 @@ def _compile(pattern: str) -> tuple[re.Pattern[str] | None, str | None]:
 
 
 def _selected(rec: PruningRecommendation, rx: re.Pattern[str], u: _Universe) -> list[str]:
-    if rec.pruning_type == "head":
+    if rec.pruning_type in ("head", "head_dim"):
         return [h for h, cands in u.head_candidates.items() if any(rx.search(c) for c in cands)]
     return [n for n in u.structured if rx.search(n)]
 
@@ -115,7 +115,7 @@ def _pruning_errors(
             "never pruned; anchor the pattern (^...$) so that it selects only the layers you mean"
         )
         fatal = True
-    if rec.pruning_type == "head" and not u.heads:
+    if rec.pruning_type in ("head", "head_dim") and not u.heads:
         alternatives = u.structured_patterns()
         hint = f"; use pruning_type 'structured' on {_listing(alternatives)}" if alternatives else ""
         errors.append(f"{where}: {u.model_class} has no head-prunable attention modules{hint}")
@@ -123,7 +123,7 @@ def _pruning_errors(
     selected = _selected(rec, rx, u)
     if not selected:
         fatal = True
-        if rec.pruning_type == "head":
+        if rec.pruning_type in ("head", "head_dim"):
             errors.append(
                 f"{where}: matches no head-prunable attention module; head-prunable patterns: "
                 f"{_listing(u.head_patterns())}"

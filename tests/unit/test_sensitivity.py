@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import copy
 
 import torch
@@ -25,6 +27,8 @@ def test_units_and_measurements_on_a_tiny_vit() -> None:
     assert kinds == [
         ("head", "vit.layers.0.attention"),
         ("head", "vit.layers.1.attention"),
+        ("head_dim", "vit.layers.0.attention"),
+        ("head_dim", "vit.layers.1.attention"),
         ("structured", "vit.layers.0.mlp.fc1"),
         ("structured", "vit.layers.1.mlp.fc1"),
     ]
@@ -36,7 +40,7 @@ def test_units_and_measurements_on_a_tiny_vit() -> None:
         saved = [p.params_saved for p in unit.points]
         assert 0 < saved[0] < saved[1]
         assert all(0.0 <= p.agreement <= 1.0 and p.kl >= 0 and p.accuracy_drop_points is not None for p in unit.points)
-        assert unit.size == (4 if unit.pruning_type == "head" else 128)
+        assert unit.size == {"head": 4, "head_dim": 16}.get(unit.pruning_type, 128)
     for key, value in model.state_dict().items():  # the original is not modified
         torch.testing.assert_close(value, before[key])
 
@@ -128,6 +132,15 @@ def test_rules_planner_allocates_and_searches_the_damage_budget() -> None:
         first.planner_state["allocation"],
         grown.planner_state["allocation"],
     )
+
+
+@pytest.mark.parametrize(("used_points", "growth"), [(None, 2), (0.9, 2), (0.45, 2), (0.3, 3), (0.2, 5), (0.05, 8)])
+def test_a_budget_that_held_grows_by_the_headroom_its_round_left(used_points: float | None, growth: int) -> None:
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    held = _record(0, first.planner_state, True, 2000).model_copy(update={"budget_drop_points": used_points})
+    grown = planner.next_plan(_ctx([held]))
+    assert grown.planner_state["damage_budget"] == pytest.approx(0.02 * growth)
 
 
 def test_rules_planner_never_repeats_a_tried_allocation() -> None:

@@ -29,7 +29,7 @@ What is never pruned, and is reported as ``SkippedPruning`` instead of failing:
   one) -- for HF classifiers that is ``classifier`` (``classifier.1`` for ResNet), for torchvision ``fc``;
   groups that would touch its outputs are skipped as well;
 * groups that would prune the input channels of a layer fed by the model input;
-* q/k/v projections of supported attention modules (use ``pruning_type="head"``) and any group coupled
+* q/k/v projections of supported attention modules (use ``pruning_type="head"`` or ``"head_dim"``) and any group coupled
   to their head dimensions;
 * for transformer families (models containing attention modules): groups coupled to a ``LayerNorm``,
   i.e. the residual stream / embedding channels (patch embedding, ``o_proj``, ``fc2``, Swin patch
@@ -81,8 +81,12 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
             result.coupling[name] = coupled
         else:
             result.blocked[name] = issue
-    result.heads = {
-        name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention_modules(model).items()
+    attention = attention_modules(model).items()
+    result.heads = {name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention}
+    result.head_dims = {
+        f"{name}.{spec.q}": int(getattr(module, spec.head_dim_attr))
+        for name, (module, spec) in attention
+        if isinstance(getattr(module, "scaling", None), float) and int(getattr(module, spec.head_dim_attr)) > 1
     }
     return result
 
@@ -140,7 +144,7 @@ def apply_pruning(
         ctx = new_context(model, example_inputs, graph=structured)
         claimed: dict[nn.Module, str] = {}
         for rec, regex in compiled:
-            if rec.pruning_type == "head":
+            if rec.pruning_type in ("head", "head_dim"):
                 if not head_targets(model, regex):
                     report.skipped.append(
                         SkippedPruning(target=rec.layer, reason="no head-prunable attention module matches")

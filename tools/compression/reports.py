@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, Field
+
+from tools.schemas import PruningType
 
 
 class AppliedPruning(BaseModel):
     """One recommendation as applied: what it pruned and by how much (channels or heads, summed)."""
 
     pattern: str
-    pruning_type: Literal["structured", "head"]
+    pruning_type: PruningType
     ratio: float
     modules: list[str] = Field(description="Pruned modules: group roots (structured) or attention modules.")
-    before: int = Field(description="Output channels (structured) or heads (head) of `modules`, before.")
+    before: int = Field(
+        description="Output channels (structured), heads (head) or per-head dimensions (head_dim) of `modules`, before."
+    )
     after: int = Field(description="The same count after pruning.")
     consumers: list[str] = Field(
         default_factory=list,
@@ -45,11 +47,17 @@ class PrunableLayers(BaseModel):
 
     ``structured``: Conv2d/Linear names (forward order) whose output channels can be pruned.
     ``heads``: attention-module name -> number of heads, for head pruning.
+    ``head_dims``: query-projection name -> head_dim, for narrowing heads (``head_dim`` pruning).
     ``blocked``: Conv2d/Linear name -> why its output channels are not prunable.
     """
 
     structured: list[str] = Field(default_factory=list)
     heads: dict[str, int] = Field(default_factory=dict)
+    head_dims: dict[str, int] = Field(
+        default_factory=dict,
+        description="Query projection of each attention whose heads can be narrowed -> its head_dim (a head_dim "
+        "recommendation selects the attention module through that projection).",
+    )
     blocked: dict[str, str] = Field(default_factory=dict)
     coupling: dict[str, int] = Field(
         default_factory=dict,

@@ -109,7 +109,8 @@ def unit_pattern(name: str) -> str:
 
 
 def prunable_units(prunable: dict[str, Any], layers: Sequence[LayerProfile] = ()) -> list[SensitivityUnit]:
-    """Units of ``prunable`` (``ops.prunable``'s record): attention modules, then block-internal groups.
+    """Units of ``prunable`` (``ops.prunable``'s record): attention modules (their heads, then the width of their
+    heads), then block-internal groups.
 
     A structured layer is a unit when it is prunable, coupled to no other layer's outputs (``coupling`` 1)
     and not the first convolution of the model (its channels feed everything after it).
@@ -118,6 +119,12 @@ def prunable_units(prunable: dict[str, Any], layers: Sequence[LayerProfile] = ()
         SensitivityUnit(pattern=unit_pattern(name), pruning_type="head", modules=[name], size=int(heads))
         for name, heads in (prunable.get("heads") or {}).items()
         if int(heads) > 1
+    ]
+    units += [
+        SensitivityUnit(
+            pattern=unit_pattern(query), pruning_type="head_dim", modules=[query.rpartition(".")[0]], size=int(dim)
+        )
+        for query, dim in (prunable.get("head_dims") or {}).items()
     ]
     coupling: dict[str, int] = prunable.get("coupling") or {}
     first_conv = next((lp.name for lp in layers if lp.type == "Conv2d"), None)
@@ -150,7 +157,7 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | Non
 
 
 def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> int:
-    if pruning_type == "head":
+    if pruning_type in ("head", "head_dim"):
         return heads
     module = model.get_submodule(name)
     return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
@@ -257,7 +264,7 @@ def _measure(
                 kl, agreement = _kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = [*unit.modules, *consumers]
-                if unit.pruning_type == "head":
+                if unit.pruning_type in ("head", "head_dim"):
                     involved = [lp for lp in by_layer if any(lp.startswith(m + ".") for m in unit.modules)]
                 macs = sum(by_layer[n].macs for n in involved if n in by_layer)
                 latency = sum(by_layer[n].latency_s for n in involved if n in by_layer)

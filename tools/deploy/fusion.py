@@ -40,12 +40,14 @@ class _PackedAttentionFunction(torch.autograd.Function):
     """Eager: the reference computation; ONNX (TorchScript exporter): one ``com.microsoft::Attention`` node."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
-        return _reference_attention(x, weight, bias, heads)
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, heads: int, scale: float
+    ) -> torch.Tensor:
+        return _reference_attention(x, weight, bias, heads, scale)
 
     @staticmethod
-    def symbolic(g: Any, x: Any, weight: Any, bias: Any, heads: int) -> Any:
-        out = g.op("com.microsoft::Attention", x, weight, bias, num_heads_i=heads)
+    def symbolic(g: Any, x: Any, weight: Any, bias: Any, heads: int, scale: float) -> Any:
+        out = g.op("com.microsoft::Attention", x, weight, bias, num_heads_i=heads, scale_f=scale)
         return _typed(out, x, hidden=_dim(weight, 1, 3))
 
 
@@ -69,13 +71,15 @@ def _typed(out: Any, like: Any, hidden: int | None) -> Any:
     return out
 
 
-def _reference_attention(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
+def _reference_attention(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, heads: int, scale: float
+) -> torch.Tensor:
     batch, tokens, _ = x.shape
     qkv = x @ weight + bias
     hidden = qkv.shape[-1] // 3
     head_dim = hidden // heads
     q, k, v = (t.reshape(batch, tokens, heads, head_dim).transpose(1, 2) for t in qkv.split(hidden, -1))
-    scores = (q @ k.transpose(-1, -2)) * head_dim**-0.5
+    scores = (q @ k.transpose(-1, -2)) * scale
     return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, tokens, hidden)
 
 
@@ -87,20 +91,31 @@ class _BiasedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, attention_bias: torch.Tensor
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        heads: int,
+        attention_bias: torch.Tensor,
+        scale: float,
     ) -> torch.Tensor:
         batch, tokens, hidden = q.shape
         head_dim = hidden // heads
         q_, k_, v_ = (t.reshape(batch, tokens, heads, head_dim).transpose(1, 2) for t in (q, k, v))
-        scores = (q_ @ k_.transpose(-1, -2)) * head_dim**-0.5 + attention_bias
+        scores = (q_ @ k_.transpose(-1, -2)) * scale + attention_bias
         return (torch.softmax(scores, dim=-1) @ v_).transpose(1, 2).reshape(batch, tokens, hidden)
 
     @staticmethod
-    def symbolic(g: Any, q: Any, k: Any, v: Any, heads: int, attention_bias: Any) -> Any:
+    def symbolic(g: Any, q: Any, k: Any, v: Any, heads: int, attention_bias: Any, scale: float) -> Any:
         from torch.onnx import symbolic_helper
 
         missing = symbolic_helper._optional_input_placeholder_tensor(g)
-        out = g.op("com.microsoft::MultiHeadAttention", q, k, v, missing, missing, attention_bias, num_heads_i=heads)
+        out = g.op(
+            "com.microsoft::MultiHeadAttention",
+            *(q, k, v, missing, missing, attention_bias),
+            num_heads_i=heads,
+            scale_f=scale,
+        )
         return _typed(out, q, hidden=_dim(q, 2, 1))
 
 
@@ -114,6 +129,8 @@ class PackedAttention(nn.Module):
         q, k, v, o = (_linear(attention, part) for part in ("q_proj", "k_proj", "v_proj", "o_proj"))
         head_dim = int(getattr(attention, "head_dim"))  # noqa: B009 (an int attribute, not a submodule)
         self.heads = q.out_features // head_dim
+        #: The softmax scale: the attention's own (narrowed heads keep their original scale), else 1/sqrt(head_dim).
+        self.scale = float(getattr(attention, "scaling", head_dim**-0.5))
         self.o_proj = o
         #: Swin: the module that gives the (1, heads, tokens, tokens) relative position bias; None for ViT.
         self.relative_position_bias: nn.Module | None = getattr(attention, "relative_position_bias", None)
@@ -136,7 +153,9 @@ class PackedAttention(nn.Module):
         if self.relative_position_bias is None:
             if attention_mask is not None:
                 raise AttentionFusionError("a fused ViT attention takes no attention mask")
-            fused = _PackedAttentionFunction.apply(hidden_states, self.qkv_weight, self.qkv_bias, self.heads)
+            fused = _PackedAttentionFunction.apply(
+                hidden_states, self.qkv_weight, self.qkv_bias, self.heads, self.scale
+            )
             return self.o_proj(fused), None  # type: ignore[operator]
         scores_bias = self.relative_position_bias()  # (1, heads, tokens, tokens)
         if attention_mask is not None:  # Swin's shifted windows: (windows, tokens, tokens), batch x windows rows
@@ -144,7 +163,8 @@ class PackedAttention(nn.Module):
             mask = attention_mask.unsqueeze(1).unsqueeze(0).expand(hidden_states.shape[0] // windows, -1, -1, -1, -1)
             scores_bias = scores_bias + mask.reshape(-1, 1, tokens, tokens)
         q, k, v = (proj(hidden_states) for proj in (self.q_proj, self.k_proj, self.v_proj))  # type: ignore[misc]
-        fused = _BiasedAttentionFunction.apply(q, k, v, self.heads, scores_bias.expand(-1, self.heads, -1, -1))
+        bias = scores_bias.expand(-1, self.heads, -1, -1)
+        fused = _BiasedAttentionFunction.apply(q, k, v, self.heads, bias, self.scale)
         return self.o_proj(fused), None  # type: ignore[operator]
 
 

@@ -64,7 +64,7 @@ def _round_plan(r: RoundResult) -> str:
         done = applied.get(p.layer)
         change = ""
         if done and done.get("before") is not None:
-            unit = "heads" if p.pruning_type == "head" else "ch"
+            unit = {"head": "heads", "head_dim": "dims/head"}.get(p.pruning_type, "ch")
             change = f' <span class="muted">({esc(done["before"])}→{esc(done.get("after"))} {unit})</span>'
         items.append(f'<li title="{esc(p.layer)}">{esc(text)}{change}</li>')
     skipped = (r.prune_report or {}).get("skipped") or []
