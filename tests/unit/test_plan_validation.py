@@ -65,9 +65,7 @@ def test_pruning_the_classifier_is_an_error(vit_ctx: PlanningContext, resnet_ctx
     assert "classifier" in error
 
 
-def test_narrowing_heads_is_validated_like_head_pruning(
-    vit_ctx: PlanningContext, resnet_ctx: PlanningContext
-) -> None:
+def test_narrowing_heads_is_validated_like_head_pruning(vit_ctx: PlanningContext, resnet_ctx: PlanningContext) -> None:
     # heads and their width are separate units: both on the same attention modules is one plan
     assert validate_plan(_plan((HEADS, "head", 0.25), (HEADS, "head_dim", 0.5)), vit_ctx) == []
     (error,) = validate_plan(_plan((HEADS, "head_dim", 0.25), (r"attention$", "head_dim", 0.5)), vit_ctx)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import copy
 
+import pytest
 import torch
 
 from agents.planning.base import PlanningContext, RoundRecord
