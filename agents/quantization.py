@@ -8,6 +8,7 @@ original alone goes through the same runtime (``quantized_original``, as the pap
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tools.deploy.choice import FLOAT
 from tools.deploy.speedup import fp32_backend_of
 from tools.deployment import calibration_images, candidate_backends, deploy
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
+from tools.store.files import StagingDir
 
 
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -59,6 +61,9 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}
     if choice.chosen == FLOAT:  # the float models as they are
         quantized = {"artifact": str(source), "source": str(source), **described}
+        # RUN/models/quantized is where the README says the deployed model is: a copy of the float one
+        with StagingDir(run.quantized) as staged:
+            shutil.copytree(source, staged, dirs_exist_ok=True)
         quantized_original = {"artifact": str(run.original), "source": str(run.original), **described}
     else:  # the chosen runtime, built again where the deployed model lives, for the best model and the original
         images, _ = calibration_images(run.original, shape, spec)

@@ -65,7 +65,9 @@ def exact_pattern(members: list[str], universe: list[str]) -> str:
         return generic
     parts = [m.split(".") for m in members]
     for i, part in enumerate(parts[0]):
-        if not part.isdigit():
+        # only a position every member has and where each has an index: members may differ in depth
+        # (EfficientNet's encoder.blocks.N.projection.project_conv with encoder.top_conv)
+        if not part.isdigit() or any(len(p) != len(parts[0]) or not p[i].isdigit() for p in parts):
             continue
         values = sorted({p[i] for p in parts}, key=int)
         pieces = [
@@ -203,7 +205,11 @@ class RulesPlanner:
         coupling: dict[str, int] = ctx.prunable.get("coupling", {})
         first_conv = next((lp.name for lp in profile.layers if lp.type == "Conv2d"), None)
         by_template: dict[str, list[str]] = {}
+        # units the sensitivity profile tried and could not prune at any ratio (BiT's GroupNorm, PvtV2's reshape)
+        failed = set(profile.sensitivity.skipped) if profile.sensitivity is not None else set()
         for name in ctx.prunable.get("structured", []):
+            if "^" + re.escape(name) + "$" in failed:
+                continue
             if name in layers and coupling.get(name, 1) == 1 and name != first_conv:
                 by_template.setdefault(name_pattern(name), []).append(name)
         universe = list(layers)
@@ -299,7 +305,14 @@ class RulesPlanner:
         groups: dict[tuple[str, float], list[SensitivityUnit]] = {}
         for pattern, ratio in ratios.items():
             groups.setdefault((units[pattern].pruning_type, ratio), []).append(units[pattern])
-        universe = [m for u in sens.units for m in u.modules]
+        # every layer a pattern can reach, not only the measured units: a generalised pattern must not take in
+        # coupled layers never measured (ResNet's block-output conv, RegNet's squeeze-excite expand conv)
+        universe = sorted(
+            {m for u in sens.units for m in u.modules}
+            | set(ctx.prunable.get("structured") or [])
+            | set(ctx.prunable.get("blocked") or {})
+            | set(ctx.prunable.get("heads") or {})
+        )
         recs = []
         for (kind, ratio), members in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
             names = [m for u in members for m in u.modules]

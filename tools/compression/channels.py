@@ -13,6 +13,7 @@ says why a layer is blocked, :func:`apply_structured` applies one recommendation
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import re
@@ -218,8 +219,33 @@ def _group_issue(ctx: PruningContext, module: nn.Module, group: Any) -> str | No
     return None
 
 
+#: How often one group may reach the same node with the same handler (6 at most seen, Swin): more is Torch-Pruning's
+#: index mapping running away (FocalNet's split focal gates make get_pruning_group loop for ever).
+MAX_DEP_REPEATS = 64
+
+
+class _BoundedGroup(tp.dependency.group.Group):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.repeats: collections.Counter[tuple[int, Any]] = collections.Counter()
+
+    def add_dep(self, dep: Any, idxs: Any) -> None:
+        key = (id(dep.target), dep.handler)
+        self.repeats[key] += 1
+        if self.repeats[key] > MAX_DEP_REPEATS:
+            raise RuntimeError(
+                f"Torch-Pruning's index mapping does not settle: {dep.target.name} reached over {MAX_DEP_REPEATS} times"
+            )
+        super().add_dep(dep, idxs)
+
+
 def _full_group(ctx: PruningContext, module: nn.Module) -> Any:
-    return ctx.dg.get_pruning_group(module, _out_fn(module), list(range(_out_channels(module))))
+    graph = tp.dependency.graph  # get_pruning_group builds its Group from this module's global
+    saved, graph.Group = graph.Group, _BoundedGroup
+    try:
+        return ctx.dg.get_pruning_group(module, _out_fn(module), list(range(_out_channels(module))))
+    finally:
+        graph.Group = saved
 
 
 def _group_out_modules(ctx: PruningContext, group: Any) -> set[nn.Module]:

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from tools.compression.channels import apply_structured, channel_issue, new_context, prunable_names
-from tools.compression.forward import ExampleInputs, check_forward, restore, snapshot
+from tools.compression.forward import ExampleInputs, check_forward, one_line, restore, snapshot
 from tools.compression.heads import apply_heads, attention_modules, head_targets
 from tools.compression.importance import DATA_AWARE, get_importance
 from tools.compression.recipes import PruningConfig
@@ -71,9 +71,26 @@ def count_params(model: nn.Module) -> int:
 
 
 def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> PrunableLayers:
-    """List what ``apply_pruning`` may prune in ``model`` (traced on ``example_inputs``); see module doc."""
-    ctx = new_context(model, example_inputs)
+    """List what ``apply_pruning`` may prune in ``model`` (traced on ``example_inputs``); see module doc.
+
+    A model Torch-Pruning cannot trace keeps its head-prunable attention and has every Conv2d/Linear blocked
+    with the tracer's reason (the run goes on without structured pruning).
+    """
+    attention = attention_modules(model).items()
     result = PrunableLayers()
+    result.heads = {name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention}
+    result.head_dims = {
+        f"{name}.{spec.q}": int(getattr(module, spec.head_dim_attr))
+        for name, (module, spec) in attention
+        if isinstance(getattr(module, "scaling", None), float) and int(getattr(module, spec.head_dim_attr)) > 1
+    }
+    try:
+        ctx = new_context(model, example_inputs)
+    except Exception as exc:  # Torch-Pruning cannot trace it (CvT: a split along tokens, then a cat)
+        reason = f"Torch-Pruning cannot trace {type(model).__name__}: {one_line(exc)}"
+        logger.warning("no structured pruning: %s", reason)
+        result.blocked = {n: reason for n, m in model.named_modules() if isinstance(m, nn.Conv2d | nn.Linear)}
+        return result
     for name in prunable_names(ctx):
         issue, coupled = channel_issue(ctx, name)
         if issue is None:
@@ -81,13 +98,6 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
             result.coupling[name] = coupled
         else:
             result.blocked[name] = issue
-    attention = attention_modules(model).items()
-    result.heads = {name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention}
-    result.head_dims = {
-        f"{name}.{spec.q}": int(getattr(module, spec.head_dim_attr))
-        for name, (module, spec) in attention
-        if isinstance(getattr(module, "scaling", None), float) and int(getattr(module, spec.head_dim_attr)) > 1
-    }
     return result
 
 

@@ -10,6 +10,7 @@ of unmatched classes are left out of the accuracy.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Preprocess",
     "accuracy_from_predictions",
+    "chance_note",
     "evaluate_accuracy",
     "iter_logits",
     "predict_logits",
@@ -177,3 +179,17 @@ def evaluate_accuracy(
     shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
     logger.info("%s: accuracy %s on %d samples", desc, shown, counted)
     return accuracy, counted
+
+
+def chance_note(accuracy: float | None, samples: int, classes: int) -> str | None:
+    """A note when ``accuracy`` is not clearly above chance (1/classes, one-sided 99.5 %): untrained or mislabelled."""
+    if accuracy is None or samples <= 0 or classes < 2:
+        return None
+    chance = 1.0 / classes
+    if accuracy > chance + 2.58 * math.sqrt(chance * (1 - chance) / samples):
+        return None
+    return (
+        f"the original model scores {100 * accuracy:.1f}% on {samples} images, chance level for {classes} classes "
+        f"({100 * chance:.0f}%): it looks untrained, or its labels do not match the dataset's; accuracy "
+        "changes and agreement say little about what pruning costs"
+    )

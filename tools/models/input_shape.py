@@ -150,6 +150,8 @@ def _processor_sizes(processor: Any) -> Iterator[Candidate]:
         size = getattr(processor, attr, None) if processor is not None else None
         if size is None:
             continue
+        if attr == "crop_size" and getattr(processor, "do_center_crop", True) is False:
+            continue  # never applied (EfficientNet: crop_size 289, size 224): the processor's output is ``size``
         if isinstance(size, int):
             yield (size, size), f"processor.{attr}"
             continue

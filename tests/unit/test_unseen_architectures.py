@@ -1,0 +1,111 @@
+"""Architectures the tool was not written against (tiny random Hugging Face models built offline).
+
+Each test is a failure a sweep over 20 families found: a crash, a hang or a wrong decision.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+from transformers import (
+    CvtConfig,
+    CvtForImageClassification,
+    EfficientNetImageProcessor,
+    FocalNetConfig,
+    FocalNetForImageClassification,
+)
+
+from agents.planning.base import PlanningContext
+from agents.planning.rules import RulesPlanner, exact_pattern
+from tools.compression.pruning import prunable_layers
+from tools.evaluation.accuracy import chance_note
+from tools.models.input_shape import _processor_sizes
+from tools.schemas import ModelProfile, SensitivityPoint, SensitivityProfile, SensitivityUnit
+
+
+def test_a_pattern_over_members_of_different_depth_generalises_only_shared_indices() -> None:
+    # EfficientNet groups encoder.blocks.N.projection.project_conv with encoder.top_conv
+    members = ["encoder.blocks.0.projection.project_conv", "encoder.top_conv"]
+    universe = [*members, "encoder.blocks.1.projection.project_conv"]
+    pattern = exact_pattern(members, universe)
+    assert sorted(n for n in universe if re.search(pattern, n)) == sorted(members)
+
+
+def test_a_plan_never_selects_a_prunable_layer_the_sensitivity_profile_did_not_measure() -> None:
+    # ResNet: block-internal convolutions are units; the block-output one (on the residual path) is coupled, not
+    # a unit, but "layer.\\d+" would take it in unless the pattern knows every prunable layer
+    inner = [f"stages.{i}.layers.0.layer.{j}.convolution" for i in range(2) for j in (0, 1)]
+    coupled = [f"stages.{i}.layers.0.layer.2.convolution" for i in range(2)]
+    units = [
+        SensitivityUnit(
+            pattern=f"^{re.escape(n)}$",
+            pruning_type="structured",
+            modules=[n],
+            size=8,
+            points=[SensitivityPoint(ratio=r, params_saved=int(100 * r), agreement=1.0, kl=0.0) for r in (0.3, 0.6)],
+        )
+        for n in inner
+    ]
+    sensitivity = SensitivityProfile(
+        samples=8, importance="act", recovery="reconstruct", ratios=[0.3, 0.6], seconds=0.0, units=units
+    )
+    profile = ModelProfile(
+        model_class="X",
+        family="resnet",
+        device="cpu",
+        input_shape=[3, 32, 32],
+        total_params=1000,
+        total_macs=1,
+        latency_s=0.01,
+        sensitivity=sensitivity,
+    )
+    prunable = {"structured": inner + coupled, "coupling": {**dict.fromkeys(inner, 1), **dict.fromkeys(coupled, 2)}}
+    ctx = PlanningContext(
+        profile=profile, prunable=prunable, baseline_accuracy=0.8, max_accuracy_drop=1.0, max_ratio=0.6
+    )
+    plan = RulesPlanner().analyze(ctx).plan
+    selected = {n for rec in plan.pruning_recommendations for n in inner + coupled if re.search(rec.layer, n)}
+    assert selected == set(inner)
+
+
+def test_crop_size_counts_only_when_the_processor_crops() -> None:
+    processor = EfficientNetImageProcessor(size={"height": 224, "width": 224}, crop_size={"height": 289, "width": 289})
+    assert processor.do_center_crop is False
+    sizes = [size for size, _ in _processor_sizes(processor)]
+    assert (289, 289) not in sizes and (224, 224) in sizes
+
+
+def test_an_untraceable_model_keeps_nothing_structured_and_says_why() -> None:
+    torch.manual_seed(0)
+    model = CvtForImageClassification(
+        CvtConfig(embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=[1, 2, 3], num_labels=3)
+    )
+    layers = prunable_layers(model.eval(), torch.randn(1, 3, 32, 32))
+    assert not layers.structured and layers.blocked
+    assert all("Torch-Pruning cannot trace CvtForImageClassification" in r for r in layers.blocked.values())
+
+
+def test_focalnet_groups_end_instead_of_looping_for_ever() -> None:
+    torch.manual_seed(0)
+    config = FocalNetConfig(
+        image_size=32, patch_size=2, embed_dim=8, depths=[1, 1], focal_levels=[2, 2], focal_windows=[3, 3], num_labels=3
+    )
+    model = FocalNetForImageClassification(config).eval()
+    start = time.perf_counter()
+    layers = prunable_layers(model, torch.randn(1, 3, 32, 32))
+    assert time.perf_counter() - start < 60
+    assert layers.structured  # the MLPs stay prunable
+    assert any("does not settle" in reason for reason in layers.blocked.values())
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "samples", "classes", "flagged"),
+    [(0.10, 1000, 10, True), (0.12, 1000, 10, True), (0.20, 1000, 10, False), (0.5, 20, 2, True), (0.9, 20, 2, False)],
+)
+def test_chance_level_accuracy_is_flagged(accuracy: float, samples: int, classes: int, flagged: bool) -> None:
+    note = chance_note(accuracy, samples, classes)
+    assert (note is not None) == flagged
+    assert chance_note(None, samples, classes) is None
