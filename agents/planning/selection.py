@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from graph.context import Selection
@@ -48,10 +49,11 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, 
     """The best round within budget: by accuracy, then params, then latency (or fewest params first).
 
     Accuracy differences the evaluation cannot resolve are ties: a round whose accuracy is within one
-    standard error of the most accurate round's counts as equally accurate (the larger of the two rounds'
-    standard errors of their paired differences with the original), and the fewest parameters, then the
-    lowest latency, decide among them. Every candidate passed the budget test, so its own standard error is
-    at most the accuracy budget. Without paired results, accuracies must be equal to tie.
+    standard error of the difference from the most accurate round's counts as equally accurate (that
+    standard error taken as ``sqrt(se_best^2 + se_round^2)`` from the two rounds' paired differences with the
+    original), and the fewest parameters, then the lowest latency, decide among them. Every candidate passed
+    the budget test, so its own standard error is at most the accuracy budget. Without paired results,
+    accuracies must be equal to tie.
     """
     candidates = [r for r in rounds if r["within_budget"]]
     if not candidates:
@@ -75,5 +77,5 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, 
         paired = r["metrics"].get("paired")
         return standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
 
-    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - max(se(best), se(r)) - 1e-12]
+    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - math.hypot(se(best), se(r)) - 1e-12]
     return min(tied, key=lambda r: (r["metrics"]["params"], r["metrics"]["latency_s"], -accuracy(r), r["round"]))
