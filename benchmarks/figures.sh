@@ -71,13 +71,11 @@ fi
 python benchmarks/deployed_original.py "$OUT/vit-b16" --threads 1 --repeats 40 --out "$OUT/deployed-original" \
     | tee "$OUT/deployed_original-vit-b16.txt"
 
-# Distillation (DISTILL=1): the ViT with and without knowledge distillation, 2,000 evaluation images,
-# every round's candidate on the unseen half. 3-8 minutes a round on a 2-core CPU.
+# Distillation (DISTILL=1): the ViT run above again with knowledge distillation after every prune (default
+# settings otherwise), every round's candidate on the unseen half. About 4 minutes a round on a 2-core CPU.
 if [[ "${DISTILL:-0}" == 1 ]]; then
-    run vit-e2000 --model "$SHARED/models/cifar10-vit-tiny" --iterations 5 --eval-samples 2000
-    run vit-kd --model "$SHARED/models/cifar10-vit-tiny" --iterations 5 --eval-samples 2000 \
-        --finetune-steps 1000 --finetune-samples 2048
-    python benchmarks/unseen_half.py "$OUT/vit-e2000" "$OUT/vit-kd" --data "$HALVES/b" --rounds \
+    run vit-kd --model "$SHARED/models/cifar10-vit-tiny" --iterations 5 --finetune-steps 1000 --finetune-samples 2048
+    python benchmarks/unseen_half.py "$OUT/vit" "$OUT/vit-kd" --data "$HALVES/b" --rounds \
         --json "$OUT/unseen_half-distill.json" | tee "$OUT/unseen_half-distill.txt"
 fi
 echo "figures: $OUT/*.txt (and .json)"
