@@ -1,10 +1,9 @@
 """The default ``rules`` planner: offline and deterministic (the same profile and history give the same plan).
 
 With a sensitivity profile (``profile.sensitivity``, measured on the calibration images) it *allocates*
-per-unit ratios: every attention module's heads, the width of its heads, and every block-internal channel group
-is a unit with a
-measured damage at a few ratios (``1 - agreement + KL`` against the original, after recovery; linearly
-interpolated between the measured ratios) and a saving (its share of the model's parameters plus its
+per-unit ratios: every attention module's heads, the width of its heads, and every block-internal channel
+group is a unit with a measured damage at a few ratios (``1 - agreement + KL`` against the original, after
+recovery; linearly interpolated between the measured ratios) and a saving (its share of the model's parameters plus its
 share of MACs). Greedily, the step with the most saving per unit of damage is taken until the summed
 damage reaches the round's *damage budget*; heads and channels move independently. The rounds then
 search the damage budget with real evaluations: grow it while the evaluated candidate stays within the
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.planning.base import PlanningContext, PlanResult
+from tools.compression.sensitivity import unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
     LayerProfile,
@@ -208,7 +208,7 @@ class RulesPlanner:
         # units the sensitivity profile tried and could not prune at any ratio (BiT's GroupNorm, PvtV2's reshape)
         failed = set(profile.sensitivity.skipped) if profile.sensitivity is not None else set()
         for name in ctx.prunable.get("structured", []):
-            if "^" + re.escape(name) + "$" in failed:
+            if unit_pattern(name) in failed:
                 continue
             if name in layers and coupling.get(name, 1) == 1 and name != first_conv:
                 by_template.setdefault(name_pattern(name), []).append(name)
@@ -371,7 +371,8 @@ class RulesPlanner:
         return float(min(8, max(2, int(headroom))))
 
     def _next_budgets(self, ctx: PlanningContext) -> list[tuple[float, str]]:
-        """Damage budgets to try next, best first: double while within the accuracy budget, else bisect."""
+        """Damage budgets to try next, best first: grow while within the accuracy budget (:meth:`_growth`), else
+        bisect."""
         tried = [
             (float(r.planner_state["damage_budget"]), r.within_budget)
             for r in ctx.history

@@ -136,6 +136,29 @@ def _slice_linear(layer: nn.Linear, keep: torch.Tensor, dim: int) -> None:
         layer.in_features = len(keep)
 
 
+def _layout_problem(module: nn.Module, spec: AttentionSpec, heads: int, head_dim: int) -> str | None:
+    """Why q/k/v/o do not hold ``heads x head_dim`` features (None when they do)."""
+    for proj in spec.projections:
+        layer = getattr(module, proj)
+        size = layer.in_features if proj == spec.o else layer.out_features
+        if size != heads * head_dim:
+            return f"{proj} has {size} features, not {heads} heads x {head_dim}"
+    return None
+
+
+def _set_sizes(module: nn.Module, spec: AttentionSpec, size: int) -> None:
+    """Set the attributes holding ``heads * head_dim`` that the forward may read."""
+    for attr in spec.size_attrs:
+        if hasattr(module, attr):
+            setattr(module, attr, size)
+
+
+def narrowable(module: nn.Module, spec: AttentionSpec) -> bool:
+    """Whether ``module``'s heads can be narrowed: it keeps its softmax scale in ``scaling`` (so narrowing does
+    not change it) and its heads have more than one dimension."""
+    return isinstance(getattr(module, "scaling", None), float) and int(getattr(module, spec.head_dim_attr)) > 1
+
+
 def _prune_heads_of(
     module: nn.Module,
     spec: AttentionSpec,
@@ -149,11 +172,9 @@ def _prune_heads_of(
     n_prune = min(heads - 1, math.floor(ratio * heads + 0.5))
     if n_prune <= 0:
         return f"ratio {ratio} removes no head of {heads}" if heads > 1 else "has a single head"
-    for proj in spec.projections:
-        layer = getattr(module, proj)
-        size = layer.in_features if proj == spec.o else layer.out_features
-        if size != heads * head_dim:
-            return f"{proj} has {size} features, not {heads} heads x {head_dim}"
+    problem = _layout_problem(module, spec, heads, head_dim)
+    if problem:
+        return problem
     ranking = _head_scores(module, spec, heads, importance, gen, scores)
     kept_heads = torch.sort(torch.argsort(ranking, descending=True, stable=True)[: heads - n_prune]).values
     keep = (kept_heads[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
@@ -169,9 +190,7 @@ def _prune_heads_of(
             setattr(owner, attr, nn.Parameter(new, requires_grad=param.requires_grad))
     kept = heads - n_prune
     setattr(module, spec.heads_attr, kept)
-    for attr in spec.size_attrs:
-        if hasattr(module, attr):
-            setattr(module, attr, kept * head_dim)
+    _set_sizes(module, spec, kept * head_dim)
     return heads, kept
 
 
@@ -194,16 +213,14 @@ def _prune_head_dims_of(
     """Narrow every head of ``module`` (see module doc). Returns (head_dim before, after) or why not."""
     heads = int(getattr(module, spec.heads_attr))
     head_dim = int(getattr(module, spec.head_dim_attr))
-    if not isinstance(getattr(module, "scaling", None), float):
-        return "its forward derives the softmax scale from head_dim: heads cannot be narrowed"
+    if not narrowable(module, spec):
+        return "its forward derives the softmax scale from head_dim, or heads have one dimension: not narrowed"
     n_prune = min(head_dim - 1, math.floor(ratio * head_dim + 0.5))
     if n_prune <= 0:
         return f"ratio {ratio} removes no dimension of {head_dim}"
-    for proj in spec.projections:
-        layer = getattr(module, proj)
-        size = layer.in_features if proj == spec.o else layer.out_features
-        if size != heads * head_dim:
-            return f"{proj} has {size} features, not {heads} heads x {head_dim}"
+    problem = _layout_problem(module, spec, heads, head_dim)
+    if problem:
+        return problem
     q, k, v, o = (getattr(module, p) for p in spec.projections)
     o_norms = o.weight.detach().float().pow(2).sum(0).sqrt().reshape(heads, head_dim).cpu()
     channel = (scores or {}).get(o) if importance in DATA_AWARE else None
@@ -228,9 +245,7 @@ def _prune_head_dims_of(
         _slice_linear(v, keep_vo, 0)
         _slice_linear(o, keep_vo, 1)
     setattr(module, spec.head_dim_attr, kept)
-    for attr in spec.size_attrs:
-        if hasattr(module, attr):
-            setattr(module, attr, heads * kept)
+    _set_sizes(module, spec, heads * kept)
     return head_dim, kept
 
 
@@ -296,4 +311,12 @@ def apply_heads(
     return applied, skipped, True
 
 
-__all__ = ["ATTENTION_SPECS", "AttentionSpec", "apply_heads", "attention_modules", "has_attention", "head_targets"]
+__all__ = [
+    "ATTENTION_SPECS",
+    "AttentionSpec",
+    "apply_heads",
+    "attention_modules",
+    "has_attention",
+    "head_targets",
+    "narrowable",
+]

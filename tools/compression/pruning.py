@@ -56,7 +56,7 @@ from torch import nn
 
 from tools.compression.channels import apply_structured, channel_issue, new_context, prunable_names
 from tools.compression.forward import ExampleInputs, check_forward, one_line, restore, snapshot
-from tools.compression.heads import apply_heads, attention_modules, head_targets
+from tools.compression.heads import apply_heads, attention_modules, head_targets, narrowable
 from tools.compression.importance import DATA_AWARE, get_importance
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
@@ -82,7 +82,7 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     result.head_dims = {
         f"{name}.{spec.q}": int(getattr(module, spec.head_dim_attr))
         for name, (module, spec) in attention
-        if isinstance(getattr(module, "scaling", None), float) and int(getattr(module, spec.head_dim_attr)) > 1
+        if narrowable(module, spec)
     }
     try:
         ctx = new_context(model, example_inputs)
