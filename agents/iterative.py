@@ -25,6 +25,18 @@ def iterate_pruning(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     return {"next_plan": result.model_dump(), "notes": new_notes(result.planner_state, data)}
 
 
+def pruned_entry(round_result: dict[str, Any]) -> dict[str, Any]:
+    """The state's ``pruned`` entry for a round within budget: its metrics, round, drop, plan and source."""
+    return {
+        **round_result["metrics"],
+        "round": round_result["round"],
+        "within_budget": True,
+        "accuracy_drop_points": round_result.get("accuracy_drop_points"),
+        "plan": round_result["plan"],
+        "source": round_result["source"],
+    }
+
+
 def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     """The best round within budget, chosen on the evaluation subset; with ``--holdout-samples``, the chosen
     model (and the original) evaluated again on the holdout images, which neither calibration nor
@@ -42,20 +54,13 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
             "'pruned' reports the original model"
         )
     else:
-        pruned = {
-            **best["metrics"],
-            "round": best["round"],
-            "within_budget": True,
-            "accuracy_drop_points": best.get("accuracy_drop_points"),
-            "plan": best["plan"],
-            "source": best["source"],
-        }
+        pruned = pruned_entry(best)
     if ctx.holdout_samples > 0 and pruned.get("artifact"):
-        notes += _holdout(data, ctx, pruned)
+        notes += evaluate_holdout(data, ctx, pruned)
     return {"pruned": pruned, "notes": notes}
 
 
-def _holdout(state: dict[str, Any], ctx: Context, pruned: dict[str, Any]) -> list[str]:
+def evaluate_holdout(state: dict[str, Any], ctx: Context, pruned: dict[str, Any]) -> list[str]:
     """Evaluate the chosen model and the original on the holdout images into ``pruned["holdout"]``; notes."""
     try:
         holdout = ops.evaluate_accuracy_on(

@@ -16,16 +16,42 @@ from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
 from agents.evaluation import eval_spec
-from agents.planning.selection import within_budget
+from agents.iterative import evaluate_holdout, pruned_entry
+from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.compression.recipes import QuantizationConfig
-from tools.deploy.choice import FLOAT
+from tools.deploy.choice import FLOAT, is_chosen
 from tools.deploy.speedup import fp32_backend_of
 from tools.deployment import calibration_images, candidate_backends, deploy
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 from tools.store.files import StagingDir
+
+
+def _headroom_round(state: State, source: Path) -> dict[str, Any] | None:
+    """The round within budget with the most accuracy headroom (smallest drop + 1 se), when it is not the
+    deployed source and has more headroom than it: its int8 may fit the budget where the best round's did not."""
+    rounds = [r for r in state.get("rounds") or [] if r.get("within_budget") and r["metrics"].get("artifact")]
+    if not rounds:
+        return None
+
+    def used(r: dict[str, Any]) -> float:
+        drop = budget_drop_points(r.get("accuracy_drop_points"), r["metrics"].get("paired"))
+        return float("inf") if drop is None else drop
+
+    best = next((r for r in rounds if Path(r["metrics"]["artifact"]).resolve() == source.resolve()), None)
+    roomiest = min(rounds, key=used)
+    if best is None or roomiest is best or used(roomiest) >= used(best):
+        return None
+    return roomiest
+
+
+def _headroom_note(pruned: dict[str, Any]) -> list[str]:
+    return [
+        f"deployment: round {pruned['selected_round']}'s faster runtimes were over the accuracy budget; round "
+        f"{pruned['round']} (the most accuracy headroom) deploys faster within it, so it is the pruned model"
+    ]
 
 
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -43,6 +69,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
         return within_budget(drop, ctx.max_accuracy_drop, paired)
 
+    headroom = _headroom_round(state, source)
     choice = deploy(
         source,
         run.original,
@@ -55,8 +82,14 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         baseline_accuracy=state["baseline"].get("accuracy"),
         repeats=ctx.latency_repeats,
         forced=ctx.quant_backend != "auto",
+        headroom_source=Path(headroom["metrics"]["artifact"]) if headroom else None,
     )
-    chosen = next(c for c in choice.candidates if c.backend == choice.chosen)
+    changes: dict[str, Any] = {}
+    if choice.source and headroom:  # a round with more accuracy headroom deploys faster: it is the pruned model
+        changes["pruned"] = {**pruned_entry(headroom), "selected_round": (pruned or {}).get("round")}
+        source = Path(choice.source)
+        holdout = evaluate_holdout(data, ctx, changes["pruned"]) if ctx.holdout_samples > 0 else []
+    chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
     described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}
     if choice.chosen == FLOAT:  # the float models as they are
@@ -89,12 +122,14 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     elif fp32_backend == choice.chosen:
         runtime_fp32_original["artifact"] = quantized_original["artifact"]
     return {
+        **changes,
         "quantized": quantized,
         "quantized_original": quantized_original,
         "runtime_fp32_original": runtime_fp32_original,
         "deployment": choice.model_dump(),
         "notes": [
             f"deployment: {choice.why}",
+            *([*_headroom_note(changes["pruned"]), *holdout] if changes else []),
             *(f"deployment: {b['rebuilt']}: rebuilt" for b in built if b["rebuilt"]),
             # fallbacks the backend took (e.g. nothing selected for int8, a preprocessing step that failed)
             *(f"deployment ({choice.chosen}): {note}" for note in (built[0].get("notes") or [] if built else [])),

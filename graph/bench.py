@@ -251,7 +251,7 @@ class _ModelBench:
             uniform_plan(ratio, prunable),
             self.shape,
             out / "model",
-            PruningConfig(importance=criterion, seed=self.run_ctx.seed),
+            PruningConfig(importance=criterion, seed=self.run_ctx.seed, round_to=0, head_round_to=0),  # exact ratios
             recovery=RecoveryConfig.model_validate({"method": recovery}),
             calibration=calibration,
         )

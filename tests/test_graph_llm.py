@@ -88,7 +88,8 @@ def test_llm_plans_every_step(model_dir: Path, tmp_path: Path) -> None:
         iteration=[_plan(0.5, 0.4)],
     )
     with FakeOpenAI(script) as server:
-        report = _run(model_dir, tmp_path / "run", server, 1, "--max-accuracy-drop", "100")
+        # heads of 8 dimensions: narrowed only with --head-round-to 0
+        report = _run(model_dir, tmp_path / "run", server, 1, "--max-accuracy-drop", "100", "--head-round-to", "0")
     assert report["model"]["input_shape"]["source"] == "llm"
     assert report["plan"]["source"] == "llm"
     assert [r["source"] for r in report["rounds"]] == ["llm", "llm"]

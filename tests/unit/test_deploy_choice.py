@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tools.deploy.choice import FLOAT, DeployCandidate, available_backends, choose
 
@@ -77,3 +78,68 @@ def test_without_data_static_int8_is_calibrated_on_synthetic_inputs(tmp_path: Pa
     assert static.error is None and static.latency_s is not None and static.accuracy is None
     assert "synthetic" in choice.calibration
     assert choice.chosen in {FLOAT, "onnxruntime-static"}
+
+
+def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(tmp_path: Path) -> None:
+    """The best round's candidates all fail the budget: the headroom round's are built, timed with them, and
+    the choice says which model the deployed one was built from."""
+    from tests.helpers import save_tiny, tiny_vit
+    from tools import ops
+    from tools.deployment import deploy
+
+    original = tmp_path / "run" / "models" / "original"
+    ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src", 16)), original)
+    headroom = tmp_path / "run" / "rounds" / "round-02" / "model"
+    ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src2", 16)), headroom)
+    calls: list[int] = []
+
+    def budget(drop: float | None, paired: object) -> bool:  # the best round's two candidates fail it
+        calls.append(1)
+        return len(calls) > 2
+
+    shape = ops.resolve_input_shape(original)
+    choice = deploy(
+        original,
+        original,
+        [],
+        tmp_path / "run" / "models" / "deploy",
+        shape,
+        ops.EvalSpec(dataset=None, samples=10, progress=False),
+        backends=[FLOAT, "onnxruntime-fp32"],
+        within_budget=budget,
+        baseline_accuracy=None,
+        repeats=3,
+        headroom_source=headroom,
+    )
+    rebuilt = [c for c in choice.candidates if c.source is not None]
+    assert [(c.backend, c.source, c.within_budget) for c in rebuilt] == [
+        (FLOAT, str(headroom), True),
+        ("onnxruntime-fp32", str(headroom), True),
+    ]
+    assert [c.key for c in rebuilt] == ["torch (round-02)", "onnxruntime-fp32 (round-02)"]
+    assert all(c.latency_s for c in choice.candidates)  # all timed together
+    assert choice.source == str(headroom) or (choice.chosen == FLOAT and "not faster" in choice.why)
+    assert "round-02" in choice.why or choice.chosen == FLOAT
+
+
+def test_a_headroom_candidate_is_chosen_by_its_own_latency() -> None:
+    fast = _c("onnxruntime", 0.8).model_copy(update={"source": "/run/rounds/round-02/model"})
+    chosen, why = choose([_c(FLOAT, 3.0), _c("onnxruntime", 0.5, ok=False), fast], original_latency_s=4e-3)
+    assert chosen == "onnxruntime" and why.startswith("onnxruntime (round-02) (r, p) is the fastest")
+    assert "over the accuracy budget: onnxruntime" in why
+
+
+def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_error(tmp_path: Path) -> None:
+    from agents.quantization import _headroom_round
+
+    def round_(n: int, drop: float, half_width: float, ok: bool = True) -> dict[str, object]:
+        interval = {"ci95_low_points": -drop - half_width, "ci95_high_points": -drop + half_width}
+        paired = {"delta_points": -drop, **interval, "agreement": 0.9, "samples": 1000, "gained": 1, "lost": 1}
+        metrics = {"artifact": str(tmp_path / f"round-{n:02d}" / "model"), "paired": paired}
+        return {"round": n, "within_budget": ok, "accuracy_drop_points": drop, "metrics": metrics}
+
+    rounds = [round_(0, 0.6, 1.0), round_(1, -0.2, 1.2), round_(2, 0.3, 1.2), round_(3, -1.0, 0.1, ok=False)]
+    state: Any = {"rounds": rounds}
+    assert _headroom_round(state, tmp_path / "round-02" / "model")["round"] == 1  # type: ignore[index]
+    assert _headroom_round(state, tmp_path / "round-01" / "model") is None  # it is the roomiest itself
+    assert _headroom_round({"rounds": rounds[:1]}, tmp_path / "round-00" / "model") is None  # type: ignore[typeddict-item]

@@ -13,7 +13,9 @@ import copy
 import pytest
 import torch
 from torch import nn
+from transformers import ViTConfig, ViTForImageClassification
 
+from graph.context import Context
 from tests.unit.test_head_masking import _deit, _dinov2, _images, _logits, _swin, _vit
 from tools.compression.heads import attention_modules
 from tools.compression.pruning import apply_pruning, prunable_layers
@@ -25,11 +27,14 @@ from tools.schemas import PruningRecommendation
 ATOL = 1e-4
 
 
-def _narrow(model: nn.Module, ratio: float, importance: str = "l2", layer: str = "attention") -> nn.Module:
+def _narrow(
+    model: nn.Module, ratio: float, importance: str = "l2", layer: str = "attention", head_round_to: int = 0
+) -> nn.Module:
     pruned = copy.deepcopy(model)
     rec = PruningRecommendation(layer=layer, pruning_type="head_dim", pruning_ratio=ratio)
     size = int(next(iter(attention_modules(model).values()))[0].config.image_size)
-    report = apply_pruning(pruned, [rec], _images(size)[:1], PruningConfig(importance=importance))  # type: ignore[arg-type]
+    config = PruningConfig(importance=importance, head_round_to=head_round_to)
+    report = apply_pruning(pruned, [rec], _images(size)[:1], config)  # type: ignore[arg-type]
     assert report.applied and report.applied[0].pruning_type == "head_dim", report
     return pruned
 
@@ -98,6 +103,31 @@ def test_l2_keeps_the_largest_query_key_products() -> None:
 def test_at_least_one_dimension_per_head_is_kept() -> None:
     pruned = _narrow(_vit(), 0.99)
     assert all(m.head_dim == 1 for m, _ in attention_modules(pruned).values())
+
+
+def test_narrowed_widths_are_rounded_to_a_multiple_of_head_round_to() -> None:
+    wide = ViTForImageClassification(
+        ViTConfig(
+            image_size=16,
+            patch_size=4,
+            hidden_size=96,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_labels=10,
+        )
+    ).eval()  # heads of 24 dimensions
+    assert Context().pruning_config().head_round_to == 8  # a run's default: the widths int8 kernels run fastest
+    for ratio, width in ((0.3, 16), (0.4, 16), (0.6, 8), (0.9, 8)):
+        assert _narrow(wide, ratio, head_round_to=8).vit.layers[0].attention.head_dim == width
+    assert _narrow(wide, 0.3).vit.layers[0].attention.head_dim == 17  # head_round_to=0: any width
+    x = _images(16)[:1]
+    rec = PruningRecommendation(layer="attention", pruning_type="head_dim", pruning_ratio=0.1)
+    report = apply_pruning(copy.deepcopy(wide), [rec], x, PruningConfig(importance="l2", head_round_to=8))
+    assert not report.applied and "removes no dimension of 24 to a multiple of 8" in report.skipped[0].reason
+    rec = rec.model_copy(update={"pruning_ratio": 0.5})
+    report = apply_pruning(copy.deepcopy(_vit()), [rec], x, PruningConfig(importance="l2", head_round_to=8))
+    assert not report.applied and "not more than head_round_to=8" in report.skipped[0].reason
 
 
 def test_head_dims_are_sensitivity_units_selected_through_the_query_projection() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ import torch_pruning as tp
 from torch import nn
 
 from tools.compression.forward import check_forward, forward_logits, one_line, restore, snapshot
-from tools.compression.heads import attention_modules, has_attention
+from tools.compression.heads import attention_modules, has_attention, kept_count
 from tools.compression.reports import AppliedPruning, SkippedPruning
 from tools.schemas import PruningRecommendation
 
@@ -284,14 +283,6 @@ def prunable_names(ctx: PruningContext) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _kept_channels(n: int, ratio: float, round_to: int | None) -> int:
-    keep = n - math.floor(ratio * n + 0.5)
-    if round_to:
-        keep = math.floor(keep / round_to + 0.5) * round_to
-        keep = max(keep, round_to)
-    return max(1, min(n, keep))
-
-
 def _group_consumers(ctx: PruningContext, group: Any) -> list[str]:
     """Conv2d/Linear layers of ``group`` whose input channels it prunes."""
     return [
@@ -317,7 +308,7 @@ def _prune_one(
     n = _out_channels(module)
     if round_to and n <= round_to:
         return f"{n} output channels, not more than round_to={round_to}"
-    keep = _kept_channels(n, ratio, round_to)
+    keep = kept_count(n, ratio, round_to)
     n_prune = n - keep
     if n_prune <= 0:
         return f"ratio {ratio} removes no channel of {n}"

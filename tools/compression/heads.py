@@ -153,6 +153,15 @@ def _set_sizes(module: nn.Module, spec: AttentionSpec, size: int) -> None:
             setattr(module, attr, size)
 
 
+def kept_count(n: int, ratio: float, round_to: int | None) -> int:
+    """How many of ``n`` channels or head dimensions ``ratio`` keeps: ``n - round(ratio * n)``, rounded to the
+    nearest multiple of ``round_to`` (at least ``round_to``; 0 or None: not rounded), between 1 and ``n``."""
+    keep = n - math.floor(ratio * n + 0.5)
+    if round_to:
+        keep = max(math.floor(keep / round_to + 0.5) * round_to, round_to)
+    return max(1, min(n, keep))
+
+
 def narrowable(module: nn.Module, spec: AttentionSpec) -> bool:
     """Whether ``module``'s heads can be narrowed: it keeps its softmax scale in ``scaling`` (so narrowing does
     not change it) and its heads have more than one dimension."""
@@ -166,6 +175,7 @@ def _prune_heads_of(
     importance: str,
     gen: torch.Generator,
     scores: ChannelScores | None = None,
+    round_to: int = 0,
 ) -> tuple[int, int] | str:
     heads = int(getattr(module, spec.heads_attr))
     head_dim = int(getattr(module, spec.head_dim_attr))
@@ -209,15 +219,20 @@ def _prune_head_dims_of(
     importance: str,
     gen: torch.Generator,
     scores: ChannelScores | None = None,
+    round_to: int = 0,
 ) -> tuple[int, int] | str:
-    """Narrow every head of ``module`` (see module doc). Returns (head_dim before, after) or why not."""
+    """Narrow every head of ``module`` (see module doc) to a multiple of ``round_to`` dimensions (0: any
+    width). Returns (head_dim before, after) or why not."""
     heads = int(getattr(module, spec.heads_attr))
     head_dim = int(getattr(module, spec.head_dim_attr))
     if not narrowable(module, spec):
         return "its forward derives the softmax scale from head_dim, or heads have one dimension: not narrowed"
-    n_prune = min(head_dim - 1, math.floor(ratio * head_dim + 0.5))
-    if n_prune <= 0:
-        return f"ratio {ratio} removes no dimension of {head_dim}"
+    if round_to and head_dim <= round_to:
+        return f"heads of {head_dim} dimensions, not more than head_round_to={round_to}: not narrowed"
+    kept = kept_count(head_dim, ratio, round_to)
+    if kept >= head_dim:
+        multiple = f" to a multiple of {round_to}" if round_to else ""
+        return f"ratio {ratio} removes no dimension of {head_dim}{multiple}"
     problem = _layout_problem(module, spec, heads, head_dim)
     if problem:
         return problem
@@ -232,7 +247,6 @@ def _prune_head_dims_of(
             vo_rank = channel.float().cpu().reshape(heads, head_dim)
         else:
             vo_rank = _norms(v, heads, head_dim) * o_norms
-    kept = head_dim - n_prune
 
     def keep_of(rank: torch.Tensor) -> torch.Tensor:
         best = torch.sort(torch.argsort(rank, dim=1, descending=True, stable=True)[:, :kept], dim=1).values
@@ -268,8 +282,10 @@ def apply_heads(
     importance: str,
     gen: torch.Generator,
     scores: ChannelScores | None = None,
+    head_round_to: int = 0,
 ) -> tuple[AppliedPruning | None, list[SkippedPruning], bool]:
     """Apply one ``head`` or ``head_dim`` recommendation, checked by a forward pass (rolled back on failure).
+    Narrowed heads keep a multiple of ``head_round_to`` dimensions (0: any width).
 
     Returns (applied, skipped, changed).
     """
@@ -281,7 +297,7 @@ def apply_heads(
     prune_of = _prune_head_dims_of if rec.pruning_type == "head_dim" else _prune_heads_of
     for name, module, spec in head_targets(model, regex):
         try:
-            result = prune_of(module, spec, rec.pruning_ratio, importance, gen, scores)
+            result = prune_of(module, spec, rec.pruning_ratio, importance, gen, scores, head_round_to)
         except Exception as exc:
             result = f"head pruning raised {one_line(exc)}"
         if isinstance(result, str):
@@ -318,5 +334,6 @@ __all__ = [
     "attention_modules",
     "has_attention",
     "head_targets",
+    "kept_count",
     "narrowable",
 ]

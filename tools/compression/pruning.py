@@ -115,7 +115,7 @@ def apply_pruning(
     ``example_inputs`` (a tensor, a tuple of positional tensors, or a dict of keyword tensors) is used
     to trace the dependency graph and to check every step with a forward pass. ``config`` (default
     ``PruningConfig()``): ``importance`` names a criterion of ``IMPORTANCE``; ``round_to`` makes kept
-    channel counts multiples of it (structured only; 0: off); ``seed`` fixes random importance.
+    channel counts multiples of it (0: off), ``head_round_to`` narrowed head widths; ``seed`` fixes random importance.
     Recommendations that match nothing give no ``applied`` entry but a ``skipped`` one whose target is the
     pattern. Every recommendation that changed the model is checked with a forward pass (logits of the
     original size), and rolled back module by module on failure, so the returned model always runs.
@@ -161,7 +161,7 @@ def apply_pruning(
                     )
                     continue
                 applied, skipped, changed = apply_heads(
-                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen, scores
+                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen, scores, config.head_round_to
                 )
                 if changed:
                     ctx.dg = None  # shapes changed outside the dependency graph: retrace when needed

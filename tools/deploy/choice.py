@@ -11,6 +11,7 @@ deployed, and the reason says so.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -50,6 +51,14 @@ class DeployCandidate(BaseModel):
     throughput_ips: float | None = Field(default=None, description="Images per second at the evaluation batch.")
     memory_mb: float | None = None
     error: str | None = Field(default=None, description="Why this candidate could not be built or run.")
+    source: str | None = Field(
+        default=None, description="The model it was built from when not the best one (a round with more headroom)."
+    )
+
+    @property
+    def key(self) -> str:
+        """Unique in a choice: the backend, and where it was built from when that is not the best model."""
+        return label(self.model_dump())
 
 
 class DeployChoice(BaseModel):
@@ -57,6 +66,9 @@ class DeployChoice(BaseModel):
 
     chosen: str
     why: str
+    source: str | None = Field(
+        default=None, description="The model the chosen candidate was built from, when not the best one."
+    )
     original_latency_s: float | None = Field(default=None, description="The original FP32 PyTorch model, batch 1.")
     calibration: str = Field(default="", description="What the static int8 candidates were calibrated on.")
     candidates: list[DeployCandidate] = Field(default_factory=list)
@@ -77,25 +89,25 @@ def choose(candidates: list[DeployCandidate], original_latency_s: float | None) 
     reference = original_latency_s
     if best.backend != FLOAT and reference is not None and best.latency_s is not None and best.latency_s >= reference:
         return FLOAT, (
-            f"the fastest candidate within budget ({best.backend}, {1e3 * best.latency_s:.2f} ms) is not faster "
+            f"the fastest candidate within budget ({best.key}, {1e3 * best.latency_s:.2f} ms) is not faster "
             f"than the original FP32 model ({1e3 * reference:.2f} ms): the float model is deployed"
         )
-    parts = [f"{best.backend} ({best.runtime}, {best.precision}) is the fastest within the accuracy budget"]
+    parts = [f"{best.key} ({best.runtime}, {best.precision}) is the fastest within the accuracy budget"]
     if best.latency_s is not None:
         parts.append(f"{1e3 * best.latency_s:.2f} ms at batch 1")
         if reference:
             parts.append(f"{reference / best.latency_s:.2f}x the original FP32 model")
     others = sorted(
-        (c for c in usable if c.backend != best.backend and c.latency_s is not None),
+        (c for c in usable if c.key != best.key and c.latency_s is not None),
         key=lambda c: c.latency_s or 0.0,
     )
     if others and best.latency_s:
         runner = others[0]
-        parts.append(f"next: {runner.backend} at {1e3 * (runner.latency_s or 0.0):.2f} ms")
-    rejected = [c.backend for c in candidates if c.error is None and not c.within_budget]
+        parts.append(f"next: {runner.key} at {1e3 * (runner.latency_s or 0.0):.2f} ms")
+    rejected = [c.key for c in candidates if c.error is None and not c.within_budget]
     if rejected:
         parts.append("over the accuracy budget: " + ", ".join(rejected))
-    failed = [c.backend for c in candidates if c.error is not None]
+    failed = [c.key for c in candidates if c.error is not None]
     if failed:
         parts.append("could not run: " + ", ".join(failed))
     return best.backend, "; ".join(parts)
@@ -103,4 +115,15 @@ def choose(candidates: list[DeployCandidate], original_latency_s: float | None) 
 
 def as_rows(choice: DeployChoice) -> list[dict[str, Any]]:
     """The runtime table as plain rows (for reports)."""
-    return [c.model_dump() | {"chosen": c.backend == choice.chosen} for c in choice.candidates]
+    return [c.model_dump() | {"chosen": is_chosen(c.model_dump(), choice.model_dump())} for c in choice.candidates]
+
+
+def is_chosen(candidate: dict[str, Any], choice: dict[str, Any]) -> bool:
+    """Whether ``candidate`` (a row of ``choice["candidates"]``) is the deployed one."""
+    return bool(candidate["backend"] == choice["chosen"] and candidate.get("source") == choice.get("source"))
+
+
+def label(candidate: dict[str, Any]) -> str:
+    """A candidate's name in tables: its backend, and the round it was built from when not the best model."""
+    source = candidate.get("source")
+    return candidate["backend"] + (f" ({Path(source).parent.name})" if source else "")

@@ -5,6 +5,8 @@ Each takes the :class:`~tools.schemas.RunReport` and returns its ``<section>``.
 
 from __future__ import annotations
 
+from tools.deploy.choice import is_chosen
+from tools.deploy.choice import label as candidate_label
 from tools.reporting.format import recovery_text
 from tools.reporting.html_parts import (
     acc_text,
@@ -176,8 +178,8 @@ def deployment(report: RunReport) -> str:
     ]
     rows = []
     for c in choice.get("candidates") or []:
-        deployed = c["backend"] == choice["chosen"]
-        label = esc(c["backend"]) + (" " + badge("deployed", "accent") if deployed else "")
+        deployed = is_chosen(c, choice)
+        label = esc(candidate_label(c)) + (" " + badge("deployed", "accent") if deployed else "")
         if c.get("error"):
             cells = [label, esc(c["runtime"]), esc(c["precision"]), esc(f"could not run: {c['error']}")]
             rows.append(("", cells + ["–"] * 5))
@@ -199,7 +201,8 @@ def deployment(report: RunReport) -> str:
                 ],
             )
         )
-    why = f"<p>Deployed: <b>{esc(choice['chosen'])}</b> — {esc(choice['why'])}.</p>"
+    built = f" (built from {esc(choice['source'])})" if choice.get("source") else ""
+    why = f"<p>Deployed: <b>{esc(choice['chosen'])}</b>{built} — {esc(choice['why'])}.</p>"
     if choice.get("calibration"):
         why += f'<p class="muted small">Static int8 candidates were calibrated on {esc(choice["calibration"])}.</p>'
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tools.deploy.choice import is_chosen
+from tools.deploy.choice import label as candidate_label
 from tools.reporting.format import (
     accuracy_pct,
     millions,
@@ -231,7 +233,7 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
         "",
         "## Deployment: runtimes measured side by side",
         "",
-        f"Deployed: **{deployment['chosen']}** — {deployment['why']}.",
+        f"Deployed: **{deployment['chosen']}**{_built_from(deployment)} — {deployment['why']}.",
         "",
         "| backend | runtime | precision | latency (batch 1, interleaved) | throughput | memory | accuracy | "
         "Δacc (pts, 95 % CI) | within budget |",
@@ -239,14 +241,15 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
     ]
     for c in deployment.get("candidates") or []:
         if c.get("error"):
-            lines.append(f"| {c['backend']} | {c['runtime']} | {c['precision']} | could not run: {c['error']} |||||")
+            failed = f"could not run: {c['error']}"
+            lines.append(f"| {candidate_label(c)} | {c['runtime']} | {c['precision']} | {failed} |||||")
             continue
-        mark = " (deployed)" if c["backend"] == deployment["chosen"] else ""
+        mark = " (deployed)" if is_chosen(c, deployment) else ""
         throughput = f"{c['throughput_ips']:.0f} img/s" if c.get("throughput_ips") else "-"
         memory = f"{c['memory_mb']:.2f} MB" if c.get("memory_mb") is not None else "-"
         paired = PairedAccuracy.model_validate(c["paired"]) if c.get("paired") else None
         lines.append(
-            f"| {c['backend']}{mark} | {c['runtime']} | {c['precision']} | {millis(c.get('latency_s'))} | "
+            f"| {candidate_label(c)}{mark} | {c['runtime']} | {c['precision']} | {millis(c.get('latency_s'))} | "
             f"{throughput} | {memory} | {accuracy_pct(c.get('accuracy'))} | "
             f"{change_ci(c.get('accuracy_drop_points'), paired)} | {'yes' if c.get('within_budget') else 'NO'} |"
         )
@@ -256,6 +259,10 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
     if deployment.get("calibration"):
         lines += [f"Static int8 candidates were calibrated on {deployment['calibration']}."]
     return lines
+
+
+def _built_from(deployment: dict[str, Any]) -> str:
+    return f" (built from {deployment['source']})" if deployment.get("source") else ""
 
 
 def speedup_lines(speedup: dict[str, Any] | None) -> list[str]:
