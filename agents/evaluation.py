@@ -23,7 +23,11 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
         dataset=state.get("dataset"),
         split=state.get("dataset_split"),
         label_match=state.get("label_match"),
-        samples=ctx.eval_samples,
+        samples=ctx.eval_samples
+        or ops.auto_eval_samples(
+            (state.get("profile_summary") or {}).get("total_macs"),
+            other_parts=ctx.holdout_samples > 0 or ctx.finetune_samples > 0,
+        ),
         calibration_samples=ctx.calibration_samples,
         holdout_samples=ctx.holdout_samples,
         finetune_samples=ctx.finetune_samples,
@@ -135,8 +139,8 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         if factors.pruned and smaller and factors.pruning_factor < 0.95:  # where the user sees it, not only a table
             update["notes"] = [
                 f"pruning made the deployed model slower in {factors.backend} ({1e3 * factors.runtime_original_s:.2f}"
-                f" ms unpruned, {1e3 * factors.deployed_s:.2f} ms pruned, batch 1): the pruned channel counts suit "
-                "this runtime's kernels less; --round-to 8 or 16 keeps them to multiples, or deploy "
-                "RUN/models/quantized-original"
+                f" ms unpruned, {1e3 * factors.deployed_s:.2f} ms pruned, batch 1, interleaved with the other "
+                "models): the pruned shapes may suit this runtime's kernels less (try --round-to 16 --head-round-to "
+                "16), or deploy RUN/models/quantized-original"
             ]
     return update

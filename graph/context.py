@@ -38,7 +38,11 @@ class Context:
     run_dir: str = _setting("Directory for checkpoints, artifacts and reports. Empty: runs/<thread id>.", "RUN_DIR", "")
     iterations: int = _setting("Iterative pruning rounds T after the first plan.", "ITERATIONS", 5, int)
     eval_samples: int = _setting(
-        "Evaluation samples (seeded random subset, disjoint from the calibration images).", "EVAL_SAMPLES", 1000, int
+        "Evaluation samples (seeded random subset, disjoint from the calibration images). 0: automatic, from "
+        "the model's MACs (1,000 to 5,000; 1,000 with holdout or fine-tuning images).",
+        "EVAL_SAMPLES",
+        0,
+        int,
     )
     calibration_samples: int = _setting(
         "Calibration images (seeded, disjoint from evaluation) for importance, sensitivity and recovery.",
@@ -147,8 +151,8 @@ class Context:
         errors = []
         if self.iterations < 0:
             errors.append("--iterations must be 0 or more")
-        if self.eval_samples < 1:
-            errors.append("--eval-samples must be at least 1")
+        if self.eval_samples < 0:
+            errors.append("--eval-samples must be 0 (automatic) or more")
         if self.batch_size < 1:
             errors.append("--batch-size must be at least 1")
         if self.calibration_samples < 0:
