@@ -44,7 +44,7 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
     rounds = state.get("rounds") or []
-    best = best_round(rounds, ctx.selection, ctx.max_accuracy_drop)
+    best = best_round(rounds, ctx.selection)
     notes: list[str] = []
     if best is None:
         baseline = {k: v for k, v in state["baseline"].items() if k != "data_parts"}

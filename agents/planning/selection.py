@@ -9,10 +9,6 @@ from graph.context import Selection
 from tools.evaluation.paired import standard_error_points
 from tools.schemas import PairedAccuracy
 
-#: Accuracy differences under this share of the accuracy budget tie in ``--selection accuracy``: with many
-#: evaluation images a difference of 0.3 points is real, but not worth keeping a third more parameters.
-TIE_BUDGET_SHARE = 0.5
-
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
     """Points lost against the baseline (negative: a gain); None when either accuracy is unknown."""
@@ -49,16 +45,15 @@ def within_budget(
     return drop is None or drop <= max_drop + 1e-9
 
 
-def best_round(rounds: list[dict[str, Any]], selection: Selection, max_drop: float = 0.0) -> dict[str, Any] | None:
+def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, Any] | None:
     """The best round within budget: by accuracy, then params, then latency (or fewest params first).
 
-    Accuracy differences the evaluation cannot resolve, or too small to matter against the budget, are ties:
-    a round whose accuracy is within one standard error of the difference from the most accurate round's (that
+    Accuracy differences the evaluation cannot resolve are ties: a round whose accuracy is within one
+    standard error of the difference from the most accurate round's counts as equally accurate (that
     standard error taken as ``sqrt(se_best^2 + se_round^2)`` from the two rounds' paired differences with the
-    original), or within ``TIE_BUDGET_SHARE`` of the accuracy budget ``max_drop`` (points), counts as equally
-    accurate, and the fewest parameters, then the lowest latency, decide among them. Every candidate passed
+    original), and the fewest parameters, then the lowest latency, decide among them. Every candidate passed
     the budget test, so its own standard error is at most the accuracy budget. Without paired results,
-    accuracies must be equal to tie (or within the budget share).
+    accuracies must be equal to tie.
     """
     candidates = [r for r in rounds if r["within_budget"]]
     if not candidates:
@@ -82,8 +77,5 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection, max_drop: flo
         paired = r["metrics"].get("paired")
         return standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
 
-    def tolerance(r: dict[str, Any]) -> float:
-        return max(math.hypot(se(best), se(r)), TIE_BUDGET_SHARE * max_drop / 100)
-
-    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - tolerance(r) - 1e-12]
+    tied = [r for r in candidates if accuracy(r) >= accuracy(best) - math.hypot(se(best), se(r)) - 1e-12]
     return min(tied, key=lambda r: (r["metrics"]["params"], r["metrics"]["latency_s"], -accuracy(r), r["round"]))

@@ -208,13 +208,3 @@ def test_the_selected_round_is_reported(selection: Any, expected: int) -> None:
         "source": "rules",
     }
     assert out["notes"] == []
-
-
-def test_differences_under_half_the_accuracy_budget_are_ties() -> None:
-    """Many evaluation images resolve 0.3 points; with a 1-point budget that is not worth a third more params."""
-    precise = [_round(0, 0.645, 900, half_width=0.05), _round(1, 0.642, 600, half_width=0.05)]
-    assert best_round(precise, "accuracy")["round"] == 0  # no budget given: resolved, the more accurate
-    assert best_round(precise, "accuracy", max_drop=1.0)["round"] == 1  # 0.3 < 0.5 points: a tie
-    assert best_round(precise, "accuracy", max_drop=0.5)["round"] == 0  # 0.3 > 0.25 points
-    far = [_round(0, 0.645, 900, half_width=0.05), _round(1, 0.639, 600, half_width=0.05)]
-    assert best_round(far, "accuracy", max_drop=1.0)["round"] == 0  # 0.6 points lower: not a tie
