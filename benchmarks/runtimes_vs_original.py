@@ -65,7 +65,11 @@ def calibration_images(run: RunInfo, calibration: str | None) -> tuple[torch.Ten
     ctx = run.context
     spec = ops.EvalSpec(
         dataset=calibration or run.dataset,
-        samples=int(ctx.get("eval_samples", 500)),
+        samples=int(ctx.get("eval_samples", 500))
+        or ops.auto_eval_samples(
+            run.report.profile.get("total_macs"),
+            other_parts=bool(ctx.get("holdout_samples") or ctx.get("finetune_samples")),
+        ),
         calibration_samples=int(ctx.get("calibration_samples", 256)),
         holdout_samples=int(ctx.get("holdout_samples", 0)),
         seed=int(ctx.get("seed", 0)),

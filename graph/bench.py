@@ -120,7 +120,12 @@ class _ModelBench:
         self.shape = InputShape.model_validate(report.model["input_shape"])
         # the agent run's own settings: its evaluation images, calibration images, importance and recovery
         self.run_ctx = Context.from_dict({**_OLD_RUN_SETTINGS, **report.settings}) if report.settings else self.ctx
-        data = {"dataset": self.dataset, "dataset_split": self.split, "label_match": report.dataset["label_match"]}
+        data = {
+            "dataset": self.dataset,
+            "dataset_split": self.split,
+            "label_match": report.dataset["label_match"],
+            "profile_summary": report.profile,  # its MACs decide an automatic evaluation size
+        }
         self.eval_spec = eval_spec(data, self.run_ctx).model_copy(
             update={"batch_size": self.ctx.batch_size, "device": self.ctx.device, "progress": self.ctx.progress}
         )
@@ -377,7 +382,8 @@ def run_bench(
         parts[spec] = bench.data_parts
     result = {
         "dataset": dataset,
-        "eval_samples": ctx.eval_samples,
+        # --eval-samples 0: each run's automatic size (data_parts has every model's)
+        "eval_samples": ctx.eval_samples or max((p.get("evaluation", 0) for p in parts.values()), default=0),
         "calibration_samples": ctx.calibration_samples,
         "importance": ctx.importance,
         "recovery": ctx.recovery,
