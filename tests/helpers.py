@@ -16,15 +16,16 @@ DIGIT_LABELS = {
 }
 
 
-def tiny_vit(num_labels: int = 10) -> nn.Module:
+def tiny_vit(num_labels: int = 10, *, hidden_size: int = 32, layers: int = 2) -> nn.Module:
+    """A 16x16 ViT with 4 heads (of ``hidden_size / 4`` dimensions each)."""
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
     config = ViTConfig(
         image_size=16,
         patch_size=4,
-        hidden_size=32,
-        num_hidden_layers=2,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=64,
         num_labels=num_labels,

@@ -13,9 +13,9 @@ import copy
 import pytest
 import torch
 from torch import nn
-from transformers import ViTConfig, ViTForImageClassification
 
 from graph.context import Context
+from tests.helpers import tiny_vit
 from tests.unit.test_head_masking import _deit, _dinov2, _images, _logits, _swin, _vit
 from tools.compression.heads import attention_modules
 from tools.compression.pruning import apply_pruning, prunable_layers
@@ -106,17 +106,7 @@ def test_at_least_one_dimension_per_head_is_kept() -> None:
 
 
 def test_narrowed_widths_are_rounded_to_a_multiple_of_head_round_to() -> None:
-    wide = ViTForImageClassification(
-        ViTConfig(
-            image_size=16,
-            patch_size=4,
-            hidden_size=96,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            intermediate_size=64,
-            num_labels=10,
-        )
-    ).eval()  # heads of 24 dimensions
+    wide = tiny_vit(hidden_size=96, layers=1)  # heads of 24 dimensions
     assert Context().pruning_config().head_round_to == 8  # a run's default: the widths int8 kernels run fastest
     for ratio, width in ((0.3, 16), (0.4, 16), (0.6, 8), (0.9, 8)):
         assert _narrow(wide, ratio, head_round_to=8).vit.layers[0].attention.head_dim == width
