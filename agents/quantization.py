@@ -85,10 +85,13 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         headroom_source=Path(headroom["metrics"]["artifact"]) if headroom else None,
     )
     changes: dict[str, Any] = {}
+    headroom_notes: list[str] = []
     if choice.source and headroom:  # a round with more accuracy headroom deploys faster: it is the pruned model
         changes["pruned"] = {**pruned_entry(headroom), "selected_round": (pruned or {}).get("round")}
         source = Path(choice.source)
-        holdout = evaluate_holdout(data, ctx, changes["pruned"]) if ctx.holdout_samples > 0 else []
+        headroom_notes = _headroom_note(changes["pruned"])
+        if ctx.holdout_samples > 0:
+            headroom_notes += evaluate_holdout(data, ctx, changes["pruned"])
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
     described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}
@@ -129,7 +132,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "deployment": choice.model_dump(),
         "notes": [
             f"deployment: {choice.why}",
-            *([*_headroom_note(changes["pruned"]), *holdout] if changes else []),
+            *headroom_notes,
             *(f"deployment: {b['rebuilt']}: rebuilt" for b in built if b["rebuilt"]),
             # fallbacks the backend took (e.g. nothing selected for int8, a preprocessing step that failed)
             *(f"deployment ({choice.chosen}): {note}" for note in (built[0].get("notes") or [] if built else [])),
