@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from tools import ops
+from tools.compression.quantization import BackendNotApplicable
 from tools.compression.recipes import QuantizationConfig
 from tools.deploy.choice import FLOAT, RUNTIMES, DeployCandidate, DeployChoice, available_backends, choose
 from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
@@ -109,7 +110,8 @@ def _measure(
             }
         )
     except Exception as exc:  # one runtime that cannot take this model must not cost the others
-        logger.warning("deploy candidate %s failed: %s", backend, first_line(exc))
+        level = logging.INFO if isinstance(exc, BackendNotApplicable) else logging.WARNING
+        logger.log(level, "deploy candidate %s failed: %s", backend, first_line(exc))
         candidate.error = first_line(exc)[:300]
         return candidate
 

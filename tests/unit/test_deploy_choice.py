@@ -143,3 +143,32 @@ def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_
     assert _headroom_round(state, tmp_path / "round-02" / "model")["round"] == 1  # type: ignore[index]
     assert _headroom_round(state, tmp_path / "round-01" / "model") is None  # it is the roomiest itself
     assert _headroom_round({"rounds": rounds[:1]}, tmp_path / "round-00" / "model") is None  # type: ignore[typeddict-item]
+
+
+def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Path, caplog: Any) -> None:
+    """Fused attention on a CNN: the row says why it could not run; the log has no WARNING for it."""
+    import logging
+
+    from tests.helpers import save_tiny, tiny_resnet
+    from tools import ops
+    from tools.deployment import deploy
+
+    original = tmp_path / "run" / "models" / "original"
+    ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
+    with caplog.at_level(logging.INFO, logger="tools.deployment"):
+        choice = deploy(
+            original,
+            original,
+            [],
+            tmp_path / "run" / "models" / "deploy",
+            ops.resolve_input_shape(original),
+            ops.EvalSpec(dataset=None, samples=10, progress=False),
+            backends=[FLOAT, "onnxruntime-fused"],
+            within_budget=lambda drop, paired: True,
+            baseline_accuracy=None,
+            repeats=3,
+        )
+    fused = next(c for c in choice.candidates if c.backend == "onnxruntime-fused")
+    assert fused.error and "no attention module that can be fused" in fused.error
+    records = [r for r in caplog.records if "onnxruntime-fused" in r.getMessage()]
+    assert records and all(r.levelno == logging.INFO for r in records)

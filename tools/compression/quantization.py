@@ -41,6 +41,10 @@ class QuantizationError(ValueError):
     """A quantization request that cannot be carried out."""
 
 
+class BackendNotApplicable(QuantizationError):
+    """The backend does not apply to this kind of model (fused attention for a CNN): not a failure."""
+
+
 class QuantReport(BaseModel):
     backend: str
     layers: dict[str, QuantDType] = Field(default_factory=dict, description="module name -> dtype")
@@ -287,10 +291,12 @@ class OnnxRuntimeDynamicBackend:
         target = out_dir / self.deployed_file
         exported, op_types, notes = float_model, graphs.QUANTIZED_OP_TYPES, list(report.notes)
         if self.fuse:
-            from tools.deploy.fusion import AttentionFusionError, fuse_attention
+            from tools.deploy.fusion import AttentionFusionError, NothingToFuse, fuse_attention
 
             try:
                 exported, count = fuse_attention(float_model, example_input[:1])
+            except NothingToFuse as exc:
+                raise BackendNotApplicable(str(exc)) from exc
             except AttentionFusionError as exc:
                 raise QuantizationError(str(exc)) from exc
             op_types = (*op_types, *graphs.CONTRIB_OP_TYPES)

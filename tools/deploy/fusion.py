@@ -25,7 +25,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FUSABLE", "AttentionFusionError", "PackedAttention", "fuse_attention"]
+__all__ = ["FUSABLE", "AttentionFusionError", "NothingToFuse", "PackedAttention", "fuse_attention"]
 
 #: Attention classes whose forward is softmax(Q K^T / sqrt(head_dim) [+ relative position bias + shifted-window
 #: mask, Swin]) V over q_proj/k_proj/v_proj, then o_proj.
@@ -34,6 +34,10 @@ FUSABLE: frozenset[str] = frozenset({"ViTAttention", "DeiTAttention", "Dinov2Att
 
 class AttentionFusionError(RuntimeError):
     """The model has no attention this module can fuse, or the fused copy does not compute the same outputs."""
+
+
+class NothingToFuse(AttentionFusionError):
+    """The model has no attention module this fusion knows (a CNN): the fused backend does not apply."""
 
 
 class _PackedAttentionFunction(torch.autograd.Function):
@@ -206,7 +210,7 @@ def fuse_attention(model: nn.Module, example_input: torch.Tensor, *, atol: float
                 setattr(parent, name, PackedAttention(child))
                 count += 1
     if count == 0:
-        raise AttentionFusionError(
+        raise NothingToFuse(
             f"{type(model).__name__} has no attention module that can be fused (fusable: {', '.join(sorted(FUSABLE))})"
         )
     x = example_input.detach().cpu().float()
