@@ -11,11 +11,12 @@ from langgraph.runtime import Runtime
 from agents.analysis import new_notes, planner_for, planning_context
 from agents.common import paths, settings, shape_of
 from agents.evaluation import eval_spec
-from agents.planning.selection import best_round
+from agents.planning.selection import best_round, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.sources import DatasetError
+from tools.schemas import PairedAccuracy
 
 
 def iterate_pruning(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -38,26 +39,49 @@ def pruned_entry(round_result: dict[str, Any]) -> dict[str, Any]:
 
 
 def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
-    """The best round within budget, chosen on the evaluation subset; with ``--holdout-samples``, the chosen
-    model (and the original) evaluated again on the holdout images, which neither calibration nor
-    selection saw (``pruned.holdout``)."""
+    """The best round within budget, chosen on the evaluation subset; with ``--holdout-samples``, confirmed on
+    the holdout images, which neither calibration nor selection saw (``pruned.holdout``): a round that fails
+    the budget test there gives way to the next by the same selection order (the original when none holds)."""
     ctx = settings(runtime)
     data: dict[str, Any] = dict(state)
-    rounds = state.get("rounds") or []
-    best = best_round(rounds, ctx.selection)
+    rounds = list(state.get("rounds") or [])
     notes: list[str] = []
-    if best is None:
-        baseline = {k: v for k, v in state["baseline"].items() if k != "data_parts"}
-        pruned = {**baseline, "round": None, "within_budget": False, "accuracy_drop_points": 0.0}
-        notes.append(
-            f"no pruned candidate stayed within the {ctx.max_accuracy_drop} point accuracy budget: "
-            "'pruned' reports the original model"
-        )
-    else:
+    while True:
+        best = best_round(rounds, ctx.selection)
+        if best is None:
+            baseline = {k: v for k, v in state["baseline"].items() if k != "data_parts"}
+            pruned = {**baseline, "round": None, "within_budget": False, "accuracy_drop_points": 0.0}
+            notes.append(
+                f"no pruned candidate stayed within the {ctx.max_accuracy_drop} point accuracy budget"
+                + (" on both the evaluation and the holdout images" if ctx.holdout_samples > 0 else "")
+                + ": 'pruned' reports the original model"
+            )
+            break
         pruned = pruned_entry(best)
-    if ctx.holdout_samples > 0 and pruned.get("artifact"):
-        notes += evaluate_holdout(data, ctx, pruned)
+        if ctx.holdout_samples <= 0:
+            break
+        notes += [note for note in evaluate_holdout(data, ctx, pruned) if note not in notes]
+        failed = _holdout_failure(pruned, ctx)
+        if failed is None:
+            break
+        notes.append(failed)
+        rounds = [r for r in rounds if r["round"] != best["round"]]
     return {"pruned": pruned, "notes": notes}
+
+
+def _holdout_failure(pruned: dict[str, Any], ctx: Context) -> str | None:
+    """Why ``pruned`` fails the budget test on the holdout images (None: it holds, or there is no holdout)."""
+    holdout = pruned.get("holdout")
+    if not holdout or holdout.get("paired") is None:
+        return None
+    if within_budget(holdout.get("accuracy_drop_points"), ctx.max_accuracy_drop, holdout["paired"]):
+        return None
+    paired = PairedAccuracy.model_validate(holdout["paired"])
+    return (
+        f"round {pruned['round']} held the budget on the evaluation images but not on the {paired.samples} "
+        f"holdout images (Δ {paired.delta_points:+.2f} [{paired.ci95_low_points:+.2f}, "
+        f"{paired.ci95_high_points:+.2f}] points): the next round by the selection order"
+    )
 
 
 def evaluate_holdout(state: dict[str, Any], ctx: Context, pruned: dict[str, Any]) -> list[str]:

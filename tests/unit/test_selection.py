@@ -208,3 +208,31 @@ def test_the_selected_round_is_reported(selection: Any, expected: int) -> None:
         "source": "rules",
     }
     assert out["notes"] == []
+
+
+def test_a_round_that_fails_the_budget_on_the_holdout_gives_way_to_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --holdout-samples the chosen round is confirmed on images selection never saw; one whose drop there
+    breaks the budget is passed over for the next by the selection order, and the notes say why."""
+    import agents.iterative as iterative
+
+    rounds = [_round(0, 0.89, 800), _round(1, 0.895, 300), _round(2, 0.80, 100, ok=False)]
+    for r in rounds:
+        r["metrics"]["artifact"] = f"/runs/round-{r['round']}"
+    holdout_drop = {1: 1.6, 0: 0.4}  # round 1 (most accurate) loses 1.6 points on the holdout
+
+    def fake_holdout(state: Any, ctx: Any, pruned: dict[str, Any]) -> list[str]:
+        drop = holdout_drop[pruned["round"]]
+        pruned["holdout"] = {"accuracy_drop_points": drop, "paired": {**_paired(-drop, 0.2), "samples": 500}}
+        return []
+
+    monkeypatch.setattr(iterative, "evaluate_holdout", fake_holdout)
+    ctx = Context(holdout_samples=500, max_accuracy_drop=1.0)
+    out = select_best_model(_state(rounds), Runtime(context=ctx))  # type: ignore[arg-type]
+    assert out["pruned"]["round"] == 0 and out["pruned"]["holdout"]["accuracy_drop_points"] == 0.4
+    (note,) = out["notes"]
+    assert note.startswith("round 1 held the budget on the evaluation images but not on the 500 holdout images")
+    holdout_drop[0] = 1.5  # neither holds: the original
+    out = select_best_model(_state(rounds), Runtime(context=ctx))  # type: ignore[arg-type]
+    assert out["pruned"]["round"] is None and "on both the evaluation and the holdout images" in out["notes"][-1]
+    without = select_best_model(_state(rounds), Runtime(context=Context(max_accuracy_drop=1.0)))  # type: ignore[arg-type]
+    assert without["pruned"]["round"] == 1  # no holdout: the evaluation subset alone decides
