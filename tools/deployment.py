@@ -95,8 +95,7 @@ def _measure(
             artifact = artifact_dir
             config = QuantizationConfig(backend=backend)
             ops.quantize(source_dir, original_dir, recommendations, artifact, config, shape=shape, calibration=images)
-        label = f"deploy {backend}" + (f" ({Path(source).parent.name})" if source else "")
-        metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=label)
+        metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = _drop(baseline_accuracy, metrics.accuracy)
         return candidate.model_copy(
             update={
