@@ -30,8 +30,8 @@ def _ask_llm(run: RunPaths, ctx: Context) -> tuple[InputShape | None, str]:
     """The LLM's shape if it is plausible and runs the model, else None and why not."""
     from agents.planning.llm_planner import JsonlExchangeLog, resolve_input_shape_with_llm, shape_metadata
     from agents.planning.llm_settings import llm_settings
+    from tools.artifacts.io import load_original
     from tools.llm.client import make_chat_model
-    from tools.store.artifacts import load_original
 
     llm = llm_settings(ctx)
     loaded = load_original(run.original)

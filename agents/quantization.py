@@ -21,9 +21,9 @@ from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.compression.recipes import QuantizationConfig
-from tools.deploy.choice import FLOAT, is_chosen
-from tools.deploy.speedup import fp32_backend_of
+from tools.deploy.choice import is_chosen
+from tools.deploy.config import QuantizationConfig
+from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import calibration_images, candidate_backends, deploy
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 from tools.store.files import StagingDir
@@ -116,7 +116,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             )
             quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original), **described}
     # the original in the deployed runtime at FP32: the reference that separates the runtime's gain from int8's
-    fp32_backend = fp32_backend_of(choice.chosen)
+    fp32_backend = float_reference_of(choice.chosen)
     runtime_fp32_original = {"artifact": str(run.original), "backend": fp32_backend}
     if fp32_backend != FLOAT and fp32_backend != choice.chosen:
         config = QuantizationConfig(backend=fp32_backend)

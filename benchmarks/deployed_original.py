@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from tools import load_compressed, ops
-from tools.compression.recipes import QuantizationConfig
-from tools.deploy.onnxruntime import OrtModel
+from tools.artifacts.io import deployed_files
+from tools.deploy.config import QuantizationConfig
+from tools.deploy.onnxruntime.session import OrtModel
 from tools.evaluation.cost import compare_latencies, file_size_mb
 from tools.models.base import example_input
 from tools.schemas import InputShape, QuantizationRecommendation
-from tools.store.artifacts import deployed_files
 
 ALL_LAYERS = [QuantizationRecommendation(layer="all", dtype="qint8")]
 

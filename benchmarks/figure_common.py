@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from tools import load_compressed, ops
+from tools.artifacts.io import load_original
 from tools.evaluation.datasets import EvalDataset, load_eval_dataset
 from tools.evaluation.labels import LabelMatch, match_labels
 from tools.evaluation.paired import paired_accuracy, predict_part
 from tools.schemas import InputShape, PairedAccuracy, RunReport
-from tools.store.artifacts import load_original
 
 __all__ = [
     "REPO",

@@ -28,10 +28,10 @@ import torch
 from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_line, pct, points, read_run
 
 from tools import deployment, load_compressed, ops
-from tools.compression.recipes import QuantizationConfig
-from tools.deploy.choice import FLOAT, RUNTIMES
-from tools.deploy.onnxruntime import OrtModel
-from tools.deploy.speedup import SpeedupFactors, fp32_backend_of
+from tools.deploy.config import QuantizationConfig
+from tools.deploy.onnxruntime.session import OrtModel
+from tools.deploy.registry import FLOAT, float_reference_of, runtime_and_precision
+from tools.deploy.speedup import SpeedupFactors
 from tools.evaluation.cost import compare_latencies
 from tools.models.base import example_input
 from tools.schemas import QuantizationRecommendation
@@ -54,7 +54,7 @@ class Timed:
 
     @property
     def runtime(self) -> str:
-        runtime, precision = RUNTIMES.get(self.backend, ("pytorch", "?"))
+        runtime, precision = runtime_and_precision(self.backend)
         return f"{runtime} {precision}"
 
 
@@ -118,7 +118,7 @@ def models_of(run: RunInfo, out: Path, images: torch.Tensor) -> tuple[list[Timed
         Timed(deployed_label(deployed_backend), deployed, deployed_backend),
     ]
     wanted: list[tuple[str, str, list[QuantizationRecommendation]]] = [
-        (RUNTIME_FP32, fp32_backend_of(deployed_backend), ALL_LAYERS),
+        (RUNTIME_FP32, float_reference_of(deployed_backend), ALL_LAYERS),
         (RUNTIME_ORIGINAL, deployed_backend, plan_recommendations(run)),
         *((label, backend, ALL_LAYERS) for backend, label in BASELINES.items()),
     ]
@@ -166,7 +166,7 @@ def compare_run(
     key = {m.label: str(m.artifact.resolve()) for m in models}
     loaded = {path: load_compressed(Path(path)) for path in dict.fromkeys(key.values())}
     # ONNX Runtime's int8 of the original runs as a user gets it: one session with the dynamic batch (the tool's
-    # own ONNX Runtime artifacts fix the batch per session, see tools.deploy.onnxruntime.OrtModel)
+    # own ONNX Runtime artifacts fix the batch per session, see tools.deploy.onnxruntime.session.OrtModel)
     for m in models:
         if m.label == BASELINES["onnxruntime"]:
             loaded[key[m.label]] = OrtModel(m.artifact / "model.onnx", threads=torch.get_num_threads())

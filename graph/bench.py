@@ -34,11 +34,12 @@ from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.runner import RunError, UpdateHook, finished_report, resume_run, start_run
 from tools import ops
+from tools.artifacts.hashes import recipe_hash, stored_recipe_hash
+from tools.artifacts.io import load_compressed, load_original
 from tools.compression.baselines import matched_ratio, uniform_plan
 from tools.compression.recipes import PruningConfig, RecoveryConfig
-from tools.deploy.choice import FLOAT, RUNTIMES
+from tools.deploy.registry import FLOAT, runtime_and_precision
 from tools.schemas import InputShape, Metrics, PairedAccuracy, QuantizationRecommendation, RunReport
-from tools.store.artifacts import load_compressed, load_original, recipe_hash, stored_recipe_hash
 from tools.store.files import atomic_write_json, read_json
 from tools.store.run_paths import RunPaths
 from tools.text import slug
@@ -151,8 +152,8 @@ class _ModelBench:
 
     def _static_baselines(self, params: int) -> list[BenchRow]:
         """OpenVINO int8 (NNCF) and ONNX Runtime static int8 of the original, calibrated on the run's images."""
-        from tools.compression.recipes import QuantizationConfig
-        from tools.deployment import runtime_available
+        from tools.deploy.config import QuantizationConfig
+        from tools.deploy.registry import available
 
         calibration = ops.calibration_batch(self.original, self.shape, self.eval_spec)
         if calibration is None:
@@ -160,7 +161,7 @@ class _ModelBench:
         recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, all layers")]
         rows = []
         for backend in ("openvino", "openvino-int8", "onnxruntime-static"):  # OpenVINO FP32: int8's reference
-            if not runtime_available(backend):
+            if not available(backend):
                 continue
             out = self.run_dir / "baselines" / f"{backend}-original"
             config = QuantizationConfig(backend=backend)
@@ -168,7 +169,7 @@ class _ModelBench:
                 self.original, self.original, recs, out, config, shape=self.shape, calibration=calibration.images
             )
             metrics = ops.evaluate(out, self.original, self.shape, self.eval_spec, desc=f"{backend} of the original")
-            runtime, precision = RUNTIMES[backend]
+            runtime, precision = runtime_and_precision(backend)
             rows.append(
                 BenchRow(
                     model=self.spec,
@@ -218,7 +219,7 @@ class _ModelBench:
     def _pruning_baselines(self, ratios: list[float], agent_params: int) -> list[BenchRow]:
         """Uniform pruning at each ratio and at the agent's size: per criterion, without and with recovery."""
         prunable = ops.prunable(self.original, self.shape, self.run_dir / "profile")
-        matched = matched_ratio(self.original, self.shape, prunable, agent_params)
+        matched = matched_ratio(lambda: load_original(self.original).model, self.shape, prunable, agent_params)
         calibration = ops.calibration_batch(self.original, self.shape, self.eval_spec)
         criteria = list(CRITERIA)
         if self.run_ctx.importance not in criteria and calibration is not None:
@@ -273,7 +274,7 @@ class _ModelBench:
 
     def _onnxruntime(self, params: int) -> list[BenchRow]:
         """ONNX Runtime's dynamic int8 of the original (the paper's baseline) and the FP32 export it came from."""
-        from tools.deploy.onnxruntime import onnx_baseline
+        from tools.deploy.onnxruntime.session import onnx_baseline
 
         model = load_original(self.original).model
         base = onnx_baseline(
@@ -282,7 +283,7 @@ class _ModelBench:
             self.run_dir / "onnxruntime",
             threads=self.ctx.threads or torch.get_num_threads(),
         )
-        rows, dynamic = [], RUNTIMES["onnxruntime"][1]
+        rows, dynamic = [], runtime_and_precision("onnxruntime")[1]
         for method, path, size, session, precision in (
             ("onnxruntime-fp32", base.fp32_path, base.fp32_size_mb, base.fp32_model, "fp32"),
             ("onnxruntime-quant", base.quantized_path, base.quantized_size_mb, base.quantized_model, dynamic),
@@ -303,7 +304,7 @@ class _ModelBench:
         return rows
 
     def _interleaved_latency(self, rows: list[BenchRow]) -> list[BenchRow]:
-        from tools.deploy.onnxruntime import OrtModel
+        from tools.deploy.onnxruntime.session import OrtModel
         from tools.evaluation.cost import compare_latencies
 
         models: dict[str, Callable[[torch.Tensor], Any]] = {}
@@ -323,7 +324,7 @@ class _ModelBench:
 def _runtime_of(entry: Metrics | None) -> dict[str, str]:
     """The runtime and precision a run's model entry was deployed with (PyTorch FP32 when it says nothing)."""
     extra = (entry.model_extra or {}) if entry is not None else {}
-    runtime, precision = RUNTIMES.get(str(extra.get("backend") or FLOAT), RUNTIMES[FLOAT])
+    runtime, precision = runtime_and_precision(str(extra.get("backend") or FLOAT), runtime_and_precision(FLOAT))
     return {"runtime": str(extra.get("runtime") or runtime), "precision": str(extra.get("precision") or precision)}
 
 

@@ -160,7 +160,7 @@ def _recovery_names() -> list[str]:
 
 
 def _quant_backends() -> list[str]:
-    from tools.compression.quantization import DEPLOY_CHOICES
+    from tools.deploy.registry import DEPLOY_CHOICES
 
     return list(DEPLOY_CHOICES)
 

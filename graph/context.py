@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
-    from tools.compression.recipes import PruningConfig, QuantizationConfig, RecoveryConfig
+    from tools.compression.recipes import PruningConfig, RecoveryConfig
+    from tools.deploy.config import QuantizationConfig
 
 Selection = Literal["accuracy", "smallest-within-budget"]
 
@@ -199,7 +200,7 @@ class Context:
 
     def quantization_config(self) -> QuantizationConfig:
         """How this run quantizes (the backend; per-layer dtypes are the plan's)."""
-        from tools.compression.recipes import QuantizationConfig
+        from tools.deploy.config import QuantizationConfig
 
         return QuantizationConfig(backend=self.quant_backend)
 
@@ -208,7 +209,7 @@ class Context:
         from pydantic import ValidationError
 
         from tools.compression.importance import IMPORTANCE
-        from tools.compression.quantization import DEPLOY_CHOICES
+        from tools.deploy.registry import DEPLOY_CHOICES
 
         messages = {
             "importance": f"--importance must be one of {', '.join(IMPORTANCE)}",

@@ -2,7 +2,8 @@
 
 ``graph/`` imports ``agents/``, ``agents/`` imports ``tools/``, never back; the graph's shared vocabulary
 (``graph/state.py``, ``graph/context.py``) is the one part of ``graph/`` that nodes may import, and it
-imports no node. Nothing in ``tools/`` knows about LangGraph.
+imports no node. Nothing in ``tools/`` knows about LangGraph. Inside ``tools/`` the packages stand in layers
+(:data:`TOOLS_LAYERS`), and every import goes to the same layer or a lower one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,29 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("graph", "agents", "tools")
 VOCABULARY = {"graph.state", "graph.context"}
 MAX_LINES = 600
+#: The packages (and loose modules) of ``tools/``, from the bottom up: a module imports only its own layer or
+#: lower ones. ``tools`` itself (the package's ``__init__``, which resolves ``load_compressed`` lazily) is the top.
+TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(layer)
+    for layer in (
+        {"tools.text", "tools.schemas"},
+        {"tools.store"},
+        {"tools.llm"},
+        {"tools.models"},
+        {"tools.profiling"},
+        {"tools.compression"},
+        {"tools.deploy"},
+        {"tools.artifacts"},
+        {"tools.evaluation"},
+        {"tools.reporting"},
+        {"tools.run_data"},
+        {"tools.ops"},
+        {"tools.deployment", "tools.predict"},
+        {"tools"},
+    )
+)
+#: Packages of ``tools/`` that stand apart: they import nothing of the project.
+TOOLS_APART = frozenset({"tools.zoo"})
 
 
 def _module_name(path: Path) -> str:
@@ -49,6 +73,27 @@ def _project_imports(path: Path) -> set[str]:
     return {name for name in _imports(path) if name in MODULES}
 
 
+def _imported_modules(path: Path) -> set[str]:
+    """The project modules ``path`` takes names from: ``from tools import ops`` imports ``tools.ops``, not the
+    package ``tools`` (whose ``__init__`` every ``tools.*`` import runs); ``from tools import load_compressed``
+    imports ``tools``. Top level, functions and TYPE_CHECKING alike, as :func:`_imports`."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                names.add(submodule if submodule in MODULES else node.module)
+    return {name for name in names if name in MODULES}
+
+
+def _tools_unit(module: str) -> str:
+    """The package or loose module of ``tools/`` that ``module`` belongs to (``tools.deploy.registry``:
+    ``tools.deploy``; ``tools.ops``: itself; ``tools``: the package's ``__init__``)."""
+    return ".".join(module.split(".")[:2])
+
+
 def test_tools_never_import_the_graph_the_agents_or_langgraph() -> None:
     offenders = {
         name: sorted(i for i in _imports(path) if i.split(".")[0] in {"graph", "agents", "langgraph"})
@@ -56,6 +101,36 @@ def test_tools_never_import_the_graph_the_agents_or_langgraph() -> None:
         if name.startswith("tools")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_tools_layers_name_every_package_of_tools_once() -> None:
+    units = {_tools_unit(name) for name in MODULES if name.split(".")[0] == "tools"}
+    layered = [unit for layer in TOOLS_LAYERS for unit in layer]
+    assert len(layered) == len(set(layered)) and not set(layered) & TOOLS_APART
+    assert units == set(layered) | TOOLS_APART
+
+
+def test_tools_packages_import_only_their_own_layer_or_lower_ones() -> None:
+    """Package direction, not only file cycles: no import of ``tools/`` runs back up a layer."""
+    level = {unit: i for i, layer in enumerate(TOOLS_LAYERS) for unit in layer}
+    upward = {
+        f"{name} -> {target}"
+        for name, path in MODULES.items()
+        if _tools_unit(name) in level
+        for target in _imported_modules(path)
+        if target.startswith("tools") and level.get(_tools_unit(target), -1) > level[_tools_unit(name)]
+    }
+    assert not upward, "imports that run back up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_packages_apart_import_nothing_of_the_project() -> None:
+    offenders = {
+        name: sorted(_imported_modules(path) - {name})
+        for name, path in MODULES.items()
+        if _tools_unit(name) in TOOLS_APART
+        if _imported_modules(path) - {name}
+    }
+    assert offenders == {}
 
 
 def test_agents_import_only_the_graphs_vocabulary() -> None:

@@ -16,10 +16,12 @@ from graph.bench import _cached_run_dir
 from graph.runner import checkpointed_graph, resume_run, start_run
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
+from tools.artifacts.hashes import prune_recipe_hash, recipe_hash, stored_recipe_hash
+from tools.artifacts.io import load_module
 from tools.compression.distill import DistillConfig
-from tools.compression.recipes import PruningConfig, QuantizationConfig, RecoveryConfig
+from tools.compression.recipes import PruningConfig, RecoveryConfig
+from tools.deploy.config import QuantizationConfig
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
-from tools.store.artifacts import load_module, prune_recipe_hash, recipe_hash, stored_recipe_hash
 from tools.store.files import atomic_write_json, read_json
 
 FC1 = r"^vit\.layers\.\d+\.mlp\.fc1$"

@@ -10,7 +10,6 @@ table with its one-line error; nothing else is lost.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -18,22 +17,16 @@ from pathlib import Path
 import torch
 
 from tools import ops
-from tools.compression.quantization import BackendNotApplicable
-from tools.compression.recipes import QuantizationConfig
-from tools.deploy.choice import FLOAT, RUNTIMES, DeployCandidate, DeployChoice, available_backends, choose
+from tools.deploy.base import BackendNotApplicable
+from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
+from tools.deploy.config import QuantizationConfig
+from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
 from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["calibration_images", "candidate_backends", "deploy", "runtime_available"]
-
-#: Python modules each runtime needs.
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "pytorch": (),
-    "onnxruntime": ("onnx", "onnxruntime"),
-    "openvino": ("openvino",),
-}
+__all__ = ["calibration_images", "candidate_backends", "deploy"]
 
 BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
 
@@ -41,19 +34,11 @@ BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
 SYNTHETIC_SAMPLES = 32
 
 
-def runtime_available(backend: str) -> bool:
-    runtime = RUNTIMES.get(backend, ("pytorch", ""))[0]
-    needs = _NEEDS.get(runtime, ()) + (("nncf",) if backend == "openvino-int8" else ())
-    return all(importlib.util.find_spec(module) is not None for module in needs)
-
-
 def candidate_backends(choice: str) -> list[str]:
     """The backends ``--deploy choice`` measures: all available for ``auto``, else ``torch`` and that one."""
-    from tools.compression.quantization import QUANTIZATION_BACKENDS
-
-    if choice != "auto":
+    if choice != AUTO:
         return [FLOAT] if choice == FLOAT else [FLOAT, choice]
-    return available_backends(list(QUANTIZATION_BACKENDS), runtime_available)
+    return available_backends(list(BACKENDS), available)
 
 
 def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
@@ -87,7 +72,7 @@ def _measure(
     source: str | None = None,
 ) -> DeployCandidate:
     """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it."""
-    runtime, precision = RUNTIMES.get(backend, ("?", "?"))
+    runtime, precision = runtime_and_precision(backend, unknown=("?", "?"))
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
     try:
         artifact = source_dir

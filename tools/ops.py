@@ -2,8 +2,7 @@
 
 Each operation loads what it needs from artifacts on disk, does one job with the torch tools, writes
 its result atomically, and returns a pydantic record. They are idempotent: an operation whose output
-artifact is already complete returns the existing result instead of recomputing it. The same
-functions are exposed as LangChain tools in :mod:`tools.lc_tools`.
+artifact is already complete returns the existing result instead of recomputing it.
 """
 
 from __future__ import annotations
@@ -17,7 +16,19 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from tools.compression.recipes import PruningConfig, QuantizationConfig, RecoveryConfig
+from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, stale_reason
+from tools.artifacts.io import (
+    deployed_files,
+    is_complete,
+    load_compressed,
+    load_module,
+    load_original,
+    save_compressed,
+    save_original,
+    save_quantized,
+)
+from tools.compression.recipes import PruningConfig, RecoveryConfig
+from tools.deploy.config import QuantizationConfig
 from tools.models.base import (
     example_input,
     logits_of,
@@ -44,19 +55,6 @@ from tools.schemas import (
     OptimizationPlan,
     QuantizationRecommendation,
     SensitivityProfile,
-)
-from tools.store.artifacts import (
-    deployed_files,
-    is_complete,
-    load_compressed,
-    load_module,
-    load_original,
-    prune_recipe_hash,
-    quantize_recipe_hash,
-    save_compressed,
-    save_original,
-    save_quantized,
-    stale_reason,
 )
 from tools.store.files import atomic_write_json, read_json
 
@@ -265,7 +263,7 @@ def prune(
     report adds ``recovery`` and ``finetune`` (what each did, with its seconds).
 
     A complete artifact in ``out_dir`` is reused only if it was built from the same recipe
-    (``tools.store.artifacts.prune_recipe_hash``); otherwise it is rebuilt, and the report's ``rebuilt``
+    (``tools.artifacts.hashes.prune_recipe_hash``); otherwise it is rebuilt, and the report's ``rebuilt``
     says why (None when nothing stale was replaced).
     """
     from tools.compression.pruning import apply_pruning
@@ -337,24 +335,17 @@ def quantize(
 ) -> dict[str, Any]:
     """Quantize the model at ``source_dir`` (original or pruned) with one backend; save it as deployed.
 
-    ``config.backend`` (default ``QuantizationConfig()``): a name of
-    :data:`tools.compression.quantization.QUANTIZATION_BACKENDS`, or ``auto`` (ONNX Runtime where it is
-    installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape``
-    is the input the model is exported with by backends that export it (default: resolved from the
-    original). ``calibration``: preprocessed images, for the backends that quantize activations statically.
+    ``config.backend`` (default ``QuantizationConfig()``): a name of :data:`tools.deploy.registry.BACKENDS`, or
+    ``auto`` (one backend, :func:`~tools.deploy.registry.default_quantize_backend`: ONNX Runtime where it is
+    installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape`` is the input the model
+    is exported with by backends that export it (default: resolved from the original). ``calibration``:
+    preprocessed images, for the backends that quantize activations statically.
     Returns the quantization report as saved, plus ``rebuilt``: why a complete artifact in ``out_dir`` built from
-    another recipe (``tools.store.artifacts.quantize_recipe_hash``) was replaced (None when nothing stale was).
+    another recipe (``tools.artifacts.hashes.quantize_recipe_hash``) was replaced (None when nothing stale was).
     """
-    from tools.compression.quantization import (
-        AUTO,
-        DEFAULT_BACKEND,
-        ModuleBackend,
-        QuantizationError,
-        QuantReport,
-        get_backend,
-        plan_quantization,
-    )
-    from tools.deploy.onnxruntime import OnnxRuntimeError
+    from tools.deploy.base import ModuleBackend, QuantizationError, QuantReport
+    from tools.deploy.onnxruntime.export import OnnxRuntimeError
+    from tools.deploy.registry import AUTO, DEFAULT_BACKEND, get_backend, plan_quantization
 
     backend = (config or QuantizationConfig()).backend
     key = quantize_recipe_hash(source_dir, recommendations, backend, shape, calibration)

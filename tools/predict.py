@@ -1,7 +1,7 @@
 """Top-k labels for image files from any saved artifact, run by its own runtime (``profiling-agent predict``).
 
 The artifact (original, pruned, or deployed through PyTorch, ONNX Runtime or OpenVINO) is loaded with
-:func:`tools.store.artifacts.load_compressed`; the images are preprocessed as the run's original model
+:func:`tools.artifacts.io.load_compressed`; the images are preprocessed as the run's original model
 expects them, and the labels are the original's.
 """
 
@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 from pydantic import BaseModel
 
+from tools.artifacts.io import load_compressed, load_original
 from tools.evaluation.datasets import to_pil
 from tools.models.base import logits_of
-from tools.store.artifacts import load_compressed, load_original
 from tools.store.files import read_json
 
 __all__ = ["Prediction", "original_of", "predict"]

@@ -19,9 +19,9 @@ import torch
 from PIL import Image
 from pydantic import BaseModel, Field
 
+from tools.artifacts.io import load_original
 from tools.models.base import build_preprocess
 from tools.schemas import InputShape
-from tools.store.artifacts import load_original
 
 __all__ = [
     "AUTO_EVAL_SAMPLES",

@@ -7,17 +7,11 @@ import pytest
 import torch
 
 from tests.helpers import save_tiny, tiny_resnet, tiny_vit
+from tools.artifacts.io import is_complete, load_compressed, load_original, save_compressed, save_original
 from tools.compression.pruning import apply_pruning
-from tools.compression.quantization import quantize
+from tools.deploy.registry import quantize
 from tools.models.sources import acquire_model
 from tools.schemas import PruningRecommendation, QuantizationRecommendation
-from tools.store.artifacts import (
-    is_complete,
-    load_compressed,
-    load_original,
-    save_compressed,
-    save_original,
-)
 from tools.store.files import atomic_write_json
 
 

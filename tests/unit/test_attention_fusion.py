@@ -12,12 +12,12 @@ import torch
 from tests.helpers import save_tiny, tiny_vit
 from tests.unit.test_pruning import ResidualCNN
 from tools import ops
-from tools.compression.quantization import QuantizationError
-from tools.compression.recipes import QuantizationConfig
-from tools.deploy.fusion import AttentionFusionError, PackedAttention, fuse_attention
+from tools.artifacts.io import load_compressed, save_original
+from tools.deploy.base import QuantizationError
+from tools.deploy.config import QuantizationConfig
+from tools.deploy.onnxruntime.fusion import AttentionFusionError, PackedAttention, fuse_attention
 from tools.models.sources import acquire_model
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
-from tools.store.artifacts import load_compressed, save_original
 
 SHAPE = InputShape(channels=3, height=16, width=16)
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
@@ -67,7 +67,7 @@ def test_pruned_heads_deploy_as_qattention_and_reproduce_the_int8_outputs(tmp_pa
 
 
 def test_the_fused_backend_on_a_cnn_is_a_clear_error(tmp_path: Path) -> None:
-    from tools.compression.quantization import get_backend, plan_quantization
+    from tools.deploy.registry import get_backend, plan_quantization
 
     cnn = ResidualCNN(width=8, hidden=16).eval()
     backend = get_backend("onnxruntime-fused")
@@ -77,7 +77,8 @@ def test_the_fused_backend_on_a_cnn_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_fixed_batch_sessions_give_the_dynamic_sessions_outputs(tmp_path: Path) -> None:
-    from tools.deploy.onnxruntime import OrtModel, export_onnx
+    from tools.deploy.onnxruntime.export import export_onnx
+    from tools.deploy.onnxruntime.session import OrtModel
 
     path = export_onnx(tiny_vit().eval(), _x(1), tmp_path / "model.onnx")
     dynamic, fixed = OrtModel(path, threads=1), OrtModel(path, threads=1, fixed_batch=True)
@@ -91,7 +92,8 @@ def test_fixed_batch_sessions_give_the_dynamic_sessions_outputs(tmp_path: Path) 
 def test_swin_attention_with_shifted_windows_fuses_into_multiheadattention(tmp_path: Path) -> None:
     from transformers import SwinConfig, SwinForImageClassification
 
-    from tools.deploy.onnxruntime import OrtModel, export_onnx
+    from tools.deploy.onnxruntime.export import export_onnx
+    from tools.deploy.onnxruntime.session import OrtModel
 
     torch.manual_seed(0)
     config = SwinConfig(image_size=16, patch_size=2, embed_dim=16, depths=[2, 1], num_heads=[2, 4], window_size=4)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tools.deploy.choice import FLOAT, DeployCandidate, available_backends, choose
+from tools.deploy.choice import DeployCandidate, available_backends, choose
+from tools.deploy.registry import FLOAT
 
 
 def _c(backend: str, latency_ms: float | None, ok: bool = True, error: str | None = None) -> DeployCandidate:

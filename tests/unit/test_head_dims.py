@@ -21,7 +21,7 @@ from tools.compression.heads import attention_modules
 from tools.compression.pruning import apply_pruning, prunable_layers
 from tools.compression.recipes import PruningConfig
 from tools.compression.sensitivity import prunable_units
-from tools.deploy.fusion import fuse_attention
+from tools.deploy.onnxruntime.fusion import fuse_attention
 from tools.schemas import PruningRecommendation
 
 ATOL = 1e-4

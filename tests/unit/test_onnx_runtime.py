@@ -10,14 +10,9 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from tests.helpers import DIGIT_LABELS, tiny_vit
-from tools.deploy.onnxruntime import (
-    OnnxBaseline,
-    OnnxRuntimeError,
-    OrtModel,
-    export_onnx,
-    onnx_baseline,
-    quantize_onnx,
-)
+from tools.deploy.onnxruntime.export import OnnxRuntimeError, export_onnx
+from tools.deploy.onnxruntime.quantize import quantize_onnx
+from tools.deploy.onnxruntime.session import OnnxBaseline, OrtModel, onnx_baseline
 from tools.evaluation.accuracy import evaluate_accuracy, predict_logits
 from tools.evaluation.cost import compare_latencies
 from tools.evaluation.datasets import load_eval_dataset

@@ -14,20 +14,15 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from tests.helpers import save_tiny, tiny_resnet, tiny_vit
-from tools.compression.quantization import BACKEND_CHOICES, QuantizationError, get_backend, plan_quantization
-from tools.deploy.onnxruntime import (
-    CalibrationReader,
-    OnnxRuntimeError,
-    OrtModel,
-    export_onnx,
-    quantized_op_counts,
-    static_preset,
-    static_quantize_onnx,
-    weighted_nodes,
-)
+from tools.artifacts.io import load_compressed, save_original, save_quantized
+from tools.deploy.base import QuantizationError
+from tools.deploy.onnxruntime.export import OnnxRuntimeError, export_onnx
+from tools.deploy.onnxruntime.graph import quantized_op_counts, weighted_nodes
+from tools.deploy.onnxruntime.quantize import CalibrationReader, static_preset, static_quantize_onnx
+from tools.deploy.onnxruntime.session import OrtModel
+from tools.deploy.registry import BACKEND_CHOICES, get_backend, plan_quantization
 from tools.models.sources import acquire_model
 from tools.schemas import QuantizationRecommendation
-from tools.store.artifacts import load_compressed, save_original, save_quantized
 
 SIZE = 16
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]

@@ -15,25 +15,14 @@ pytest.importorskip("nncf")
 
 from tests.helpers import save_tiny, tiny_vit
 from tests.unit.test_pruning import ResidualCNN
-from tools.compression.quantization import QuantizationError, get_backend, plan_quantization
-from tools.deploy.openvino import (
-    OpenVinoModel,
-    convert_openvino,
-    export_openvino,
-    int8_weight_layers,
-    quantize_openvino,
-    save_openvino,
-)
+from tools.artifacts.io import deployed_file, is_complete, load_compressed, load_module, save_original, save_quantized
+from tools.deploy.base import QuantizationError
+from tools.deploy.openvino.convert import convert_openvino, export_openvino, save_openvino
+from tools.deploy.openvino.model import OpenVinoModel
+from tools.deploy.openvino.quantize import int8_weight_layers, quantize_openvino
+from tools.deploy.registry import get_backend, plan_quantization
 from tools.models.sources import acquire_model
 from tools.schemas import QuantizationRecommendation
-from tools.store.artifacts import (
-    deployed_file,
-    is_complete,
-    load_compressed,
-    load_module,
-    save_original,
-    save_quantized,
-)
 
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
 SIZE = 16

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from tests.helpers import tiny_vit
-from tools.compression.quantization import QuantizationError, get_backend, quantize, resolve_targets
+from tools.deploy.base import QuantizationError
+from tools.deploy.registry import get_backend, quantize, resolve_targets
 from tools.schemas import QuantizationRecommendation
 
 
@@ -60,7 +61,7 @@ def test_unknown_backend() -> None:
 
 
 def test_nothing_selected_is_said_in_the_report_not_only_the_log() -> None:
-    from tools.compression.quantization import plan_quantization
+    from tools.deploy.registry import plan_quantization
 
     recs = [QuantizationRecommendation(layer=r"^no_such_layer$", dtype="qint8", justification="test")]
     report = plan_quantization(tiny_vit(), recs)

@@ -17,12 +17,14 @@ from graph import Context, build_graph
 from graph.cli import _context, build_parser
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
-from tools.compression.quantization import QuantizationError, get_backend, quantize, resolve_backend_name
-from tools.compression.recipes import QuantizationConfig
-from tools.deploy.onnxruntime import OrtModel, onnx_baseline, weighted_nodes
+from tools.artifacts.io import deployed_file, is_complete, load_compressed, load_module, load_original, save_original
+from tools.deploy.base import QuantizationError
+from tools.deploy.config import QuantizationConfig
+from tools.deploy.onnxruntime.graph import weighted_nodes
+from tools.deploy.onnxruntime.session import OrtModel, onnx_baseline
+from tools.deploy.registry import get_backend, quantize, resolve_backend_name
 from tools.models.sources import acquire_model
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
-from tools.store.artifacts import deployed_file, is_complete, load_compressed, load_module, load_original, save_original
 
 SHAPE = InputShape(channels=3, height=16, width=16, source="test")
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from tools.deploy.speedup import SpeedupFactors, fp32_backend_of
+from tools.deploy.registry import float_reference_of
+from tools.deploy.speedup import SpeedupFactors
 
 
 def test_factors_telescope_to_the_total() -> None:
@@ -32,8 +33,8 @@ def test_same_artifact_steps_are_one_and_say_so() -> None:
 
 
 def test_fp32_reference_of_each_runtime() -> None:
-    assert fp32_backend_of("onnxruntime-static") == "onnxruntime-fp32"
-    assert fp32_backend_of("onnxruntime") == "onnxruntime-fp32"
-    assert fp32_backend_of("openvino-int8") == "openvino"
-    assert fp32_backend_of("torch-ao-dynamic") == "torch"
-    assert fp32_backend_of("torch") == "torch"
+    assert float_reference_of("onnxruntime-static") == "onnxruntime-fp32"
+    assert float_reference_of("onnxruntime") == "onnxruntime-fp32"
+    assert float_reference_of("openvino-int8") == "openvino"
+    assert float_reference_of("torch-ao-dynamic") == "torch"
+    assert float_reference_of("torch") == "torch"

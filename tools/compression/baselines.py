@@ -8,14 +8,15 @@ depends on the ratio only (not on the criterion, nor on recovery, which refits w
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
+
+from torch import nn
 
 from tools.compression.pruning import apply_pruning, count_params
 from tools.compression.recipes import PruningConfig
 from tools.models.base import example_input
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
-from tools.store.artifacts import load_original
 
 
 def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
@@ -27,21 +28,25 @@ def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
     return OptimizationPlan(pruning_recommendations=recs)
 
 
-def _params_at(original: Path, shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:
-    model = load_original(original).model
+def _params_at(fresh_model: Callable[[], nn.Module], shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:
+    model = fresh_model()
     # the count does not depend on which channels go: a data-free criterion, no calibration needed
     config = PruningConfig(importance="l1")
     apply_pruning(model, uniform_plan(ratio, prunable).pruning_recommendations, example_input(shape), config)
     return count_params(model)
 
 
-def matched_ratio(original: Path, shape: InputShape, prunable: dict[str, Any], target_params: int) -> float:
-    """The uniform ratio whose pruned model has (about) ``target_params`` parameters, by bisection."""
-    counts = {0.0: _params_at(original, shape, 0.0, prunable), 0.9: _params_at(original, shape, 0.9, prunable)}
+def matched_ratio(
+    fresh_model: Callable[[], nn.Module], shape: InputShape, prunable: dict[str, Any], target_params: int
+) -> float:
+    """The uniform ratio whose pruned model has (about) ``target_params`` parameters, by bisection.
+
+    ``fresh_model()`` gives a new copy of the original model at each call (each probe prunes one in place)."""
+    counts = {0.0: _params_at(fresh_model, shape, 0.0, prunable), 0.9: _params_at(fresh_model, shape, 0.9, prunable)}
     low, high = 0.0, 0.9
     for _ in range(7):
         mid = round((low + high) / 2, 4)
-        counts[mid] = _params_at(original, shape, mid, prunable)
+        counts[mid] = _params_at(fresh_model, shape, mid, prunable)
         if counts[mid] > target_params:
             low = mid
         else:

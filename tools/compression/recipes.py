@@ -1,10 +1,10 @@
 """Compression recipes as config objects, in the spirit of torchao's ``quantize_(model, config)``.
 
 A recipe says *how* to compress, independently of *what* (the plan's recommendations say which layers, by
-how much, to which dtype): :class:`PruningConfig` for :func:`tools.compression.pruning.apply_pruning` and
-``tools.ops.prune``, :class:`QuantizationConfig` for ``tools.ops.quantize``. Fields are checked against
-their registries when a config is built (``ValueError``, one line per field), so a bad name fails at the
-start of a run rather than deep inside it.
+how much): :class:`PruningConfig` for :func:`tools.compression.pruning.apply_pruning` and ``tools.ops.prune``,
+:class:`RecoveryConfig` for :func:`tools.compression.recovery.recover_`. Fields are checked against their
+registries when a config is built (``ValueError``, one line per field), so a bad name fails at the start of a
+run rather than deep inside it. The deployment recipe, ``QuantizationConfig``, is :mod:`tools.deploy.config`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tools.compression.importance import IMPORTANCE, unknown_importance
-from tools.compression.quantization import DEFAULT_BACKEND, DEPLOY_CHOICES
 from tools.compression.recovery import RecoveryConfig
 
 
@@ -59,23 +58,4 @@ class PruningConfig(BaseModel):
         return value
 
 
-class QuantizationConfig(BaseModel):
-    """How quantization recommendations are carried out (per-layer dtypes are the plan's)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    backend: str = Field(
-        default=DEFAULT_BACKEND,
-        description="A name of QUANTIZATION_BACKENDS; auto (a run deploys the fastest it measures; a single "
-        "quantize call takes ONNX Runtime where installed); torch (deploy the float model as it is).",
-    )
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str) -> str:
-        if value not in DEPLOY_CHOICES:
-            raise ValueError(f"unknown deployment backend {value!r}: choose one of {', '.join(DEPLOY_CHOICES)}")
-        return value
-
-
-__all__ = ["PruningConfig", "QuantizationConfig", "RecoveryConfig"]
+__all__ = ["PruningConfig", "RecoveryConfig"]

@@ -1,7 +1,7 @@
 """The measured deployment choice: every runtime and precision the machine has, evaluated and timed side by side.
 
-Each candidate is one backend of :data:`tools.compression.quantization.QUANTIZATION_BACKENDS` applied to the
-best pruned model (plus ``torch``: the float model as it is). All candidates are evaluated on the
+Each candidate is one backend of :data:`tools.deploy.registry.BACKENDS` applied to the best pruned model
+(plus ``torch``: the float model as it is). All candidates are evaluated on the
 evaluation images (paired with the original) and timed at batch 1 interleaved in one process, with the
 original FP32 PyTorch model in the same comparison. :func:`choose` keeps the fastest candidate within the
 accuracy budget, and never one that is not faster than the original FP32 model: then the float model is
@@ -16,24 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tools.deploy.registry import BACKENDS, FLOAT
 from tools.schemas import PairedAccuracy
 
-__all__ = ["FLOAT", "RUNTIMES", "DeployCandidate", "DeployChoice", "available_backends", "choose"]
-
-#: The float model as it is (PyTorch FP32): the fallback and the reference every candidate must beat.
-FLOAT = "torch"
-
-#: Backend name -> (runtime, precision), in the order candidates are listed.
-RUNTIMES: dict[str, tuple[str, str]] = {
-    FLOAT: ("pytorch", "fp32"),
-    "torch-ao-dynamic": ("pytorch", "int8 dynamic (Linear)"),
-    "onnxruntime": ("onnxruntime", "int8 dynamic (MatMul/Gemm)"),
-    "onnxruntime-fused": ("onnxruntime", "int8 dynamic, fused attention (QAttention)"),
-    "onnxruntime-fp32": ("onnxruntime", "fp32"),
-    "onnxruntime-static": ("onnxruntime", "int8 static (QDQ)"),
-    "openvino": ("openvino", "fp32"),
-    "openvino-int8": ("openvino", "int8 static (NNCF)"),
-}
+__all__ = ["DeployCandidate", "DeployChoice", "available_backends", "choose"]
 
 
 class DeployCandidate(BaseModel):
@@ -75,8 +61,9 @@ class DeployChoice(BaseModel):
 
 
 def available_backends(registered: list[str], importable: Callable[[str], bool]) -> list[str]:
-    """Candidate backends in :data:`RUNTIMES` order: ``torch`` first, then every registered one that imports."""
-    names = [FLOAT] + [n for n in RUNTIMES if n != FLOAT and n in registered and importable(n)]
+    """Candidate backends in :data:`~tools.deploy.registry.BACKENDS` order: ``torch`` first, then every registered
+    one that imports."""
+    names = [FLOAT] + [n for n in BACKENDS if n in registered and importable(n)]
     return names + [n for n in registered if n not in names and importable(n)]
 
 

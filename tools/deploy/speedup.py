@@ -14,17 +14,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, computed_field
 
-from tools.deploy.choice import FLOAT, RUNTIMES
+from tools.deploy.registry import runtime_and_precision
 
-__all__ = ["RUNTIME_FP32", "SpeedupFactors", "fp32_backend_of"]
-
-#: The FP32 backend of each runtime: the reference its int8 models are compared with.
-RUNTIME_FP32: dict[str, str] = {"pytorch": FLOAT, "onnxruntime": "onnxruntime-fp32", "openvino": "openvino"}
-
-
-def fp32_backend_of(backend: str) -> str:
-    """The FP32 backend of ``backend``'s runtime (``torch`` for PyTorch backends and unknown ones)."""
-    return RUNTIME_FP32.get(RUNTIMES.get(backend, ("pytorch", ""))[0], FLOAT)
+__all__ = ["SpeedupFactors"]
 
 
 def _ratio(before: float, after: float) -> float:
@@ -34,7 +26,7 @@ def _ratio(before: float, after: float) -> float:
 class SpeedupFactors(BaseModel):
     """The deployed model's batch-1 latency against the original's, step by step (seconds, one timing run)."""
 
-    backend: str = Field(description="The deployed backend (tools.deploy.choice.RUNTIMES).")
+    backend: str = Field(description="The deployed backend (tools.deploy.registry.DEPLOYMENTS).")
     runtime: str
     precision: str
     original_s: float = Field(description="The original model, PyTorch FP32.")
@@ -81,7 +73,7 @@ class SpeedupFactors(BaseModel):
 
         Keys that name the same artifact are the same measurement: their step is listed in ``same_as``.
         """
-        runtime, precision = RUNTIMES.get(backend, ("pytorch", "?"))
+        runtime, precision = runtime_and_precision(backend)
         same = []
         if runtime_fp32 == original:
             same.append("runtime")

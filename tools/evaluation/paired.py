@@ -214,7 +214,7 @@ def prediction_key(
     artifact_dir: Path, dataset: str, part: str, data: EvalDataset, label_mapping: dict[Any, Any] | None
 ) -> dict[str, Any]:
     """What decides an artifact's predictions on a part: its files as written, the rows, the label mapping."""
-    from tools.store.artifacts import deployed_files
+    from tools.artifacts.io import deployed_files
 
     artifact_dir = Path(artifact_dir)
     files = [artifact_dir / META_FILE, *deployed_files(artifact_dir)]

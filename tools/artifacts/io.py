@@ -1,4 +1,4 @@
-"""Safe save / load of original, pruned and quantized models, and the structure that rebuilds them.
+"""Safe save / load of original, pruned and quantized models.
 
 Every model artifact is a directory with its deployed file (no pickle) and ``artifact.json``:
 
@@ -6,55 +6,37 @@ Every model artifact is a directory with its deployed file (no pickle) and ``art
   a ``save_pretrained`` directory (config, ``model.safetensors``, image processor), or a factory model's
   ``model.safetensors`` and ``factory.json``.
 * ``pruned``: ``model.safetensors`` plus a description of how the structure differs from the original
-  (per-module attributes and parameter shapes), so the model is rebuilt from the original's config,
-  resized, and loaded, without unpickling anything.
-* ``quantized``: the quantization backend's deployed file (``model.safetensors`` with int8 weights and
-  scales for ``torch-ao-dynamic``, an int8 ``model.onnx`` for ``onnxruntime``), the float structure,
-  and the quantization report naming the backend that loads it back (:func:`deployed_file`).
+  (:mod:`tools.artifacts.structure`), so the model is rebuilt from the original's config, resized, and loaded,
+  without unpickling anything.
+* ``quantized``: the deployment backend's deployed file (``model.safetensors`` with int8 weights and
+  scales for ``torch-ao-dynamic``, an int8 ``model.onnx`` for ``onnxruntime``...), the float structure,
+  and the quantization report naming the backend that loads it back (:func:`deployed_file`, through
+  :data:`tools.deploy.registry.BACKENDS`).
 
-A pruned or quantized artifact also carries its ``recipe_hash`` (:func:`recipe_hash`: sha256 of the canonical
-JSON of everything that decides its weights: plan, importance, recovery, fine-tuning, backend, input shape,
-calibration images, source model). ``tools.ops`` reuses a complete artifact only when that hash matches the
-recipe at hand (:func:`stale_reason`), and rebuilds it otherwise.
+A pruned or quantized artifact also carries its recipe hash (:mod:`tools.artifacts.hashes`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
-import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tools.compression.quantization import (
-    QUANTIZATION_BACKENDS,
-    ModuleBackend,
-    QuantizedModel,
-    QuantReport,
-    get_backend,
-)
+from tools.artifacts.structure import apply_structure, describe_structure
+from tools.deploy.base import ModuleBackend, QuantizedModel, QuantReport
+from tools.deploy.registry import BACKENDS, get_backend
 from tools.models.base import LoadedModel, family_of
 from tools.models.sources import source_named
-from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json, sha256_of
+from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json
 from tools.text import first_line
 
-if TYPE_CHECKING:
-    from tools.compression.distill import DistillConfig
-    from tools.compression.recipes import PruningConfig, RecoveryConfig
-    from tools.schemas import InputShape, OptimizationPlan, QuantizationRecommendation
-
-logger = logging.getLogger(__name__)
-
 ArtifactKind = Literal["original", "pruned", "quantized"]
-_SIMPLE = (int, float, bool, str)
 
 
 def deployed_file(artifact_dir: Path) -> Path:
@@ -66,7 +48,7 @@ def deployed_file(artifact_dir: Path) -> Path:
         return artifact_dir / WEIGHTS_FILE
     quantization = meta.get("quantization") if isinstance(meta, dict) else None
     if meta.get("kind") == "quantized" and isinstance(quantization, dict):
-        backend = QUANTIZATION_BACKENDS.get(str(quantization.get("backend")))
+        backend = BACKENDS.get(str(quantization.get("backend")))
         if backend is not None:
             return artifact_dir / backend.deployed_file
     return artifact_dir / WEIGHTS_FILE
@@ -79,7 +61,7 @@ def deployed_files(artifact_dir: Path) -> list[Path]:
         quantization = read_json(Path(artifact_dir) / META_FILE).get("quantization") or {}
     except (OSError, ValueError, AttributeError):
         return [main]
-    backend = QUANTIZATION_BACKENDS.get(str(quantization.get("backend")))
+    backend = BACKENDS.get(str(quantization.get("backend")))
     weights = getattr(backend, "weights_file", None)
     return [main, Path(artifact_dir) / weights] if weights else [main]
 
@@ -87,170 +69,6 @@ def deployed_files(artifact_dir: Path) -> list[Path]:
 def is_complete(artifact_dir: Path) -> bool:
     """An artifact directory is complete once its metadata exists (it is written last, by rename)."""
     return (artifact_dir / META_FILE).is_file() and all(f.is_file() for f in deployed_files(artifact_dir))
-
-
-# --- recipe hashes: reuse an artifact only if it was built from the recipe at hand -------------------
-
-
-def recipe_hash(recipe: Mapping[str, Any]) -> str:
-    """sha256 of ``recipe`` as canonical JSON (sorted keys, no whitespace): the same for the same content,
-    whatever the key order; tuples hash as lists, anything else not JSON as its ``str``."""
-    text = json.dumps(recipe, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def tensor_digest(tensor: torch.Tensor | None) -> str | None:
-    """sha256 of a tensor's dtype, shape and values (None for None): identifies calibration images in a recipe."""
-    if tensor is None:
-        return None
-    data = tensor.detach().cpu().contiguous()
-    digest = hashlib.sha256(f"{data.dtype}{tuple(data.shape)}".encode())
-    digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return digest.hexdigest()
-
-
-def artifact_identity(artifact_dir: Path) -> str:
-    """What a model derived from this artifact depends on: its recipe hash where it has one, else the sha256 of
-    its ``artifact.json`` (an original's, written once)."""
-    meta = Path(artifact_dir) / META_FILE
-    stored = read_json(meta).get("recipe_hash")
-    return str(stored) if stored else sha256_of(meta)
-
-
-def stored_recipe_hash(artifact_dir: Path) -> str | None:
-    """The recipe hash a complete artifact was built with (None: absent, incomplete, or written before hashes)."""
-    if not is_complete(artifact_dir):
-        return None
-    try:
-        value = read_json(Path(artifact_dir) / META_FILE).get("recipe_hash")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return str(value) if value else None
-
-
-def prune_recipe_hash(
-    original_dir: Path,
-    plan: OptimizationPlan,
-    shape: InputShape,
-    config: PruningConfig,
-    recovery: RecoveryConfig,
-    *,
-    calibration: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-    finetune: DistillConfig | None = None,
-    finetune_images: torch.Tensor | None = None,
-) -> str:
-    """The recipe hash of a pruned model (``tools.ops.prune``): everything that decides its weights -- the
-    original, the recommendations, importance/round_to/seed, recovery, fine-tuning, the input shape, the
-    calibration images and targets -- and nothing that does not (justifications, the planner's ``max_ratio``)."""
-    tuned = finetune is not None and finetune.steps > 0
-    images, targets = calibration if calibration is not None else (None, None)
-    return recipe_hash(
-        {
-            "kind": "pruned",
-            "original": artifact_identity(original_dir),
-            "pruning": [r.model_dump(exclude={"justification"}) for r in plan.pruning_recommendations],
-            "config": config.model_dump(exclude={"max_ratio"}),
-            "recovery": recovery.model_dump(),
-            "finetune": finetune.model_dump() if tuned and finetune is not None else None,
-            "shape": list(shape.as_tuple()),
-            "calibration": tensor_digest(images),
-            "calibration_targets": tensor_digest(targets),
-            "finetune_images": tensor_digest(finetune_images) if tuned else None,
-        }
-    )
-
-
-def quantize_recipe_hash(
-    source_dir: Path,
-    recommendations: list[QuantizationRecommendation],
-    backend: str,
-    shape: InputShape | None = None,
-    calibration: torch.Tensor | None = None,
-) -> str:
-    """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
-    pruned model changes it), the recommendations without their justifications, the backend asked for, the
-    export shape and the calibration images."""
-    return recipe_hash(
-        {
-            "kind": "quantized",
-            "source": artifact_identity(source_dir),
-            "recommendations": [r.model_dump(exclude={"justification"}) for r in recommendations],
-            "backend": backend,
-            "shape": list(shape.as_tuple()) if shape is not None else None,
-            "calibration": tensor_digest(calibration),
-        }
-    )
-
-
-def stale_reason(artifact_dir: Path, wanted_hash: str) -> str | None:
-    """Why the complete artifact in ``artifact_dir`` cannot be reused for the recipe hashed ``wanted_hash``;
-    None when it can, or when there is no complete artifact (nothing to reuse, nothing stale)."""
-    if not is_complete(artifact_dir):
-        return None
-    stored = stored_recipe_hash(artifact_dir)
-    if stored == wanted_hash:
-        return None
-    if stored is None:
-        return f"{artifact_dir} carries no recipe hash (built before artifacts were hashed)"
-    return f"{artifact_dir} was built from another recipe (hash {stored[:12]}, now {wanted_hash[:12]})"
-
-
-# --- structure of a compressed model ---------------------------------------------------------------
-
-
-def _simple_attrs(module: nn.Module) -> dict[str, Any]:
-    attrs: dict[str, Any] = {}
-    for key, value in vars(module).items():
-        if key.startswith("_") or key == "training":
-            continue
-        if isinstance(value, _SIMPLE):
-            attrs[key] = value
-        elif isinstance(value, tuple | list) and all(isinstance(v, _SIMPLE) for v in value):
-            attrs[key] = list(value)
-    return attrs
-
-
-def describe_structure(model: nn.Module, reference: nn.Module) -> dict[str, dict[str, Any]]:
-    """Per module: the attributes and parameter/buffer shapes that differ from ``reference``."""
-    ref_modules = dict(reference.named_modules())
-    structure: dict[str, dict[str, Any]] = {}
-    for name, module in model.named_modules():
-        ref = ref_modules.get(name)
-        if ref is None:
-            continue
-        ref_attrs = _simple_attrs(ref)
-        attrs = {k: v for k, v in _simple_attrs(module).items() if k in ref_attrs and ref_attrs[k] != v}
-        shapes = {}
-        for kind in ("_parameters", "_buffers"):
-            mine, theirs = getattr(module, kind), getattr(ref, kind)
-            for key, tensor in mine.items():
-                other = theirs.get(key)
-                if tensor is not None and other is not None and tensor.shape != other.shape:
-                    shapes[key] = list(tensor.shape)
-        if attrs or shapes:
-            structure[name] = {"attrs": attrs, "shapes": shapes}
-    return structure
-
-
-def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> None:
-    """Resize ``model`` in place to the described structure (values are placeholders: zeros)."""
-    modules = dict(model.named_modules())
-    for name, change in structure.items():
-        module = modules[name]
-        for key, value in change.get("attrs", {}).items():
-            current = getattr(module, key, None)
-            setattr(module, key, tuple(value) if isinstance(current, tuple) else value)
-        for key, shape in change.get("shapes", {}).items():
-            if key in module._parameters and module._parameters[key] is not None:
-                old = module._parameters[key]
-                assert old is not None
-                module._parameters[key] = nn.Parameter(
-                    torch.zeros(shape, dtype=old.dtype, device=old.device), requires_grad=old.requires_grad
-                )
-            elif key in module._buffers and module._buffers[key] is not None:
-                old_buf = module._buffers[key]
-                assert old_buf is not None
-                module._buffers[key] = torch.zeros(shape, dtype=old_buf.dtype, device=old_buf.device)
 
 
 # --- save -------------------------------------------------------------------------------------------
@@ -393,7 +211,7 @@ def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | Quanti
     """Rebuild any model artifact (original, pruned or quantized) without unpickling, ready to run.
 
     An ``nn.Module``, except for a quantized artifact whose backend deploys another runtime: an
-    ``onnxruntime`` artifact loads as an :class:`tools.deploy.onnxruntime.OrtModel` (callable
+    ``onnxruntime`` artifact loads as an :class:`tools.deploy.onnxruntime.session.OrtModel` (callable
     ``pixel_values -> logits``, CPU, ``torch.get_num_threads()`` threads). :func:`load_module` insists
     on an ``nn.Module``.
     """
@@ -444,3 +262,17 @@ def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bo
     state = model.state_dict()
     ptr = state[key].data_ptr()
     return any(state[k].data_ptr() == ptr for k in tensors if k in state)
+
+
+__all__ = [
+    "ArtifactKind",
+    "deployed_file",
+    "deployed_files",
+    "is_complete",
+    "load_compressed",
+    "load_module",
+    "load_original",
+    "save_compressed",
+    "save_original",
+    "save_quantized",
+]

@@ -1,6 +1,6 @@
 """Reading exported ONNX graphs: which node applies which weight, what was quantized.
 
-Nodes are matched to ``nn.Linear`` layers (and to fused attentions, :mod:`tools.deploy.fusion`) by the value
+Nodes are matched to ``nn.Linear`` layers (and to fused attentions, :mod:`tools.deploy.onnxruntime.fusion`) by the value
 of their constant weight, not by name: node names follow the exporter's scopes and change in preprocessing.
 """
 
@@ -77,11 +77,12 @@ def linear_nodes(path: Path, model: nn.Module, op_types: Sequence[str] = QUANTIZ
 
 
 def packed_attention_nodes(path: Path, fused: nn.Module) -> dict[str, list[str]]:
-    """For the q/k/v ``nn.Linear`` names a :class:`tools.deploy.fusion.PackedAttention` replaced: its Attention node.
+    """For the q/k/v ``nn.Linear`` names a :class:`~tools.deploy.onnxruntime.fusion.PackedAttention` replaced:
+    its Attention node.
 
     Names are the original model's (``<attention>.q_proj`` ...), matched by the packed weight's value.
     """
-    from tools.deploy.fusion import PackedAttention
+    from tools.deploy.onnxruntime.fusion import PackedAttention
 
     by_weight: dict[bytes, list[str]] = {}
     for node, print_ in attention_nodes(path).items():

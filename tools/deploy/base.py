@@ -1,0 +1,111 @@
+"""What every deployment backend is: the description it declares, the protocol it implements, what it reports.
+
+A backend turns a float model and the layers a plan selects into a deployed artifact, and loads it back ready
+to run (:class:`QuantizationBackend`: ``supported`` / ``save`` / ``load``, used by
+:func:`tools.artifacts.io.save_compressed` and :func:`~tools.artifacts.io.load_compressed`). Each one also
+declares, as attributes, what it is (:class:`Deployment`): its ``name``, the ``runtime`` that runs it, its
+``precision`` (the label of reports), its ``float_reference`` (the FP32 backend of the same runtime, which its
+speed-up is measured against) and the Python modules it ``requires``. The registry
+(:mod:`tools.deploy.registry`) lists them; every table of names, runtimes and precisions is derived from there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from tools.schemas import QuantDType
+
+Runtime = Literal["pytorch", "onnxruntime", "openvino"]
+"""The runtime that runs a deployed model."""
+
+
+class QuantizationError(ValueError):
+    """A quantization request that cannot be carried out."""
+
+
+class BackendNotApplicable(QuantizationError):
+    """The backend does not apply to this kind of model (fused attention for a CNN): not a failure."""
+
+
+class QuantReport(BaseModel):
+    backend: str
+    layers: dict[str, QuantDType] = Field(default_factory=dict, description="module name -> dtype")
+    unmatched: list[str] = Field(default_factory=list, description="patterns that selected no nn.Linear")
+    notes: list[str] = Field(default_factory=list, description="what the backend could not do as asked")
+
+
+QuantizedModel = Callable[[torch.Tensor], Any]
+"""What a backend loads: an ``nn.Module`` (torch backends) or another callable ``pixel_values -> logits``."""
+
+
+class Deployment(Protocol):
+    """A way to deploy a model, as reports and the measured choice name it (the float model included)."""
+
+    name: str
+    runtime: Runtime
+    precision: str
+    float_reference: str
+    requires: tuple[str, ...]
+
+
+class QuantizationBackend(Deployment, Protocol):
+    """A quantization method and the artifact it deploys (one file, ``deployed_file``, in the artifact dir;
+    a backend whose weights sit beside it names that file ``weights_file`` as well)."""
+
+    deployed_file: str
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        """The targets this backend quantizes as asked, and notes on those it leaves in float."""
+        ...
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
+    ) -> QuantReport:
+        """Quantize ``float_model`` as ``report`` says (or take ``qmodel``, already quantized by this backend)
+        and write ``out_dir / deployed_file``; return the report as carried out. ``calibration`` (preprocessed
+        images) is for backends that quantize activations statically; dynamic ones ignore it."""
+        ...
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        """The deployed model of ``out_dir``, ready to run on the CPU; ``rebuild()`` gives the float model
+        (structure and placeholder weights) for backends that need one."""
+        ...
+
+
+@runtime_checkable
+class ModuleBackend(QuantizationBackend, Protocol):
+    """A backend that quantizes in memory into an ``nn.Module`` (what :func:`tools.deploy.registry.quantize` needs)."""
+
+    def quantize(self, model: nn.Module, targets: dict[str, QuantDType]) -> nn.Module: ...
+
+
+def importable(modules: Iterable[str]) -> bool:
+    """Whether every one of ``modules`` can be imported here (found, not imported)."""
+    return all(importlib.util.find_spec(module) is not None for module in modules)
+
+
+__all__ = [
+    "BackendNotApplicable",
+    "Deployment",
+    "ModuleBackend",
+    "QuantReport",
+    "QuantizationBackend",
+    "QuantizationError",
+    "QuantizedModel",
+    "Runtime",
+    "importable",
+]

@@ -1,0 +1,205 @@
+"""The ONNX Runtime backends: the float model exported to ONNX, quantized or not, and run by ONNX Runtime.
+
+* ``onnxruntime`` (:class:`OnnxRuntimeDynamicBackend`) -- ONNX Runtime's ``quantize_dynamic`` of the export (int8
+  MatMul/Gemm weights); ``onnxruntime-fused`` (:class:`OnnxRuntimeFusedBackend`) the same with each ViT-style
+  attention exported as one fused node;
+* ``onnxruntime-fp32`` and ``onnxruntime-static`` (:class:`OnnxRuntimeBackend`) -- the export optimized offline,
+  as FP32 or as static int8 (QDQ) calibrated on images.
+
+Each deploys ``model.onnx`` (protobuf, loads without unpickling) and loads back as an :class:`OrtModel`, a
+callable that is not an ``nn.Module``: ONNX Runtime is then the deployment runtime.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tools.deploy.base import BackendNotApplicable, QuantizationError, QuantizedModel, QuantReport, Runtime
+from tools.deploy.onnxruntime import graph as graphs
+from tools.deploy.onnxruntime.export import export_fp32_onnx, export_onnx, preprocess_onnx
+from tools.deploy.onnxruntime.fusion import AttentionFusionError, NothingToFuse, fuse_attention
+from tools.deploy.onnxruntime.quantize import quantize_onnx, static_quantize_onnx
+from tools.deploy.onnxruntime.session import OrtModel
+from tools.schemas import QuantDType
+
+#: The FP32 backend of ONNX Runtime: the reference its int8 backends are compared with.
+FP32 = "onnxruntime-fp32"
+#: The Python modules every ONNX Runtime backend needs.
+REQUIRES: tuple[str, ...] = ("onnx", "onnxruntime")
+
+
+class OnnxRuntimeDynamicBackend:
+    """ONNX Runtime's dynamic int8 quantization of the exported float model; ONNX Runtime runs it.
+
+    The float model is exported with :func:`~tools.deploy.onnxruntime.export.export_onnx` (TorchScript exporter),
+    preprocessed, and quantized by ``quantize_dynamic`` (int8 symmetric per-channel weights, uint8
+    activations quantized per call). Layers are selected by value: every selected ``nn.Linear`` is
+    matched to the MatMul/Gemm nodes that apply its weight. When the selection is every Linear at
+    qint8 (``layer: all``), every MatMul/Gemm with a constant weight is quantized, as ONNX Runtime's
+    own baseline does. float16 is not offered: such layers stay float32 (noted in the report).
+    """
+
+    name = "onnxruntime"
+    runtime: Runtime = "onnxruntime"
+    precision = "int8 dynamic (MatMul/Gemm)"
+    float_reference = FP32
+    requires = REQUIRES
+    deployed_file = "model.onnx"
+    #: Export ViT-style attention as ONNX Runtime's fused Attention operator (:mod:`tools.deploy.onnxruntime.fusion`).
+    fuse = False
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        half = sorted(name for name, dtype in targets.items() if dtype == "float16")
+        notes = []
+        if half:
+            shown = ", ".join(half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+            notes.append(
+                f"the onnxruntime backend quantizes to int8 only: {len(half)} layer(s) asked for float16 "
+                f"stay float32 ({shown}); use --quant-backend torch-ao-dynamic for float16"
+            )
+        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
+    ) -> QuantReport:
+        if example_input is None:
+            raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
+        if qmodel is not None:
+            raise QuantizationError(f"the {self.name} backend quantizes the float model itself: pass no qmodel")
+        out_dir = Path(out_dir)
+        target = out_dir / self.deployed_file
+        exported, op_types, notes = float_model, graphs.QUANTIZED_OP_TYPES, list(report.notes)
+        if self.fuse:
+            try:
+                exported, count = fuse_attention(float_model, example_input[:1])
+            except NothingToFuse as exc:
+                raise BackendNotApplicable(str(exc)) from exc
+            except AttentionFusionError as exc:
+                raise QuantizationError(str(exc)) from exc
+            op_types = (*op_types, *graphs.CONTRIB_OP_TYPES)
+            notes.append(f"{self.name}: {count} attention module(s) exported as one fused Attention node each")
+        with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
+            fp32 = export_onnx(exported, example_input[:1], Path(work) / "float.onnx")
+            graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
+            packed = graphs.packed_attention_nodes(graph, exported) if self.fuse else {}
+            nodes = graphs.linear_nodes(graph, exported) | packed
+            selected = {name: nodes.get(name, []) for name in report.layers}
+            if graph == fp32:
+                notes.append("onnxruntime: quant_pre_process failed on this graph: the raw export was quantized")
+            unmapped = sorted(name for name, found in selected.items() if not found)
+            if unmapped:
+                notes.append(f"onnxruntime: no MatMul/Gemm node applies {', '.join(unmapped[:3])}: left in float32")
+            chosen = sorted({node for found in selected.values() for node in found})
+            if not chosen:
+                shutil.copyfile(graph, target)  # nothing to quantize: the float graph is deployed
+                notes.append("onnxruntime: no MatMul/Gemm node to quantize: the FP32 graph is deployed")
+            else:
+                every = set(report.layers) == set(nodes) and not unmapped
+                quantize_onnx(
+                    graph, target, preprocess=False, op_types=op_types, nodes_to_quantize=None if every else chosen
+                )
+        # a quantized node is renamed (<name>_quant) and re-typed (MatMulInteger, QAttention, ...)
+        still_float = set(graphs.weighted_nodes(target)) | set(graphs.attention_nodes(target))
+        layers = {
+            name: report.layers[name] for name, found in selected.items() if found and not still_float & set(found)
+        }
+        missed = sorted(name for name, found in selected.items() if found and name not in layers)
+        if missed:
+            notes.append(f"onnxruntime did not quantize {', '.join(missed[:3])}: left in float32")
+        return report.model_copy(update={"layers": layers, "notes": notes})
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)
+
+
+class OnnxRuntimeFusedBackend(OnnxRuntimeDynamicBackend):
+    """:class:`OnnxRuntimeDynamicBackend` with every ViT-style attention exported as one fused ``Attention`` node
+    (Q/K/V packed; int8 ``QAttention`` after quantization): far fewer nodes per layer, which is where small
+    transformers spend their time in ONNX Runtime. Models without such attention cannot use it (a clear error)."""
+
+    name = "onnxruntime-fused"
+    precision = "int8 dynamic, fused attention (QAttention)"
+    fuse = True
+
+
+class OnnxRuntimeBackend:
+    """ONNX Runtime deploys the model as ``model.onnx``, loaded back as an :class:`OrtModel`: FP32
+    (``onnxruntime-fp32``: the export, optimized offline by ONNX Runtime), or static int8 (``onnxruntime-static``:
+    QDQ, activations calibrated on the calibration images, :func:`static_quantize_onnx`).
+
+    Static int8 quantizes the operators ONNX Runtime selects (every Conv/MatMul/Gemm with a constant weight; in
+    convolutional graphs Add and pooling too), whatever the plan selects; the saved report lists the Linear layers
+    whose weights are int8 in the graph.
+    """
+
+    runtime: Runtime = "onnxruntime"
+    float_reference = FP32
+    requires = REQUIRES
+    deployed_file = "model.onnx"
+
+    def __init__(self, *, static: bool) -> None:
+        self.static = static
+        self.name = "onnxruntime-static" if static else FP32
+        self.precision = "int8 static (QDQ)" if static else "fp32"
+
+    def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+        if not self.static:
+            return {}, ["the onnxruntime-fp32 backend deploys the float model: nothing is quantized"] * bool(targets)
+        notes = [
+            "onnxruntime-static quantizes the operators ONNX Runtime selects (every Conv/MatMul/Gemm with a constant "
+            "weight; Add and pooling too in convolutional graphs), not only the plan's Linear layers"
+        ]
+        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
+    ) -> QuantReport:
+        if qmodel is not None:
+            raise QuantizationError(f"the {self.name} backend exports the float model itself: pass no qmodel")
+        if self.static and (calibration is None or len(calibration) == 0):
+            raise QuantizationError("the onnxruntime-static backend needs calibration images (calibration=, NCHW)")
+        example = example_input if example_input is not None else calibration
+        if example is None:
+            raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
+        target = Path(out_dir) / self.deployed_file
+        if calibration is None or not self.static:
+            notes = list(report.notes)
+            export_fp32_onnx(float_model, example[:1], target, notes=notes)
+            return report.model_copy(update={"layers": {}, "notes": notes})
+        with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
+            fp32 = export_onnx(float_model, example[:1], Path(work) / "float.onnx")
+            applied = {name for name, found in graphs.linear_nodes(fp32, float_model).items() if found}
+            static_quantize_onnx(fp32, target, calibration)
+        still_float = {name for name, found in graphs.linear_nodes(target, float_model).items() if found}
+        layers: dict[str, QuantDType] = {name: "qint8" for name in sorted(applied - still_float)}
+        counts = ", ".join(f"{n} {op}" for op, n in sorted(graphs.quantized_op_counts(target).items())) or "no node"
+        left = sorted(set(report.layers) - set(layers))
+        notes = [*report.notes, f"onnxruntime-static: int8 {counts}; calibrated on {len(calibration)} images"]
+        notes += [f"onnxruntime-static left {', '.join(left[:3])} in float32"] * bool(left)
+        return report.model_copy(update={"layers": layers, "notes": notes})
+
+    def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
+        return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)
+
+
+__all__ = ["FP32", "REQUIRES", "OnnxRuntimeBackend", "OnnxRuntimeDynamicBackend", "OnnxRuntimeFusedBackend"]

@@ -1,0 +1,248 @@
+"""ONNX Runtime's int8 quantization of an exported graph: dynamic (weights) or static (QDQ, calibrated).
+
+* :func:`quantize_onnx` -- ``onnxruntime.quantization.quantize_dynamic`` of the ``MatMul``/``Gemm`` weights to
+  int8 (activations quantized per call, as ``torch.ao`` dynamic quantization does);
+* :func:`static_quantize_onnx` -- static int8 (QDQ), activations calibrated on images
+  (:class:`CalibrationReader`), with a preset for convolutional and for attention graphs (:func:`static_preset`).
+
+Files are written whole (:func:`tools.deploy.onnxruntime.export.atomic_target`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from tools.deploy.onnxruntime.export import INPUT_NAME, OnnxRuntimeError, atomic_target, preprocess_onnx
+from tools.deploy.onnxruntime.graph import (
+    CONTRIB_OP_TYPES,
+    QUANTIZED_OP_TYPES,
+    STATIC_OP_TYPES,
+    constant_weight_nodes,
+    input_name_of,
+)
+from tools.text import first_line
+
+logger = logging.getLogger(__name__)
+
+CalibrationMethodName = Literal["minmax", "percentile"]
+StaticPreset = Literal["auto", "cnn", "transformer"]
+DEFAULT_CALIBRATION: CalibrationMethodName = "minmax"
+CALIBRATION_BATCH = 32
+_ATTENTION_OPS = frozenset({"Softmax", "LayerNormalization"})
+
+
+def quantize_onnx(
+    fp32_path: Path,
+    out_path: Path,
+    *,
+    per_channel: bool = True,
+    preprocess: bool = True,
+    op_types: Sequence[str] = QUANTIZED_OP_TYPES,
+    nodes_to_quantize: Sequence[str] | None = None,
+) -> Path:
+    """Dynamic int8 quantization of the ``op_types`` weights of ``fp32_path`` (ONNX Runtime), to ``out_path``.
+
+    Weights are signed int8 (symmetric; per output channel when ``per_channel``), activations are
+    quantized to uint8 on each call; only MatMuls with a constant weight are quantized (ORT's
+    default for dynamic mode). ``preprocess`` runs :func:`preprocess_onnx` on a temporary copy first.
+    ``nodes_to_quantize`` (node names of the graph that is quantized: the preprocessed one when
+    ``preprocess``) restricts quantization to those nodes; None or empty: every eligible node.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    contrib = any(op in CONTRIB_OP_TYPES for op in op_types)
+    fp32_path, out_path = Path(fp32_path), Path(out_path)
+    if not fp32_path.is_file():
+        raise OnnxRuntimeError(f"{fp32_path} does not exist: export the FP32 model first (export_onnx)")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ort-quant-", dir=out_path.parent) as work:
+        source = preprocess_onnx(fp32_path, Path(work) / "preprocessed.onnx") if preprocess else fp32_path
+        try:
+            with atomic_target(out_path) as tmp, _root_info_muted():
+                quantize_dynamic(
+                    source,
+                    tmp,
+                    op_types_to_quantize=list(op_types),
+                    per_channel=per_channel,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
+                    # contrib ops (a fused Attention) have no ONNX shape inference: their outputs are float
+                    extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT} if contrib else {},
+                )
+        except Exception as exc:
+            raise OnnxRuntimeError(
+                f"ONNX Runtime dynamic quantization of {fp32_path} failed: {first_line(exc)}"
+            ) from exc
+    logger.info("quantized %s to %s (%.2f MB)", fp32_path, out_path, out_path.stat().st_size / 1e6)
+    return out_path
+
+
+class _DropRootInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        # also its advice to preprocess: preprocess_onnx ran, or said why it could not
+        return record.levelno >= logging.WARNING and not str(record.msg).startswith("Please consider to run pre-")
+
+
+@contextmanager
+def _root_info_muted() -> Iterator[None]:
+    """Drop the per-tensor INFO lines ``quantize_dynamic`` logs through ``logging.info`` (the root logger),
+    and its warning to preprocess the model.
+
+    A filter on the root logger sees only records logged on it directly, not those propagated from
+    named loggers, so the application's own logging is untouched.
+    """
+    root = logging.getLogger()
+    muted = _DropRootInfo()
+    root.addFilter(muted)
+    try:
+        yield
+    finally:
+        root.removeFilter(muted)
+
+
+class CalibrationReader:
+    """Calibration images for ONNX Runtime's calibrators: ``{input_name: float32 batch}``, one batch a call.
+
+    Any class with ``get_next`` is an ``onnxruntime.quantization.CalibrationDataReader`` (its
+    ``__subclasshook__``), so this one needs no onnxruntime import to be defined; the calibrators
+    call only ``get_next`` (and ``rewind`` starts over).
+    """
+
+    def __init__(
+        self, images: torch.Tensor | np.ndarray, input_name: str = INPUT_NAME, *, batch_size: int = CALIBRATION_BATCH
+    ) -> None:
+        if isinstance(images, torch.Tensor):
+            images = images.detach().to("cpu", torch.float32).numpy()
+        array = np.ascontiguousarray(images, dtype=np.float32)
+        if array.ndim != 4 or len(array) == 0:
+            raise OnnxRuntimeError(f"calibration images must be a non-empty N x C x H x W batch, not {array.shape}")
+        self.input_name = input_name
+        self.batches = [array[i : i + batch_size] for i in range(0, len(array), max(1, batch_size))]
+        self.images = len(array)
+        self._next = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self._next >= len(self.batches):
+            return None
+        self._next += 1
+        return {self.input_name: self.batches[self._next - 1]}
+
+    def rewind(self) -> None:
+        self._next = 0
+
+
+def static_preset(path: Path) -> Literal["cnn", "transformer"]:
+    """``transformer`` for a graph with attention (Softmax) or LayerNormalization, else ``cnn``."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    return "transformer" if any(node.op_type in _ATTENTION_OPS for node in graph.node) else "cnn"
+
+
+def static_quantize_onnx(
+    fp32_path: Path,
+    out_path: Path,
+    calibration: torch.Tensor | np.ndarray,
+    *,
+    method: CalibrationMethodName = DEFAULT_CALIBRATION,
+    preset: StaticPreset = "auto",
+    per_channel: bool = True,
+    percentile: float = 99.999,
+    preprocess: bool = True,
+) -> Path:
+    """Static int8 (QDQ) quantization of ``fp32_path`` by ONNX Runtime, calibrated on ``calibration``.
+
+    Weights int8 (symmetric, per output channel when ``per_channel``), activations uint8 with ranges
+    from the calibration images (``method``: ``minmax`` or ``percentile`` at ``percentile``), as ONNX
+    Runtime recommends for x86 CPUs with VNNI (``reduce_range`` off). ``preset``:
+
+    * ``cnn`` — every operator ONNX Runtime quantizes (Conv, Gemm, Add, pooling...): int8 flows from
+      convolution to convolution (QLinearConv, QLinearAdd, QLinearGlobalAveragePool, QGemm);
+    * ``transformer`` — only Conv/MatMul/Gemm with a constant weight, and MatMul/Gemm outputs left in
+      float (they run as MatMulIntegerToFloat): quantized Softmax, residual Adds and attention MatMuls
+      cost more in Q/DQ conversions than they save on small token counts;
+    * ``auto`` — :func:`static_preset` of the graph.
+
+    ``preprocess`` runs :func:`preprocess_onnx` first. The input's batch axis stays dynamic.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    fp32_path, out_path = Path(fp32_path), Path(out_path)
+    if not fp32_path.is_file():
+        raise OnnxRuntimeError(f"{fp32_path} does not exist: export the FP32 model first (export_onnx)")
+    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
+    if method not in methods:
+        raise OnnxRuntimeError(f"unknown calibration method {method!r}: choose one of {', '.join(methods)}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ort-static-", dir=out_path.parent) as work:
+        source = preprocess_onnx(fp32_path, Path(work) / "preprocessed.onnx") if preprocess else fp32_path
+        chosen = static_preset(source) if preset == "auto" else preset
+        options: dict[str, object] = {"CalibPercentile": percentile} if method == "percentile" else {}
+        op_types: list[str] | None = None
+        nodes: list[str] | None = None
+        if chosen == "transformer":
+            op_types, nodes = list(STATIC_OP_TYPES), list(constant_weight_nodes(source))
+            options["OpTypesToExcludeOutputQuantization"] = ["MatMul", "Gemm"]
+        reader = CalibrationReader(calibration, input_name_of(source))
+        try:
+            with atomic_target(out_path) as tmp, _root_info_muted(), _quiet_stdout():
+                quantize_static(
+                    source,
+                    tmp,
+                    reader,
+                    quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=op_types,
+                    nodes_to_quantize=nodes,
+                    per_channel=per_channel,
+                    reduce_range=False,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    calibrate_method=methods[method],
+                    extra_options=options,
+                )
+        except Exception as exc:
+            raise OnnxRuntimeError(
+                f"ONNX Runtime static quantization of {fp32_path} failed: {first_line(exc)}"
+            ) from exc
+    logger.info(
+        "static int8 (%s preset, %s on %d images) of %s to %s (%.2f MB)",
+        chosen,
+        method,
+        reader.images,
+        fp32_path,
+        out_path,
+        out_path.stat().st_size / 1e6,
+    )
+    return out_path
+
+
+@contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """ONNX Runtime's histogram calibrators print their progress to stdout: send it to the debug log."""
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        yield
+    if buffer.getvalue().strip():
+        logger.debug("onnxruntime calibration: %s", " | ".join(buffer.getvalue().split("\n")).strip(" |"))
+
+
+__all__: list[str] = [
+    "CALIBRATION_BATCH",
+    "DEFAULT_CALIBRATION",
+    "CalibrationMethodName",
+    "CalibrationReader",
+    "StaticPreset",
+    "quantize_onnx",
+    "static_preset",
+    "static_quantize_onnx",
+]

@@ -1,0 +1,174 @@
+"""The registry of deployment backends: every runtime and precision a model can be deployed in, by name.
+
+Each backend lives in the module of its runtime and declares what it is (:class:`tools.deploy.base.Deployment`:
+name, runtime, precision, float reference, required modules) and how it builds and loads its artifact
+(:class:`~tools.deploy.base.QuantizationBackend`). :data:`BACKENDS` lists them once; the command-line choices,
+the availability of each backend, the runtime and precision of reports and the float reference of each runtime
+are all derived from there. Adding a runtime is one module and one line of :data:`BACKENDS`.
+
+``auto`` has two meanings, both defined here:
+
+* :data:`AUTO` as a run's ``--deploy`` (:class:`tools.deploy.config.QuantizationConfig`): build, evaluate and
+  time every available backend and deploy the fastest within the accuracy budget (:mod:`tools.deployment`);
+* ``auto`` given to one quantize call (``tools.ops.quantize``, :func:`get_backend`): the single backend
+  :func:`default_quantize_backend` names -- ``onnxruntime`` where ``onnx`` and ``onnxruntime`` import, else
+  :data:`DEFAULT_BACKEND`.
+
+It also plans and carries out quantization in memory: :func:`resolve_targets` (the ``nn.Linear`` layers a plan
+selects), :func:`plan_quantization` (what a backend will quantize), :func:`quantize` (in-memory torch backends).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+from torch import nn
+
+from tools.deploy.base import Deployment, ModuleBackend, QuantizationBackend, QuantizationError, QuantReport, importable
+from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeDynamicBackend, OnnxRuntimeFusedBackend
+from tools.deploy.openvino.backend import OpenVinoBackend
+from tools.deploy.pytorch import FLOAT, FloatModel, TorchAODynamicBackend
+from tools.schemas import QuantDType, QuantizationRecommendation
+
+logger = logging.getLogger(__name__)
+
+#: Every backend that builds a deployed artifact, by name, in the order candidates are listed.
+BACKENDS: dict[str, QuantizationBackend] = {
+    backend.name: backend
+    for backend in (
+        TorchAODynamicBackend(),
+        OnnxRuntimeDynamicBackend(),
+        OnnxRuntimeFusedBackend(),
+        OnnxRuntimeBackend(static=False),
+        OnnxRuntimeBackend(static=True),
+        OpenVinoBackend(int8=False),
+        OpenVinoBackend(int8=True),
+    )
+}
+
+#: Every name a model can be deployed as, described: the float model as it is (``torch``), then every backend.
+DEPLOYMENTS: dict[str, Deployment] = {FLOAT: FloatModel(), **BACKENDS}
+
+#: A run's ``--deploy auto``: measure every available backend and deploy the fastest within budget. To one
+#: quantize call, ``auto`` is the backend :func:`default_quantize_backend` names.
+AUTO = "auto"
+#: The default backend of a quantize call, and the one ``auto`` falls back to when its backend fails there.
+DEFAULT_BACKEND = "torch-ao-dynamic"
+#: What one quantize call takes (:func:`get_backend`): a backend, or ``auto``.
+BACKEND_CHOICES = (*BACKENDS, AUTO)
+#: What ``--deploy`` takes: ``auto`` (the measured choice), ``torch`` (the float model as it is), or one backend.
+DEPLOY_CHOICES = (AUTO, FLOAT, *BACKENDS)
+
+
+def available(name: str) -> bool:
+    """Whether the Python modules ``name`` requires import here (a name the registry does not know needs none)."""
+    described = DEPLOYMENTS.get(name)
+    return described is None or importable(described.requires)
+
+
+def default_quantize_backend() -> str:
+    """What ``auto`` means to one quantize call: ``onnxruntime`` where it is available, else :data:`DEFAULT_BACKEND`."""
+    return "onnxruntime" if available("onnxruntime") else DEFAULT_BACKEND
+
+
+def resolve_backend_name(name: str) -> str:
+    """``auto`` -> :func:`default_quantize_backend`; other names as given."""
+    return default_quantize_backend() if name == AUTO else name
+
+
+def runtime_and_precision(name: str, unknown: tuple[str, str] = ("pytorch", "?")) -> tuple[str, str]:
+    """The runtime and precision ``name`` deploys in (the float model included); ``unknown`` for another name."""
+    described = DEPLOYMENTS.get(name)
+    return (described.runtime, described.precision) if described is not None else unknown
+
+
+def float_reference_of(name: str) -> str:
+    """The FP32 backend of ``name``'s runtime (``torch`` for the PyTorch backends and for unknown names)."""
+    described = DEPLOYMENTS.get(name)
+    return described.float_reference if described is not None else FLOAT
+
+
+def get_backend(name: str = DEFAULT_BACKEND) -> QuantizationBackend:
+    try:
+        return BACKENDS[resolve_backend_name(name)]
+    except KeyError:
+        raise QuantizationError(
+            f"unknown quantization backend {name!r}: choose one of {', '.join(BACKEND_CHOICES)}"
+        ) from None
+
+
+def resolve_targets(
+    model: nn.Module, recommendations: Iterable[QuantizationRecommendation]
+) -> tuple[dict[str, QuantDType], list[str]]:
+    """Module name -> dtype for every nn.Linear selected; later recommendations override earlier ones."""
+    linears = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    targets: dict[str, QuantDType] = {}
+    unmatched: list[str] = []
+    for rec in recommendations:
+        if rec.layer == "all":
+            chosen = linears
+        else:
+            try:
+                pattern = re.compile(rec.layer)
+            except re.error as exc:
+                raise QuantizationError(f"invalid layer regex {rec.layer!r}: {exc}") from exc
+            chosen = [name for name in linears if pattern.search(name)]
+        if not chosen:
+            unmatched.append(rec.layer)
+        for name in chosen:
+            targets[name] = rec.dtype
+    return targets, unmatched
+
+
+def plan_quantization(
+    model: nn.Module, recommendations: Iterable[QuantizationRecommendation], *, backend: str = DEFAULT_BACKEND
+) -> QuantReport:
+    """What ``backend`` will quantize in ``model``: the selected nn.Linear layers it supports, and why not others."""
+    impl = get_backend(backend)
+    targets, unmatched = resolve_targets(model, recommendations)
+    layers, notes = impl.supported(targets)
+    if not targets:
+        logger.warning("no nn.Linear selected for quantization; the model is left in float32")
+        notes = [*notes, "no nn.Linear layer was selected for int8: this backend's model keeps float32 weights"]
+    return QuantReport(backend=impl.name, layers=layers, unmatched=unmatched, notes=notes)
+
+
+def quantize(
+    model: nn.Module, recommendations: Iterable[QuantizationRecommendation], *, backend: str = DEFAULT_BACKEND
+) -> tuple[nn.Module, QuantReport]:
+    """Return a dynamically quantized copy of ``model`` (on the CPU) and what was quantized.
+
+    In memory, so for torch backends only; ``onnxruntime`` quantizes while saving
+    (:func:`tools.ops.quantize`, or :func:`tools.artifacts.io.save_quantized`).
+    """
+    impl = get_backend(backend)
+    if not isinstance(impl, ModuleBackend):
+        raise QuantizationError(
+            f"the {impl.name} backend quantizes into an artifact, not in memory: use tools.ops.quantize"
+        )
+    report = plan_quantization(model, recommendations, backend=impl.name)
+    qmodel = impl.quantize(model, report.layers)
+    logger.info("quantized %d layers with %s", len(report.layers), impl.name)
+    return qmodel, report
+
+
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "BACKEND_CHOICES",
+    "DEFAULT_BACKEND",
+    "DEPLOYMENTS",
+    "DEPLOY_CHOICES",
+    "FLOAT",
+    "available",
+    "default_quantize_backend",
+    "float_reference_of",
+    "get_backend",
+    "plan_quantization",
+    "quantize",
+    "resolve_backend_name",
+    "resolve_targets",
+    "runtime_and_precision",
+]
