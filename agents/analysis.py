@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings, shape_of
+from agents.common import paths, pruning_budget, settings, shape_of
 from agents.planning.base import Planner, PlanningContext, RoundRecord
 from agents.planning.registry import get_planner
 from graph.context import Context
@@ -27,12 +27,13 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
         profile=profile,
         prunable=prunable,
         baseline_accuracy=state["baseline"].get("accuracy"),
-        max_accuracy_drop=ctx.max_accuracy_drop,
+        max_accuracy_drop=pruning_budget(state, ctx),
         max_ratio=ctx.pruning_config().max_ratio,
         history=history,
         importance=ctx.importance,
         # recovery needs calibration images: without a dataset every prune goes unrepaired
         recovery=ctx.recovery if state.get("dataset") and ctx.calibration_samples > 0 else "none",
+        int8_reserve_points=float((state.get("accuracy_budget") or {}).get("int8_reserve_points", 0.0)),
     )
 
 

@@ -34,3 +34,10 @@ def paths(state: dict[str, Any]) -> RunPaths:
 
 def shape_of(state: dict[str, Any]) -> InputShape:
     return InputShape.model_validate(state["input_shape"])
+
+
+def pruning_budget(state: dict[str, Any], ctx: Context) -> float:
+    """The accuracy budget the pruning rounds are held to: ``--max-accuracy-drop`` less what int8 is expected to
+    take (``accuracy_budget``, written by ``profile_int8``); the whole budget before that is known."""
+    split = state.get("accuracy_budget") or {}
+    return float(split.get("pruning_points", ctx.max_accuracy_drop))

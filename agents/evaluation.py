@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings, shape_of
+from agents.common import paths, pruning_budget, settings, shape_of
 from agents.planning.selection import accuracy_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
@@ -70,7 +70,7 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             **{k: v for k, v in pending.items() if k != "artifact"},
             "metrics": metrics,
             "accuracy_drop_points": drop,
-            "within_budget": within_budget(drop, ctx.max_accuracy_drop, metrics.paired),
+            "within_budget": within_budget(drop, pruning_budget(data, ctx), metrics.paired),
         }
     ).model_dump()
     atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log

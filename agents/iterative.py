@@ -9,7 +9,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.analysis import new_notes, planner_for, planning_context
-from agents.common import paths, settings, shape_of
+from agents.common import paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec
 from agents.planning.selection import best_round, within_budget
 from graph.context import Context
@@ -52,7 +52,7 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
             baseline = {k: v for k, v in state["baseline"].items() if k != "data_parts"}
             pruned = {**baseline, "round": None, "within_budget": False, "accuracy_drop_points": 0.0}
             notes.append(
-                f"no pruned candidate stayed within the {ctx.max_accuracy_drop} point accuracy budget"
+                f"no pruned candidate stayed within the {pruning_budget(data, ctx)} point accuracy budget"
                 + (" on both the evaluation and the holdout images" if ctx.holdout_samples > 0 else "")
                 + ": 'pruned' reports the original model"
             )
@@ -61,7 +61,7 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         if ctx.holdout_samples <= 0:
             break
         notes += [note for note in evaluate_holdout(data, ctx, pruned) if note not in notes]
-        failed = _holdout_failure(pruned, ctx)
+        failed = _holdout_failure(pruned, pruning_budget(data, ctx))
         if failed is None:
             break
         notes.append(failed)
@@ -69,12 +69,12 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     return {"pruned": pruned, "notes": notes}
 
 
-def _holdout_failure(pruned: dict[str, Any], ctx: Context) -> str | None:
-    """Why ``pruned`` fails the budget test on the holdout images (None: it holds, or there is no holdout)."""
+def _holdout_failure(pruned: dict[str, Any], budget: float) -> str | None:
+    """Why ``pruned`` fails the pruning budget test on the holdout images (None: it holds, or there is no holdout)."""
     holdout = pruned.get("holdout")
     if not holdout or holdout.get("paired") is None:
         return None
-    if within_budget(holdout.get("accuracy_drop_points"), ctx.max_accuracy_drop, holdout["paired"]):
+    if within_budget(holdout.get("accuracy_drop_points"), budget, holdout["paired"]):
         return None
     paired = PairedAccuracy.model_validate(holdout["paired"])
     return (

@@ -24,7 +24,7 @@ from tools import ops
 from tools.deploy.choice import is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
-from tools.deployment import calibration_images, candidate_backends, deploy
+from tools.deployment import accuracy_control, calibration_images, candidate_backends, deploy, full_int8, is_mixed
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 from tools.store.files import StagingDir
 
@@ -70,6 +70,10 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         return within_budget(drop, ctx.max_accuracy_drop, paired)
 
     headroom = _headroom_round(state, source)
+    backends = candidate_backends(ctx.quant_backend)
+    control = (
+        accuracy_control(run.original, shape, spec, ctx.max_accuracy_drop) if any(map(is_mixed, backends)) else None
+    )
     choice = deploy(
         source,
         run.original,
@@ -77,12 +81,14 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         run.root / "models" / "deploy",
         shape,
         spec,
-        backends=candidate_backends(ctx.quant_backend),
+        backends=backends,
         within_budget=budget,
         baseline_accuracy=state["baseline"].get("accuracy"),
         repeats=ctx.latency_repeats,
         forced=ctx.quant_backend != "auto",
         headroom_source=Path(headroom["metrics"]["artifact"]) if headroom else None,
+        int8_cpu=ctx.int8_cpu,
+        control=control,
     )
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []
@@ -101,17 +107,41 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         with StagingDir(run.quantized) as staged:
             shutil.copytree(source, staged, dirs_exist_ok=True)
         quantized_original = {"artifact": str(run.original), "source": str(run.original), **described}
-    else:  # the chosen runtime, built again where the deployed model lives, for the best model and the original
+    else:  # the chosen runtime where the deployed model lives (the candidate copied), for the best model and original
         images, _ = calibration_images(run.original, shape, spec)
-        config = QuantizationConfig(backend=choice.chosen)
-        built.append(ops.quantize(source, run.original, recs, run.quantized, config, shape=shape, calibration=images))
+        config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
+        mixed = is_mixed(choice.chosen)
+        chosen_recs = recs if mixed else full_int8(recs)
+        controlled = control if mixed else None
+        candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
+        built.append(
+            ops.quantize(
+                source,
+                run.original,
+                chosen_recs,
+                run.quantized,
+                config,
+                shape=shape,
+                calibration=images,
+                accuracy_control=controlled,
+                reuse=candidate_dir,
+            )
+        )
         quantized = {"artifact": str(run.quantized), "source": str(source), **described}
         if source.resolve() == run.original.resolve():
             quantized_original = dict(quantized)
         else:
             built.append(
                 ops.quantize(
-                    run.original, run.original, recs, run.quantized_original, config, shape=shape, calibration=images
+                    run.original,
+                    run.original,
+                    chosen_recs,
+                    run.quantized_original,
+                    config,
+                    shape=shape,
+                    calibration=images,
+                    accuracy_control=controlled,
+                    reuse=[run.root / "models" / "deploy-original" / choice.chosen],
                 )
             )
             quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original), **described}
@@ -120,7 +150,10 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     runtime_fp32_original = {"artifact": str(run.original), "backend": fp32_backend}
     if fp32_backend != FLOAT and fp32_backend != choice.chosen:
         config = QuantizationConfig(backend=fp32_backend)
-        built.append(ops.quantize(run.original, run.original, recs, run.runtime_fp32_original, config, shape=shape))
+        reuse = [run.root / "models" / "deploy-original" / fp32_backend]
+        built.append(
+            ops.quantize(run.original, run.original, recs, run.runtime_fp32_original, config, shape=shape, reuse=reuse)
+        )
         runtime_fp32_original["artifact"] = str(run.runtime_fp32_original)
     elif fp32_backend == choice.chosen:
         runtime_fp32_original["artifact"] = quantized_original["artifact"]

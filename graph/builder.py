@@ -1,6 +1,7 @@
 """build_graph(): the ProfilingAgent state machine, not compiled.
 
-acquire → resolve shape → profile → evaluate baseline → profile sensitivity → analyze → prune → evaluate
+acquire → resolve shape → profile → evaluate baseline → profile int8 (per-block damage, the budget's split)
+→ profile sensitivity → analyze → prune → evaluate
 → (iterate → prune → evaluate)×T → select best → quantize → evaluate quantized
 → measure latencies (interleaved) → report
 """
@@ -15,6 +16,7 @@ from agents.acquisition import acquire_model
 from agents.analysis import analyze_profile
 from agents.evaluation import evaluate_baseline, evaluate_model, evaluate_quantized, measure_latencies
 from agents.input_shape import resolve_input_shape
+from agents.int8 import profile_int8
 from agents.iterative import iterate_pruning, select_best_model
 from agents.profiler import profile_model, profile_sensitivity
 from agents.pruning import prune_model
@@ -36,6 +38,7 @@ NODES = {
     "resolve_input_shape": resolve_input_shape,
     "profile_model": profile_model,
     "evaluate_baseline": evaluate_baseline,
+    "profile_int8": profile_int8,
     "profile_sensitivity": profile_sensitivity,
     "analyze_profile": analyze_profile,
     "review_plan": review_plan,
@@ -58,7 +61,8 @@ def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder.add_edge("acquire_model", "resolve_input_shape")
     builder.add_edge("resolve_input_shape", "profile_model")
     builder.add_edge("profile_model", "evaluate_baseline")
-    builder.add_edge("evaluate_baseline", "profile_sensitivity")
+    builder.add_edge("evaluate_baseline", "profile_int8")
+    builder.add_edge("profile_int8", "profile_sensitivity")
     builder.add_edge("profile_sensitivity", "analyze_profile")
     builder.add_conditional_edges("analyze_profile", route_after_analyze_profile)
     builder.add_edge("prune_model", "evaluate_model")

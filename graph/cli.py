@@ -138,7 +138,21 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         "fastest within the accuracy budget (never slower than the original FP32 model); torch: the float "
         "model; or one backend by name",
     )
+    parser.add_argument(
+        "--int8-cpu",
+        default=defaults.int8_cpu,
+        choices=_int8_targets(),
+        help="the CPU kind int8 models are built for: auto (default: this machine's, detected), vnni (AVX512-VNNI, "
+        "AVX-VNNI, AMX: full 8-bit weights), no-vnni (AVX2 or AVX-512 without VNNI: 7-bit weights and NNCF's "
+        "overflow fix, which hold accuracy on every x86 CPU)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _int8_targets() -> list[str]:
+    from tools.deploy.cpu import INT8_TARGETS
+
+    return list(INT8_TARGETS)
 
 
 def _planner_names() -> list[str]:
@@ -295,6 +309,7 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         iterate=not args.no_iterate,
         quantize=not args.no_quantize,
         quant_backend=args.quant_backend,
+        int8_cpu=args.int8_cpu,
         progress=not args.no_progress,
         approve_plan=args.approve_plan,
         approve_rounds=args.approve_rounds,

@@ -143,6 +143,12 @@ class Context:
         "QUANT_BACKEND",
         "auto",
     )
+    int8_cpu: str = _setting(
+        "The CPU kind int8 models are built for: auto (this machine's), vnni (full 8-bit weights), no-vnni (7-bit "
+        "weights and NNCF's overflow fix: holds accuracy on every x86 CPU). tools.deploy.cpu.",
+        "INT8_CPU",
+        "auto",
+    )
     latency_repeats: int = _setting(
         "Repetitions of the final interleaved latency comparison.", "LATENCY_REPEATS", 20, int
     )
@@ -199,16 +205,17 @@ class Context:
         return RecoveryConfig(method=self.recovery)  # type: ignore[arg-type]
 
     def quantization_config(self) -> QuantizationConfig:
-        """How this run quantizes (the backend; per-layer dtypes are the plan's)."""
+        """How this run quantizes (the backend and the CPU kind int8 is built for; per-layer dtypes are the plan's)."""
         from tools.deploy.config import QuantizationConfig
 
-        return QuantizationConfig(backend=self.quant_backend)
+        return QuantizationConfig(backend=self.quant_backend, int8_cpu=self.int8_cpu)
 
     def _recipe_errors(self) -> list[str]:
         """Build both recipes; each field they refuse as its command-line option's message."""
         from pydantic import ValidationError
 
         from tools.compression.importance import IMPORTANCE
+        from tools.deploy.cpu import INT8_TARGETS
         from tools.deploy.registry import DEPLOY_CHOICES
 
         messages = {
@@ -219,6 +226,7 @@ class Context:
             "max_ratio": "--max-pruning-ratio must be in (0, 1)",
             "method": "--recovery must be one of none, bn, reconstruct",
             "backend": f"--deploy must be one of {', '.join(DEPLOY_CHOICES)}",
+            "int8_cpu": f"--int8-cpu must be one of {', '.join(INT8_TARGETS)}",
         }
         errors: list[str] = []
         builds: tuple[Any, ...] = (self.pruning_config, self.recovery_config, self.quantization_config)

@@ -52,6 +52,12 @@ class State(InputState, OutputState, total=False):
     label_match: dict[str, Any] | None
     baseline: dict[str, Any]
     """``ModelEntry`` of the original model."""
+    int8_profile: dict[str, Any] | None
+    """Summary of the per-block int8 sensitivity (``profile/int8_sensitivity.json``): blocks, flips, target kind."""
+    original_deployment: dict[str, Any] | None
+    """``DeployChoice`` of the original through every runtime and precision (int8 at full precision)."""
+    accuracy_budget: dict[str, Any] | None
+    """``AccuracyBudget``: ``--max-accuracy-drop`` split between pruning (the rounds' test) and int8."""
     plan: dict[str, Any]
     """``PlanResult`` of the analysis (plan, source, planner_state): the plan quantization follows."""
     next_plan: dict[str, Any]

@@ -25,6 +25,7 @@ TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer)
     for layer in (
         {"tools.text", "tools.schemas"},
+        {"tools.stats"},
         {"tools.store"},
         {"tools.llm"},
         {"tools.models"},

@@ -96,11 +96,13 @@ def test_fault_in_a_node_keeps_work_and_resumes(
     ctx = Context(run_dir=str(tmp_path / "run"), iterations=1, eval_samples=30, latency_repeats=2, progress=False)
     with pytest.raises(RuntimeError, match="disk full"):
         start_run(str(model_dir), dataset="digits", ctx=ctx)
-    assert evaluated == ["baseline", "round 0", "round 1"]
+    # the original's runtimes are evaluated before pruning ("deploy <backend>"), for the budget's int8 share
+    assert [d for d in evaluated if not d.startswith("deploy ")] == ["baseline", "round 0", "round 1"]
+    done_before = len(evaluated)
     monkeypatch.setattr(agents.quantization, "deploy", real_deploy)
     report = resume_run(tmp_path / "run").report
     assert report is not None
-    after = evaluated[3:]
+    after = evaluated[done_before:]
     assert after and not {"baseline", "round 0", "round 1"} & set(after), "finished work is not redone"
     assert all(d.startswith("deploy ") or d.startswith("quantized") for d in after), after
     assert len(report["rounds"]) == 2 and report["quantized"] is not None

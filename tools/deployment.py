@@ -17,16 +17,26 @@ from pathlib import Path
 import torch
 
 from tools import ops
+from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import BackendNotApplicable
 from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
 from tools.deploy.config import QuantizationConfig
+from tools.deploy.cpu import int8_settings
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
-from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
+from tools.schemas import AccuracyBudget, InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["calibration_images", "candidate_backends", "deploy"]
+__all__ = [
+    "accuracy_control",
+    "calibration_images",
+    "candidate_backends",
+    "deploy",
+    "full_int8",
+    "is_mixed",
+    "split_budget",
+]
 
 BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
 
@@ -37,8 +47,52 @@ SYNTHETIC_SAMPLES = 32
 def candidate_backends(choice: str) -> list[str]:
     """The backends ``--deploy choice`` measures: all available for ``auto``, else ``torch`` and that one."""
     if choice != AUTO:
-        return [FLOAT] if choice == FLOAT else [FLOAT, choice]
+        full = BACKENDS[choice].mixed_of if choice in BACKENDS else None
+        return [FLOAT] if choice == FLOAT else [FLOAT, *([full] if full else []), choice]
     return available_backends(list(BACKENDS), available)
+
+
+def is_mixed(backend: str) -> bool:
+    """Whether ``backend`` is a mixed-precision (accuracy-controlled) one."""
+    return backend in BACKENDS and BACKENDS[backend].mixed_of is not None
+
+
+def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
+    """The accuracy budget split from the original's deployment table (``original``: :func:`deploy` of the original,
+    every int8 at full precision). The chosen candidate's int8 loss is kept for int8 (at least 0, at most half the
+    budget); when every int8 candidate ran over the budget, half of it (mixed precision will need room); when a
+    float runtime is chosen, or the accuracy is unknown, nothing."""
+
+    def is_int8(c: DeployCandidate) -> bool:
+        return c.precision.startswith("int8")
+
+    half = round(total_points / 2, 4)
+    chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)
+    ran = [c for c in original.candidates if c.ran and is_int8(c) and c.accuracy_drop_points is not None]
+    if chosen is not None and is_int8(chosen) and chosen.accuracy_drop_points is not None:
+        reserve = min(max(chosen.accuracy_drop_points, 0.0), half)
+        paired = chosen.paired
+        interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
+        why = (
+            f"{chosen.backend} of the original (the fastest within budget) loses {chosen.accuracy_drop_points:.2f}"
+            f"{interval} points on the evaluation images"
+        )
+        measured: str | None = chosen.backend
+    elif ran and not any(c.within_budget for c in ran):
+        reserve, measured = half, None
+        why = "every int8 deployment of the original is over the budget: half is kept for mixed-precision int8"
+    else:
+        reserve, measured = 0.0, None
+        why = "the original deploys in float (no int8 faster within the budget, or accuracy unknown)"
+    reserve = round(reserve, 4)
+    pruning = round(total_points - reserve, 4)
+    return AccuracyBudget(
+        total_points=total_points,
+        int8_reserve_points=reserve,
+        pruning_points=pruning,
+        measured_with=measured,
+        why=f"{total_points:g} points: {reserve:.2f} kept for int8 ({why}), {pruning:.2f} for pruning",
+    )
 
 
 def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
@@ -51,6 +105,35 @@ def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec
     generator = torch.Generator().manual_seed(spec.seed)
     images = torch.randn((SYNTHETIC_SAMPLES, *shape.as_tuple()), generator=generator)
     return images, f"{SYNTHETIC_SAMPLES} synthetic N(0, 1) inputs (no dataset: static int8 accuracy is unknown)"
+
+
+def accuracy_control(
+    original_dir: Path, shape: InputShape, spec: ops.EvalSpec, budget_points: float
+) -> AccuracyControl | None:
+    """What the mixed-precision candidates are judged on: the evaluation images with their classes, the original's
+    answers on them, and the accuracy budget (None without a labelled dataset, or for an untrained model)."""
+    from tools.evaluation.labels import LabelMatch
+
+    evaluation = ops.calibration_batch(original_dir, shape, spec, part="evaluation")
+    if evaluation is None or evaluation.targets is None or spec.label_match is None:
+        return None
+    reference = ops.predictions_on(original_dir, original_dir, shape, spec, "evaluation", desc="original")
+    keep = evaluation.targets >= 0
+    if reference is None or int(keep.sum()) != reference.samples or reference.samples == 0:
+        return None
+    return AccuracyControl(
+        images=evaluation.images[keep],
+        targets=[int(t) for t in evaluation.targets[keep]],
+        reference_pred=reference.predictions,
+        reference_correct=reference.correct,
+        max_drop_points=budget_points,
+        same_class=dict(LabelMatch.model_validate(spec.label_match).same_class),
+    )
+
+
+def full_int8(recommendations: list[QuantizationRecommendation]) -> list[QuantizationRecommendation]:
+    """The plan's recommendations without its float32 ones: every layer the plan quantizes at all is int8."""
+    return [r for r in recommendations if r.dtype != "float32"]
 
 
 def _drop(baseline: float | None, accuracy: float | None) -> float | None:
@@ -69,17 +152,31 @@ def _measure(
     images: torch.Tensor,
     within_budget: BudgetTest,
     baseline_accuracy: float | None,
+    int8_cpu: str = "auto",
+    control: AccuracyControl | None = None,
     source: str | None = None,
 ) -> DeployCandidate:
-    """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it."""
+    """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
+    mixed-precision backend gets the plan's recommendations and ``control``; the others the full-int8 ones."""
     runtime, precision = runtime_and_precision(backend, unknown=("?", "?"))
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
     try:
         artifact = source_dir
         if backend != FLOAT:
             artifact = artifact_dir
-            config = QuantizationConfig(backend=backend)
-            ops.quantize(source_dir, original_dir, recommendations, artifact, config, shape=shape, calibration=images)
+            mixed = BACKENDS[backend].mixed_of is not None
+            config = QuantizationConfig(backend=backend, int8_cpu=int8_cpu)
+            built = ops.quantize(
+                source_dir,
+                original_dir,
+                recommendations if mixed else full_int8(recommendations),
+                artifact,
+                config,
+                shape=shape,
+                calibration=images,
+                accuracy_control=control if mixed else None,
+            )
+            candidate.float_layers = dict(built.get("float_layers") or {})
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = _drop(baseline_accuracy, metrics.accuracy)
         return candidate.model_copy(
@@ -104,7 +201,7 @@ def _time(
     candidates: list[DeployCandidate], original_dir: Path, shape: InputShape, repeats: int, seed: int
 ) -> float | None:
     """Time every candidate that ran, interleaved with the original FP32 model; the original's latency."""
-    timed = {c.key: Path(c.artifact) for c in candidates if c.error is None and c.artifact}
+    timed = {c.key: Path(c.artifact) for c in candidates if c.ran and c.artifact}
     times = ops.compare_latency({"__original__": original_dir, **timed}, shape, repeats=repeats, seed=seed)
     for candidate in candidates:
         candidate.latency_s = times.get(candidate.key, candidate.latency_s)
@@ -119,8 +216,37 @@ def _faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[
     return [
         c.backend
         for c in candidates
-        if c.error is None and not c.within_budget and c.latency_s and (limit is None or c.latency_s < limit)
+        if c.ran and not c.within_budget and c.latency_s and (limit is None or c.latency_s < limit)
     ]
+
+
+def _mixed(
+    backends: list[str], candidates: list[DeployCandidate], control: AccuracyControl | None, always: bool = False
+) -> tuple[list[str], list[DeployCandidate]]:
+    """The mixed-precision backends to build (their full-int8 backend ran over the budget, or ``always``, and there
+    is a labelled dataset to control accuracy with), and a skipped row for each of the others, saying why."""
+    build: list[str] = []
+    skipped: list[DeployCandidate] = []
+    for name in backends:
+        full = BACKENDS[name].mixed_of if name in BACKENDS else None
+        if full is None:
+            continue
+        row = next((c for c in candidates if c.backend == full and c.source is None), None)
+        why = None
+        if control is None:
+            why = "needs a labelled dataset to control accuracy"
+        elif always:
+            why = None
+        elif row is None or not row.ran:
+            why = f"{full} was not built"
+        elif row.within_budget:
+            why = f"not needed: full int8 ({full}) is within the accuracy budget"
+        if why is None:
+            build.append(name)
+        else:
+            runtime, precision = runtime_and_precision(name, unknown=("?", "?"))
+            skipped.append(DeployCandidate(backend=name, runtime=runtime, precision=precision, skipped=why))
+    return build, skipped
 
 
 def deploy(
@@ -137,6 +263,8 @@ def deploy(
     repeats: int = 20,
     forced: bool = False,
     headroom_source: Path | None = None,
+    int8_cpu: str = "auto",
+    control: AccuracyControl | None = None,
 ) -> DeployChoice:
     """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
 
@@ -146,6 +274,10 @@ def deploy(
     round within budget); when candidates faster than the chosen one were over the budget, those backends are
     built from it too (``out_root / headroom / <backend>``), everything is timed again together, and the
     fastest within budget of either source is chosen (``DeployChoice.source`` says which).
+
+    int8 is built for ``int8_cpu`` (:mod:`tools.deploy.cpu`). A mixed-precision backend (``*-mixed``) is built only
+    when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`); its row
+    says why it was not built otherwise.
     """
     images, calibrated_on = calibration_images(original_dir, shape, spec)
     measure = functools.partial(
@@ -157,8 +289,13 @@ def deploy(
         images=images,
         within_budget=within_budget,
         baseline_accuracy=baseline_accuracy,
+        int8_cpu=int8_cpu,
+        control=control,
     )
-    candidates = [measure(b, source_dir, out_root / b) for b in backends]
+    full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
+    candidates = [measure(b, source_dir, out_root / b) for b in full]
+    mixed, skipped = _mixed([b for b in backends if b not in full], candidates, control, always=forced)
+    candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
     original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)
     retry = _faster_over_budget(candidates, chosen) if headroom_source is not None and not forced else []
@@ -170,9 +307,9 @@ def deploy(
         chosen, why = choose(candidates, original_latency)
     if forced and backends[-1] != chosen:
         wanted = next(c for c in candidates if c.backend == backends[-1])
-        if wanted.error is None:
+        if wanted.ran:
             chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it ({why})"
-    usable = [c for c in candidates if c.backend == chosen and c.error is None and c.within_budget and c.latency_s]
+    usable = [c for c in candidates if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
     source = min(usable, key=lambda c: c.latency_s or 0.0).source if usable and not forced else None
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)
     return DeployChoice(
@@ -182,4 +319,11 @@ def deploy(
         original_latency_s=original_latency,
         candidates=candidates,
         calibration=calibrated_on,
+        int8=int8_settings(int8_cpu),
+        accuracy_control=(
+            f"{len(control.images)} evaluation images, the original's answers, a {control.max_drop_points:g}-point "
+            "budget with one standard error"
+            if control is not None
+            else None
+        ),
     )

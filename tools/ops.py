@@ -8,7 +8,7 @@ artifact is already complete returns the existing result instead of recomputing 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +16,9 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, stale_reason
+from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, stale_reason, stored_recipe_hash
 from tools.artifacts.io import (
+    copy_artifact,
     deployed_files,
     is_complete,
     load_compressed,
@@ -50,6 +51,7 @@ from tools.run_data import (
 )
 from tools.schemas import (
     InputShape,
+    Int8Sensitivity,
     Metrics,
     ModelProfile,
     OptimizationPlan,
@@ -60,6 +62,7 @@ from tools.store.files import atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from tools.compression.distill import DistillConfig
+    from tools.deploy.accuracy import AccuracyControl
     from tools.evaluation.paired import ImagePredictions, PartAccuracy
 
 logger = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ __all__ = [  # the run's data operations live in tools.run_data; they are re-exp
     "evaluate",
     "evaluate_accuracy_on",
     "finetune_batch",
+    "int8_sensitivity",
     "match_dataset_labels",
     "part_sizes",
     "predictions_on",
@@ -239,6 +243,37 @@ def sensitivity(
     return result
 
 
+def int8_sensitivity(
+    original_dir: Path, shape: InputShape, out_dir: Path, spec: EvalSpec, int8_cpu: str = "auto", samples: int = 128
+) -> Int8Sensitivity | None:
+    """Per-block int8 sensitivity of the original (``int8_sensitivity.json``, also put into ``profile.json``): ONNX
+    Runtime static int8 of one block at a time, on this CPU with the int8 settings of ``int8_cpu``'s kind, against
+    the float model on ``samples`` calibration images (:func:`tools.deploy.onnxruntime.mixed.measure_int8_sensitivity`).
+    None without calibration images or without ONNX Runtime."""
+    import tempfile
+
+    from tools.deploy.cpu import int8_settings
+    from tools.deploy.onnxruntime.mixed import StaticInt8Build, measure_int8_sensitivity
+    from tools.deploy.registry import available
+
+    target = out_dir / "int8_sensitivity.json"
+    if target.is_file():
+        return Int8Sensitivity.model_validate(read_json(target))
+    calibration = calibration_batch(original_dir, shape, spec)
+    if calibration is None or not available("onnxruntime-static"):
+        return None
+    model = load_original(original_dir).model.eval()
+    with tempfile.TemporaryDirectory(prefix=".int8-sensitivity-", dir=out_dir) as work:
+        build = StaticInt8Build(model, example_input(shape), calibration.images, Path(work), int8_settings(int8_cpu))
+        result = measure_int8_sensitivity(build, calibration.images[:samples])
+    atomic_write_json(target, result.model_dump())
+    profile_file = out_dir / "profile.json"
+    if profile_file.is_file():
+        profile = ModelProfile.model_validate(read_json(profile_file))
+        atomic_write_json(profile_file, profile.model_copy(update={"int8_sensitivity": result}).model_dump())
+    return result
+
+
 # --- pruning and quantization -----------------------------------------------------------------------
 
 
@@ -332,6 +367,8 @@ def quantize(
     *,
     shape: InputShape | None = None,
     calibration: torch.Tensor | None = None,
+    accuracy_control: AccuracyControl | None = None,
+    reuse: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Quantize the model at ``source_dir`` (original or pruned) with one backend; save it as deployed.
 
@@ -339,23 +376,36 @@ def quantize(
     ``auto`` (one backend, :func:`~tools.deploy.registry.default_quantize_backend`: ONNX Runtime where it is
     installed; should it fail on this model, ``torch-ao-dynamic``, with a note). ``shape`` is the input the model
     is exported with by backends that export it (default: resolved from the original). ``calibration``:
-    preprocessed images, for the backends that quantize activations statically.
+    preprocessed images, for the backends that quantize activations statically. ``config.int8_cpu``: the CPU kind
+    int8 is built for (:mod:`tools.deploy.cpu`). ``accuracy_control``: for the mixed-precision backends.
+    ``reuse``: other places a complete artifact of the same recipe may already be (a deployment candidate): the first
+    one found is copied instead of built again.
     Returns the quantization report as saved, plus ``rebuilt``: why a complete artifact in ``out_dir`` built from
     another recipe (``tools.artifacts.hashes.quantize_recipe_hash``) was replaced (None when nothing stale was).
     """
     from tools.deploy.base import ModuleBackend, QuantizationError, QuantReport
+    from tools.deploy.cpu import resolve_target
     from tools.deploy.onnxruntime.export import OnnxRuntimeError
     from tools.deploy.registry import AUTO, DEFAULT_BACKEND, get_backend, plan_quantization
 
-    backend = (config or QuantizationConfig()).backend
-    key = quantize_recipe_hash(source_dir, recommendations, backend, shape, calibration)
+    config = config or QuantizationConfig()
+    backend = config.backend
+    target = resolve_target(config.int8_cpu)
+    control = accuracy_control.digest() if accuracy_control is not None else None
+    key = quantize_recipe_hash(
+        source_dir, recommendations, backend, shape, calibration, int8_target=target, accuracy_control=control
+    )
     stale = stale_reason(out_dir, key)
     if stale is not None:
         logger.warning("rebuilding the quantized model: %s", stale)
-    if not is_complete(out_dir) or stale is not None:
+    built = next((Path(p) for p in reuse if stored_recipe_hash(Path(p)) == key), None)
+    if (not is_complete(out_dir) or stale is not None) and built is not None:
+        copy_artifact(built, out_dir)
+        logger.info("copied the quantized model %s (same recipe) to %s", built, out_dir)
+    elif not is_complete(out_dir) or stale is not None:
         float_model = load_module(source_dir)
         recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
-        report = plan_quantization(float_model, recommendations, backend=backend)
+        report = plan_quantization(float_model, recommendations, backend=backend, int8_cpu=target)
         exports = not isinstance(get_backend(report.backend), ModuleBackend)  # an in-memory backend needs no input
         example = example_input(shape or resolve_input_shape(original_dir)) if shape or exports else None
 
@@ -369,6 +419,7 @@ def quantize(
                 example_input=example,
                 calibration=calibration,
                 recipe_key=key,
+                accuracy_control=accuracy_control,
             )
 
         try:

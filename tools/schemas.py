@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 PruningType = Literal["structured", "head", "head_dim"]
-QuantDType = Literal["qint8", "float16"]
+QuantDType = Literal["qint8", "float16", "float32"]
+"""A layer's deployed precision: int8, float16 (torch-ao-dynamic only), or float32 (kept in float: mixed precision)."""
 
 
 class PruningRecommendation(BaseModel):
@@ -38,9 +39,17 @@ class QuantizationRecommendation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     justification: str = Field(default="", description="Why these layers are quantized with this dtype.")
-    layer: str = Field(default="all", description="'all' for every nn.Linear, or a regex over module names.")
-    quantization_type: Literal["dynamic"] = "dynamic"
-    dtype: QuantDType = "qint8"
+    layer: str = Field(
+        default="all",
+        description="'all' for every layer the backend quantizes (nn.Linear; Conv too for static int8), or a regex "
+        "over module names; a later recommendation overrides an earlier one for the layers both select.",
+    )
+    quantization_type: Literal["dynamic", "static"] = Field(
+        default="dynamic",
+        description="dynamic (activations quantized per call) or static (activation ranges calibrated); the "
+        "deployment measures both kinds of backend either way.",
+    )
+    dtype: QuantDType = Field(default="qint8", description="qint8, float16, or float32 (the layers stay in float).")
 
 
 class OptimizationPlan(BaseModel):
@@ -158,6 +167,27 @@ class SensitivityProfile(BaseModel):
     skipped: dict[str, str] = Field(default_factory=dict)
 
 
+class Int8GroupDamage(BaseModel):
+    """What int8 does to the model when one block of layers alone is quantized (the rest kept in float)."""
+
+    group: str = Field(description="The block: module names up to their last numbered part (vit.layers.3).")
+    layers: list[str] = Field(description="Its layers with weights int8 quantizes (Conv, Linear).")
+    kl: float = Field(description="Mean KL divergence of the int8 model's class probabilities from the float's (nats).")
+    flips_pct: float = Field(description="Images whose top-1 class changes, % of the images measured.")
+
+
+class Int8Sensitivity(BaseModel):
+    """Measured per-block int8 sensitivity: static int8 in a real runtime on this CPU, on calibration images."""
+
+    backend: str = Field(description="The runtime and backend measured (onnxruntime-static).")
+    int8: dict[str, Any] = Field(description="The int8 settings used: target CPU kind, 7-bit weights, the CPU.")
+    images: int
+    full_kl: float = Field(description="KL divergence with every block int8.")
+    full_flips_pct: float = Field(description="Top-1 flips with every block int8, %.")
+    groups: list[Int8GroupDamage] = Field(default_factory=list, description="Most damaging first.")
+    seconds: float
+
+
 class ModelProfile(BaseModel):
     """What ``profile.json`` holds."""
 
@@ -174,6 +204,17 @@ class ModelProfile(BaseModel):
     operators: list[OperatorProfile] = Field(default_factory=list)
     trace_path: str | None = None
     sensitivity: SensitivityProfile | None = None
+    int8_sensitivity: Int8Sensitivity | None = None
+
+
+class AccuracyBudget(BaseModel):
+    """How ``--max-accuracy-drop`` is split between pruning and int8, from int8's damage to the original."""
+
+    total_points: float
+    int8_reserve_points: float = Field(description="Kept for int8: what the original's int8 deployment loses.")
+    pruning_points: float = Field(description="What pruning rounds are held to: total less the int8 reserve.")
+    measured_with: str | None = Field(default=None, description="The deployment of the original it was measured on.")
+    why: str = Field(default="", description="One line for the report.")
 
 
 class PairedAccuracy(BaseModel):
@@ -265,6 +306,12 @@ class RunReport(BaseModel):
     )
     speedup: dict[str, Any] | None = Field(
         default=None, description="SpeedupFactors: the deployed model's speed-up as runtime x precision x pruning."
+    )
+    original_deployment: dict[str, Any] | None = Field(
+        default=None, description="DeployChoice of the original, every int8 in full precision (before pruning)."
+    )
+    accuracy_budget: AccuracyBudget | None = Field(
+        default=None, description="How --max-accuracy-drop was split between pruning and int8."
     )
     rounds: list[RoundResult] = Field(default_factory=list)
     plan: PlanRecord = Field(default_factory=PlanRecord)

@@ -66,6 +66,8 @@ class PlanningContext:
     #: The run's importance criterion and training-free recovery (``None``: not known to the planner).
     importance: str | None = None
     recovery: str | None = None
+    #: The share of the accuracy budget kept for int8 (points; ``accuracy_budget``): what int8 decisions work within.
+    int8_reserve_points: float = 0.0
 
 
 class PlanResult(BaseModel):

@@ -118,6 +118,14 @@ _DTYPES = {
     "f16": "float16",
     "torch.float16": "float16",
     "16": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "float": "float32",
+    "torch.float32": "float32",
+    "32": "float32",
+    "none": "float32",
+    "keep": "float32",
 }
 
 
@@ -203,9 +211,12 @@ def _normalize_quant_rec(item: Any, where: str, notes: list[str]) -> Any:
         rec["dtype"] = qtype
         rec["quantization_type"] = "dynamic"
         notes.append(f"{where}: read quantization_type {qtype!r} as a dtype")
-    elif isinstance(qtype, str) and "dynamic" in qtype.lower() and qtype != "dynamic":
-        rec["quantization_type"] = "dynamic"
-        notes.append(f"{where}: read quantization_type {qtype!r} as 'dynamic'")
+    elif isinstance(qtype, str) and qtype not in ("dynamic", "static"):
+        for kind in ("dynamic", "static"):
+            if kind in qtype.lower():
+                rec["quantization_type"] = kind
+                notes.append(f"{where}: read quantization_type {qtype!r} as {kind!r}")
+                break
     dtype = rec.get("dtype")
     if isinstance(dtype, str | int) and not isinstance(dtype, bool):
         mapped = _DTYPES.get(str(dtype).strip().lower())

@@ -84,8 +84,8 @@ def compact_schema_text(max_ratio: float, *, iteration: bool) -> str:
     quantization = (
         ""
         if iteration
-        else ', "quantization_recommendations": [{"layer": "all", "quantization_type": "dynamic", '
-        '"dtype": "qint8 or float16"}]'
+        else ', "quantization_recommendations": [{"layer": "all or a regex", "quantization_type": "dynamic or '
+        'static", "dtype": "qint8, float16 or float32"}]'
     )
     return (
         'Answer format (OptimizationPlan): {"pruning_recommendations": [{"layer": "<a regex from the lists '

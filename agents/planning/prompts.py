@@ -25,6 +25,7 @@ from typing import Any
 
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.prompt_budget import FULL, PromptDetail, capped, compact_schema_text, rounds_shown
+from agents.planning.prompt_int8 import int8_lines
 from agents.planning.prompt_sensitivity import sensitivity_lines, settings_lines
 from agents.planning.rules import exact_pattern
 from tools.profiling.profile import name_pattern
@@ -292,7 +293,7 @@ def profile_summary(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
 def _measured(ctx: PlanningContext, detail: PromptDetail = FULL) -> list[str]:
     """The pruning settings and the sensitivity table, each followed by a blank line (nothing if absent)."""
     out: list[str] = []
-    for block in (settings_lines(ctx), sensitivity_lines(ctx, max_units=detail.units)):
+    for block in (settings_lines(ctx), sensitivity_lines(ctx, max_units=detail.units), int8_lines(ctx)):
         out += [*block, ""] if block else []
     return out
 
@@ -326,8 +327,10 @@ def _rules(ctx: PlanningContext, *, iteration: bool) -> list[str]:
         )
     else:
         rules.append(
-            "6. quantization_recommendations: layer 'all' (every nn.Linear) or a regex over nn.Linear names; "
-            "quantization_type 'dynamic'; dtype 'qint8' or 'float16'."
+            "6. quantization_recommendations: layer 'all' (every Linear and Conv layer a runtime quantizes) or a regex "
+            "over their module names, later entries overriding earlier ones; quantization_type 'dynamic' or "
+            "'static'; dtype 'qint8', 'float16' (PyTorch only) or 'float32' (kept in float: mixed precision). Keep "
+            "in float only the blocks whose measured int8 damage dominates the whole model's."
         )
     rules.append("7. Output exactly one JSON object matching the schema: no prose, no comments, no code fences.")
     return rules

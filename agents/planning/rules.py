@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.planning.base import PlanningContext, PlanResult
+from agents.planning.quantization import quantization_plan
 from tools.compression.sensitivity import unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
@@ -33,7 +34,6 @@ from tools.schemas import (
     ModelProfile,
     OptimizationPlan,
     PruningRecommendation,
-    QuantizationRecommendation,
     SensitivityProfile,
     SensitivityUnit,
 )
@@ -251,26 +251,12 @@ class RulesPlanner:
                     justification=f"{target.why} {note}",
                 )
             )
-        quant = self._quantization(ctx.profile)
+        quant = quantization_plan(ctx.profile, ctx.int8_reserve_points)
         return PlanResult(
             plan=OptimizationPlan(pruning_recommendations=recs, quantization_recommendations=quant),
             source=self.name,
             planner_state={"level": round(level, 4)},
         )
-
-    @staticmethod
-    def _quantization(profile: ModelProfile) -> list[QuantizationRecommendation]:
-        linear = [g for g in profile.groups if g.type == "Linear"]
-        params = sum(g.params_share for g in linear)
-        macs = sum(g.macs_share for g in linear)
-        why = (
-            f"nn.Linear layers hold {_pct(params)} of parameters and {_pct(macs)} of MACs; "
-            "dynamic int8 stores their weights in a quarter of the space and runs them with int8 kernels, "
-            "activations are quantized on the fly so no calibration data is needed."
-        )
-        if params < 0.2:
-            why += " Most of this model is convolutional, so the saving is limited to its Linear layers."
-        return [QuantizationRecommendation(layer="all", quantization_type="dynamic", dtype="qint8", justification=why)]
 
     @staticmethod
     def _widest_gap(levels: list[float], upper: float) -> float:
@@ -333,7 +319,8 @@ class RulesPlanner:
             )
         return PlanResult(
             plan=OptimizationPlan(
-                pruning_recommendations=recs, quantization_recommendations=self._quantization(ctx.profile)
+                pruning_recommendations=recs,
+                quantization_recommendations=quantization_plan(ctx.profile, ctx.int8_reserve_points),
             ),
             source=self.name,
             planner_state={

@@ -6,8 +6,10 @@ import math
 from typing import Any
 
 from graph.context import Selection
-from tools.evaluation.paired import standard_error_points
 from tools.schemas import PairedAccuracy
+from tools.stats import budget_drop_points, standard_error_points, within_budget
+
+__all__ = ["accuracy_drop_points", "best_round", "budget_drop_points", "within_budget"]
 
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
@@ -15,34 +17,6 @@ def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> floa
     if baseline is None or accuracy is None:
         return None
     return round(100.0 * (baseline - accuracy), 4)
-
-
-def budget_drop_points(
-    drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None = None
-) -> float | None:
-    """The drop the budget test holds against ``--max-accuracy-drop``: the measured drop plus one standard
-    error of the paired difference (``se`` = the 95 % interval's half-width / 1.96). Without a paired result,
-    the point estimate ``drop_points``; None when accuracy is unknown."""
-    if paired is None:
-        return drop_points
-    result = PairedAccuracy.model_validate(paired)
-    return -result.delta_points + standard_error_points(result)
-
-
-def within_budget(
-    drop_points: float | None, max_drop: float, paired: PairedAccuracy | dict[str, Any] | None = None
-) -> bool:
-    """The accuracy budget test, the one place it is decided.
-
-    With a paired comparison (``Metrics.paired``: the candidate and the original on the same images), a
-    candidate is within budget when its drop **plus one standard error** is at most ``max_drop``:
-    ``-delta + se <= max_drop``. A small evaluation subset has a large standard error, so a candidate whose
-    measured drop is just under the budget by chance is not taken; with many images, or few disagreements
-    with the original, ``se`` is small and the test is the measured drop. Without a paired result the
-    point estimate ``drop_points`` decides; an unknown accuracy (untrained model, no dataset) never rejects.
-    """
-    drop = budget_drop_points(drop_points, paired)
-    return drop is None or drop <= max_drop + 1e-9
 
 
 def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, Any] | None:

@@ -33,6 +33,9 @@ from tools.compression.heads import ATTENTION_SPECS
 from tools.profiling.profile import name_pattern
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
 
+#: The profile's layer types a quantization recommendation may select (what the runtimes quantize).
+QUANTIZABLE_TYPES = frozenset({"Linear", "Conv1d", "Conv2d"})
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["repair_plan", "validate_plan"]
@@ -66,7 +69,7 @@ class _Universe:
         names = (
             list(model_layer_names)
             if model_layer_names is not None
-            else [lp.name for lp in ctx.profile.layers if lp.type == "Linear"]
+            else [lp.name for lp in ctx.profile.layers if lp.type in QUANTIZABLE_TYPES]
         )
         return cls(
             model_class=ctx.profile.model_class,
@@ -163,10 +166,10 @@ def _pruning_errors(
 def _quantization_errors(i: int, rec: QuantizationRecommendation, u: _Universe) -> list[str]:
     where = f"quantization_recommendations[{i}] (layer {rec.layer!r})"
     errors = []
-    if rec.quantization_type != "dynamic":
-        errors.append(f"{where}: quantization_type must be 'dynamic'")
-    if rec.dtype not in ("qint8", "float16"):
-        errors.append(f"{where}: dtype must be 'qint8' or 'float16'")
+    if rec.quantization_type not in ("dynamic", "static"):
+        errors.append(f"{where}: quantization_type must be 'dynamic' or 'static'")
+    if rec.dtype not in ("qint8", "float16", "float32"):
+        errors.append(f"{where}: dtype must be 'qint8', 'float16' or 'float32'")
     if rec.layer == "all":
         return errors
     rx, problem = _compile(rec.layer)
@@ -174,7 +177,7 @@ def _quantization_errors(i: int, rec: QuantizationRecommendation, u: _Universe) 
         return [*errors, f"{where}: invalid regular expression: {problem}"]
     if u.quant_names and not any(rx.search(n) for n in u.quant_names):
         patterns = sorted({name_pattern(n) for n in u.quant_names})
-        errors.append(f"{where}: matches no nn.Linear module; use 'all' or a pattern such as {_listing(patterns)}")
+        errors.append(f"{where}: matches no Linear or Conv module; use 'all' or a pattern such as {_listing(patterns)}")
     return errors
 
 

@@ -91,10 +91,12 @@ def test_static_int8_artifact_runs_and_mostly_agrees_with_fp32(run: dict[str, Pa
     report = _meta(out)["quantization"]
     assert report["backend"] == "onnxruntime-static"
     reference = MODELS[name]()
-    # every Linear the export applies with a constant weight is int8, not only the plan's
-    assert sorted(report["layers"]) == _linears(reference) and set(report["layers"].values()) == {"qint8"}
-    assert any("not only the plan's Linear layers" in note for note in report["notes"])
+    # every Linear and Conv the export applies with a constant weight is int8 (layer "all")
+    assert set(_linears(reference)) <= set(report["layers"]) and set(report["layers"].values()) == {"qint8"}
+    convs = {n for n, m in reference.named_modules() if isinstance(m, nn.Conv2d)}
+    assert convs & set(report["layers"]), "convolutions are int8 too"
     assert any("calibrated on 48 images" in note for note in report["notes"])
+    assert report["int8"]["reduce_range"] == (report["int8"]["target"] == "no-vnni")
     counts = quantized_op_counts(out / "model.onnx")
     assert counts.get("Conv", 0) >= 1 and sum(counts.values()) > 2, counts
     assert not weighted_nodes(out / "model.onnx"), "no MatMul/Gemm weight is left in float"

@@ -125,7 +125,9 @@ def test_artifact_round_trip(run: dict[str, Path], backend: str) -> None:
         linears = {n for n, m in float_model.named_modules() if type(m) is nn.Linear}
         assert linears <= set(report["layers"]), "every Linear is int8"
         assert "vit.embeddings.patch_embeddings.projection" in report["layers"], "and the patch convolution"
-        assert any("not only the plan's Linear layers" in note for note in report["notes"])
+        assert report["int8"]["target"] in ("vnni", "no-vnni"), "the CPU kind the int8 model is built for"
+        fix = "enable" if report["int8"]["target"] == "no-vnni" else "first_layer_only"
+        assert report["int8"]["overflow_fix"] == fix
         assert not torch.equal(first, reference)
         assert torch.allclose(first, reference, atol=0.15)
     with pytest.raises(TypeError, match="not a torch module"):
@@ -151,5 +153,6 @@ def test_plans_say_what_each_backend_quantizes() -> None:
     fp32 = plan_quantization(model, ALL, backend="openvino")
     assert fp32.layers == {} and fp32.notes == ["the openvino backend deploys FP32 IR: no layer is quantized"]
     int8 = plan_quantization(model, ALL, backend="openvino-int8")
-    assert set(int8.layers) == {n for n, m in model.named_modules() if type(m) is nn.Linear}
+    assert set(int8.layers) == {n for n, m in model.named_modules() if type(m) in (nn.Linear, nn.Conv2d)}
+    assert int8.int8 is not None and fp32.int8 is None, "int8 settings for the CPU kind, only where int8 runs"
     assert get_backend("openvino-int8").deployed_file == get_backend("openvino").deployed_file == "model.xml"

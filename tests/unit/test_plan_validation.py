@@ -96,7 +96,7 @@ def test_blocked_modules_and_projections_are_explained(vit_ctx: PlanningContext)
 
 def test_quantization_patterns_must_select_a_layer(vit_ctx: PlanningContext) -> None:
     (error,) = validate_plan(_plan(quant=[QuantizationRecommendation(layer=r"^features\.\d+$")]), vit_ctx)
-    assert "matches no nn.Linear module" in error
+    assert "matches no Linear or Conv module" in error
     plan = _plan(quant=[QuantizationRecommendation(layer=r"^head$")])
     assert validate_plan(plan, vit_ctx, model_layer_names=["head", "body"]) == []
 

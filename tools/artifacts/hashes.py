@@ -99,10 +99,14 @@ def quantize_recipe_hash(
     backend: str,
     shape: InputShape | None = None,
     calibration: torch.Tensor | None = None,
+    *,
+    int8_target: str | None = None,
+    accuracy_control: str | None = None,
 ) -> str:
     """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
     pruned model changes it), the recommendations without their justifications, the backend asked for, the
-    export shape and the calibration images."""
+    export shape, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``) and what
+    accuracy control judges by (its digest)."""
     return recipe_hash(
         {
             "kind": "quantized",
@@ -111,6 +115,8 @@ def quantize_recipe_hash(
             "backend": backend,
             "shape": list(shape.as_tuple()) if shape is not None else None,
             "calibration": tensor_digest(calibration),
+            "int8_target": int8_target,
+            "accuracy_control": accuracy_control,
         }
     )
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,12 +31,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tools.artifacts.structure import apply_structure, describe_structure
+from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import ModuleBackend, QuantizedModel, QuantReport
+from tools.deploy.cpu import detect_cpu
 from tools.deploy.registry import BACKENDS, get_backend
 from tools.models.base import LoadedModel, family_of
 from tools.models.sources import source_named
 from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json
 from tools.text import first_line
+
+logger = logging.getLogger(__name__)
 
 ArtifactKind = Literal["original", "pruned", "quantized"]
 
@@ -151,20 +157,45 @@ def save_quantized(
     qmodel: nn.Module | None = None,
     calibration: torch.Tensor | None = None,
     recipe_key: str | None = None,
+    accuracy_control: AccuracyControl | None = None,
 ) -> Path:
     """Quantize ``float_model`` with ``report``'s backend and save the artifact (or save ``qmodel``, an
     in-memory torch backend's result). The report written is the one the backend carried out.
     ``calibration``: preprocessed images for backends that quantize activations statically; ``recipe_key``:
-    the recipe's :func:`recipe_hash`."""
+    the recipe's :func:`recipe_hash`; ``accuracy_control``: for the mixed-precision backends."""
     reference = load_original(base_dir).model
     backend = get_backend(report.backend)
     with StagingDir(out_dir) as tmp:
         done = backend.save(
-            float_model, report, tmp, example_input=example_input, qmodel=qmodel, calibration=calibration
+            float_model,
+            report,
+            tmp,
+            example_input=example_input,
+            qmodel=qmodel,
+            calibration=calibration,
+            accuracy_control=accuracy_control,
         )
         meta = _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done, recipe_key)
         atomic_write_json(tmp / META_FILE, meta)
     return out_dir
+
+
+def copy_artifact(source: Path, target: Path) -> Path:
+    """Copy the complete artifact at ``source`` to ``target`` (replaced whole), its original found from there:
+    the files as they are, ``artifact.json`` with its ``base`` made relative to ``target``."""
+    source, target = Path(source), Path(target)
+    if not is_complete(source):
+        raise FileNotFoundError(f"{source} is not a complete model artifact: nothing to copy")
+    meta = read_json(source / META_FILE)
+    if meta.get("base"):
+        base = (source.parent / meta["base"]).resolve()
+        meta["base"] = os.path.relpath(base, target.resolve().parent)
+    with StagingDir(target) as tmp:
+        for item in source.iterdir():
+            if item.is_file() and item.name != META_FILE:
+                shutil.copy2(item, tmp / item.name)
+        atomic_write_json(tmp / META_FILE, meta)
+    return target
 
 
 def _meta(
@@ -232,6 +263,9 @@ def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | Quanti
 
     if meta["kind"] == "quantized":
         report = QuantReport.model_validate(meta["quantization"])
+        warning = report.int8.warning(detect_cpu(), path) if report.int8 is not None else None
+        if warning:  # built for VNNI, loaded where int8 pair sums saturate
+            logger.warning(warning)
         deployed = get_backend(report.backend).load(path, report, rebuild)
         return deployed.to(device).eval() if isinstance(deployed, nn.Module) else deployed
     model = rebuild()

@@ -20,10 +20,15 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from tools.deploy.accuracy import AccuracyControl
+from tools.deploy.cpu import Int8Settings
 from tools.schemas import QuantDType
 
 Runtime = Literal["pytorch", "onnxruntime", "openvino"]
 """The runtime that runs a deployed model."""
+
+#: The module types whose weights static int8 quantizes (Conv and MatMul/Gemm operators): a plan's layers for it.
+WEIGHTED_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
 
 class QuantizationError(ValueError):
@@ -39,6 +44,15 @@ class QuantReport(BaseModel):
     layers: dict[str, QuantDType] = Field(default_factory=dict, description="module name -> dtype")
     unmatched: list[str] = Field(default_factory=list, description="patterns that selected no nn.Linear")
     notes: list[str] = Field(default_factory=list, description="what the backend could not do as asked")
+    float_layers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Layers an int8 backend could quantize but kept in float (mixed precision): layer -> why.",
+    )
+    int8: Int8Settings | None = Field(
+        default=None,
+        description="The CPU kind the int8 arithmetic is built for, its settings, and the CPU it was built and "
+        "validated on (None: a float or torch backend, whose int8 does not depend on the CPU kind).",
+    )
 
 
 QuantizedModel = Callable[[torch.Tensor], Any]
@@ -53,6 +67,10 @@ class Deployment(Protocol):
     precision: str
     float_reference: str
     requires: tuple[str, ...]
+    #: Whether its int8 arithmetic depends on the CPU kind (VNNI or not): its report then carries ``int8``.
+    cpu_dependent_int8: bool
+    #: For a mixed-precision backend, the full-int8 backend it controls (built only when that one is over budget).
+    mixed_of: str | None
 
 
 class QuantizationBackend(Deployment, Protocol):
@@ -60,6 +78,8 @@ class QuantizationBackend(Deployment, Protocol):
     a backend whose weights sit beside it names that file ``weights_file`` as well)."""
 
     deployed_file: str
+    #: The module types whose weights it can quantize (a plan's layer patterns select among these).
+    layer_kinds: tuple[type[nn.Module], ...]
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         """The targets this backend quantizes as asked, and notes on those it leaves in float."""
@@ -74,10 +94,13 @@ class QuantizationBackend(Deployment, Protocol):
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
         calibration: torch.Tensor | None = None,
+        accuracy_control: AccuracyControl | None = None,
     ) -> QuantReport:
         """Quantize ``float_model`` as ``report`` says (or take ``qmodel``, already quantized by this backend)
         and write ``out_dir / deployed_file``; return the report as carried out. ``calibration`` (preprocessed
-        images) is for backends that quantize activations statically; dynamic ones ignore it."""
+        images) is for backends that quantize activations statically; dynamic ones ignore it.
+        ``accuracy_control`` is for mixed-precision backends, which keep layers in float until it holds; the
+        others ignore it."""
         ...
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
@@ -99,6 +122,7 @@ def importable(modules: Iterable[str]) -> bool:
 
 
 __all__ = [
+    "WEIGHTED_MODULES",
     "BackendNotApplicable",
     "Deployment",
     "ModuleBackend",

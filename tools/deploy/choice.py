@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tools.deploy.cpu import Int8Settings
 from tools.deploy.registry import BACKENDS, FLOAT
 from tools.schemas import PairedAccuracy
 
@@ -37,9 +38,18 @@ class DeployCandidate(BaseModel):
     throughput_ips: float | None = Field(default=None, description="Images per second at the evaluation batch.")
     memory_mb: float | None = None
     error: str | None = Field(default=None, description="Why this candidate could not be built or run.")
+    skipped: str | None = Field(default=None, description="Why it was not built (a mixed candidate not needed).")
+    float_layers: dict[str, str] = Field(
+        default_factory=dict, description="Layers an int8 candidate kept in float (mixed precision): layer -> why."
+    )
     source: str | None = Field(
         default=None, description="The model it was built from when not the best one (a round with more headroom)."
     )
+
+    @property
+    def ran(self) -> bool:
+        """Whether it was built and evaluated (not failed, not skipped)."""
+        return self.error is None and self.skipped is None
 
     @property
     def key(self) -> str:
@@ -57,6 +67,12 @@ class DeployChoice(BaseModel):
     )
     original_latency_s: float | None = Field(default=None, description="The original FP32 PyTorch model, batch 1.")
     calibration: str = Field(default="", description="What the static int8 candidates were calibrated on.")
+    int8: Int8Settings | None = Field(
+        default=None, description="The CPU kind int8 was built for, its settings, and the CPU it was validated on."
+    )
+    accuracy_control: str | None = Field(
+        default=None, description="What the mixed-precision candidates were judged on (images, budget)."
+    )
     candidates: list[DeployCandidate] = Field(default_factory=list)
 
 
@@ -69,7 +85,7 @@ def available_backends(registered: list[str], importable: Callable[[str], bool])
 
 def choose(candidates: list[DeployCandidate], original_latency_s: float | None) -> tuple[str, str]:
     """(backend to deploy, why): the fastest candidate within budget, if it beats the original FP32 model."""
-    usable = [c for c in candidates if c.error is None and c.within_budget and c.latency_s is not None]
+    usable = [c for c in candidates if c.ran and c.within_budget and c.latency_s is not None]
     if not usable:
         return FLOAT, "no runtime candidate ran within the accuracy budget: the float model is deployed"
     best = min(usable, key=lambda c: (c.latency_s, c.backend != FLOAT))
@@ -91,7 +107,7 @@ def choose(candidates: list[DeployCandidate], original_latency_s: float | None) 
     if others and best.latency_s:
         runner = others[0]
         parts.append(f"next: {runner.key} at {1e3 * (runner.latency_s or 0.0):.2f} ms")
-    rejected = [c.key for c in candidates if c.error is None and not c.within_budget]
+    rejected = [c.key for c in candidates if c.ran and not c.within_budget]
     if rejected:
         parts.append("over the accuracy budget: " + ", ".join(rejected))
     failed = [c.key for c in candidates if c.error is not None]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import QuantizationError, QuantReport, Runtime
 from tools.schemas import QuantDType
 
@@ -35,6 +36,8 @@ class FloatModel:
     precision = "fp32"
     float_reference = FLOAT
     requires: tuple[str, ...] = ()
+    cpu_dependent_int8 = False
+    mixed_of: str | None = None
 
 
 @contextlib.contextmanager
@@ -55,11 +58,14 @@ class TorchAODynamicBackend:
     precision = "int8 dynamic (Linear)"
     float_reference = FLOAT
     requires: tuple[str, ...] = ()
+    cpu_dependent_int8 = False
+    mixed_of: str | None = None
     deployed_file = "model.safetensors"
+    layer_kinds: tuple[type[nn.Module], ...] = (nn.Linear,)
     _suffixes = ("weight_int8", "weight_scale", "weight_zero_point", "weight_fp16", "bias")
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
-        return dict(targets), []
+        return {name: dtype for name, dtype in targets.items() if dtype != "float32"}, []
 
     def quantize(self, model: nn.Module, targets: dict[str, QuantDType]) -> nn.Module:
         from torch.ao.quantization import (
@@ -130,6 +136,7 @@ class TorchAODynamicBackend:
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
         calibration: torch.Tensor | None = None,
+        accuracy_control: AccuracyControl | None = None,
     ) -> QuantReport:
         """The state dict as deployed: packed weights exported as int8 + scales (or float16), the rest as is."""
         from safetensors.torch import save_file

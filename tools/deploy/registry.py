@@ -27,8 +27,10 @@ from collections.abc import Iterable
 from torch import nn
 
 from tools.deploy.base import Deployment, ModuleBackend, QuantizationBackend, QuantizationError, QuantReport, importable
+from tools.deploy.cpu import int8_settings
 from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeDynamicBackend, OnnxRuntimeFusedBackend
-from tools.deploy.openvino.backend import OpenVinoBackend
+from tools.deploy.onnxruntime.mixed import OnnxRuntimeMixedBackend
+from tools.deploy.openvino.backend import OpenVinoBackend, OpenVinoMixedBackend
 from tools.deploy.pytorch import FLOAT, FloatModel, TorchAODynamicBackend
 from tools.schemas import QuantDType, QuantizationRecommendation
 
@@ -43,8 +45,10 @@ BACKENDS: dict[str, QuantizationBackend] = {
         OnnxRuntimeFusedBackend(),
         OnnxRuntimeBackend(static=False),
         OnnxRuntimeBackend(static=True),
+        OnnxRuntimeMixedBackend(),
         OpenVinoBackend(int8=False),
         OpenVinoBackend(int8=True),
+        OpenVinoMixedBackend(),
     )
 }
 
@@ -100,10 +104,14 @@ def get_backend(name: str = DEFAULT_BACKEND) -> QuantizationBackend:
 
 
 def resolve_targets(
-    model: nn.Module, recommendations: Iterable[QuantizationRecommendation]
+    model: nn.Module,
+    recommendations: Iterable[QuantizationRecommendation],
+    kinds: tuple[type[nn.Module], ...] = (nn.Linear,),
 ) -> tuple[dict[str, QuantDType], list[str]]:
-    """Module name -> dtype for every nn.Linear selected; later recommendations override earlier ones."""
-    linears = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    """Module name -> dtype for every layer of ``kinds`` selected (``all``: every one; else a regex over module
+    names); later recommendations override earlier ones, so ``all`` at qint8 then one block at float32 keeps that
+    block in float. The patterns that selected nothing come second."""
+    linears = [name for name, m in model.named_modules() if type(m) in kinds]
     targets: dict[str, QuantDType] = {}
     unmatched: list[str] = []
     for rec in recommendations:
@@ -123,16 +131,23 @@ def resolve_targets(
 
 
 def plan_quantization(
-    model: nn.Module, recommendations: Iterable[QuantizationRecommendation], *, backend: str = DEFAULT_BACKEND
+    model: nn.Module,
+    recommendations: Iterable[QuantizationRecommendation],
+    *,
+    backend: str = DEFAULT_BACKEND,
+    int8_cpu: str = "auto",
 ) -> QuantReport:
-    """What ``backend`` will quantize in ``model``: the selected nn.Linear layers it supports, and why not others."""
+    """What ``backend`` will quantize in ``model``: the selected nn.Linear layers it supports, and why not others;
+    for a backend whose int8 depends on the CPU kind, the settings for ``int8_cpu`` (:func:`tools.deploy.cpu.
+    int8_settings`: ``auto`` is this machine's kind)."""
     impl = get_backend(backend)
-    targets, unmatched = resolve_targets(model, recommendations)
+    targets, unmatched = resolve_targets(model, recommendations, impl.layer_kinds)
     layers, notes = impl.supported(targets)
     if not targets:
         logger.warning("no nn.Linear selected for quantization; the model is left in float32")
         notes = [*notes, "no nn.Linear layer was selected for int8: this backend's model keeps float32 weights"]
-    return QuantReport(backend=impl.name, layers=layers, unmatched=unmatched, notes=notes)
+    settings = int8_settings(int8_cpu) if impl.cpu_dependent_int8 else None
+    return QuantReport(backend=impl.name, layers=layers, unmatched=unmatched, notes=notes, int8=settings)
 
 
 def quantize(

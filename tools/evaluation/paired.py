@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from tools.evaluation.accuracy import iter_logits
 from tools.evaluation.datasets import EvalDataset
 from tools.evaluation.labels import LabelMatch
 from tools.schemas import PairedAccuracy
+from tools.stats import Z95, paired_accuracy, standard_error_points
 from tools.store.files import META_FILE, atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
@@ -48,69 +48,6 @@ __all__ = [
     "save_predictions",
     "standard_error_points",
 ]
-
-#: The two-sided 95 % quantile of the normal distribution used for the intervals.
-Z95 = 1.96
-#: Points a mean of per-image differences in {-1, 0, 1} can take at most either way.
-_FULL_RANGE = 100.0
-
-
-def paired_accuracy(
-    reference_correct: Sequence[int | bool],
-    candidate_correct: Sequence[int | bool],
-    reference_pred: Sequence[int],
-    candidate_pred: Sequence[int],
-) -> PairedAccuracy:
-    """The candidate's accuracy change against the reference on the same images, with its 95 % interval.
-
-    Inputs are per image, in the same order: correctness (0/1 or bool) and top-1 class of each model.
-    ``delta_points = 100 · mean(c_cand - c_ref)``; the interval is ``delta ± 1.96 · s / sqrt(n)`` with the
-    sample standard deviation ``s`` (n - 1) of the differences. With fewer than two images the spread is
-    unknown and the interval is the whole range, -100 to +100 points (with none, the change is 0 and the
-    agreement 1: nothing was seen to differ).
-    """
-    n = len(reference_correct)
-    if not (len(candidate_correct) == len(reference_pred) == len(candidate_pred) == n):
-        raise ValueError(
-            f"per-image results must align: {n} and {len(candidate_correct)} correct, "
-            f"{len(reference_pred)} and {len(candidate_pred)} predictions"
-        )
-    diffs = [int(bool(c)) - int(bool(r)) for r, c in zip(reference_correct, candidate_correct, strict=True)]
-    gained = sum(1 for d in diffs if d > 0)
-    lost = sum(1 for d in diffs if d < 0)
-    same = sum(1 for r, c in zip(reference_pred, candidate_pred, strict=True) if int(r) == int(c))
-    if n == 0:
-        return PairedAccuracy(
-            delta_points=0.0,
-            ci95_low_points=-_FULL_RANGE,
-            ci95_high_points=_FULL_RANGE,
-            agreement=1.0,
-            samples=0,
-            gained=0,
-            lost=0,
-        )
-    mean = sum(diffs) / n
-    if n < 2:
-        low, high = -_FULL_RANGE, _FULL_RANGE
-    else:
-        variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-        half = Z95 * math.sqrt(variance / n)
-        low, high = 100.0 * (mean - half), 100.0 * (mean + half)
-    return PairedAccuracy(
-        delta_points=round(100.0 * mean, 4),
-        ci95_low_points=round(low, 4),
-        ci95_high_points=round(high, 4),
-        agreement=round(same / n, 6),
-        samples=n,
-        gained=gained,
-        lost=lost,
-    )
-
-
-def standard_error_points(paired: PairedAccuracy | dict[str, Any]) -> float:
-    """One standard error of the paired difference, in points: the interval's half-width / 1.96."""
-    result = PairedAccuracy.model_validate(paired)
-    return (result.ci95_high_points - result.ci95_low_points) / (2 * Z95)
 
 
 class PartAccuracy(BaseModel):

@@ -19,6 +19,7 @@ from typing import Any
 from tools.reporting import html_plans, html_results
 from tools.reporting.html_parts import esc
 from tools.reporting.html_sensitivity import sensitivity_section
+from tools.reporting.int8_view import html_section as int8_section
 from tools.schemas import RunReport
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ def render_html(report: RunReport | dict[str, Any], profile: dict[str, Any] | No
         html_plans.rounds(report),
         html_plans.planner(report),
         html_plans.deployment(report),
+        int8_section(report),
         html_results.profile_section(report, profile),
         sensitivity_section(report, profile),
         html_results.tradeoffs(report),

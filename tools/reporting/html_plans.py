@@ -180,8 +180,9 @@ def deployment(report: RunReport) -> str:
     for c in choice.get("candidates") or []:
         deployed = is_chosen(c, choice)
         label = esc(candidate_label(c)) + (" " + badge("deployed", "accent") if deployed else "")
-        if c.get("error"):
-            cells = [label, esc(c["runtime"]), esc(c["precision"]), esc(f"could not run: {c['error']}")]
+        if c.get("error") or c.get("skipped"):
+            why = f"could not run: {c['error']}" if c.get("error") else f"not built: {c['skipped']}"
+            cells = [label, esc(c["runtime"]), esc(c["precision"]), esc(why)]
             rows.append(("", cells + ["–"] * 5))
             continue
         paired = PairedAccuracy.model_validate(c["paired"]) if c.get("paired") else None

@@ -24,9 +24,10 @@ from tools.reporting.format import (
     speedup,
 )
 from tools.reporting.html_parts import shape_text
+from tools.reporting.int8_view import markdown_lines as int8_lines
 from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
-from tools.schemas import PairedAccuracy, RunReport, SensitivityProfile
+from tools.schemas import Int8Sensitivity, PairedAccuracy, RunReport, SensitivityProfile
 
 METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
 
@@ -100,6 +101,8 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
         "quantized_original": metrics_view(state.get("quantized_original")),
         "deployment": state.get("deployment"),
         "speedup": state.get("speedup"),
+        "original_deployment": state.get("original_deployment"),
+        "accuracy_budget": state.get("accuracy_budget"),
         "rounds": rounds,
         "plan": {
             "source": (state.get("plan") or {}).get("source"),
@@ -119,13 +122,18 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
 
 
 def _sensitivity(profile_path: str | None) -> dict[str, Any]:
-    """``{"sensitivity": ...}`` from the run's ``profile.json`` where it holds one, else nothing."""
+    """``{"sensitivity": ..., "int8_sensitivity": ...}`` from the run's ``profile.json``, those it holds."""
     from tools.store.files import read_json
 
     if not profile_path or not Path(profile_path).is_file():
         return {}
-    value = read_json(Path(profile_path)).get("sensitivity")
-    return {} if value is None else {"sensitivity": SensitivityProfile.model_validate(value).model_dump(mode="json")}
+    profile = read_json(Path(profile_path))
+    found: dict[str, Any] = {}
+    if profile.get("sensitivity") is not None:
+        found["sensitivity"] = SensitivityProfile.model_validate(profile["sensitivity"]).model_dump(mode="json")
+    if profile.get("int8_sensitivity") is not None:
+        found["int8_sensitivity"] = Int8Sensitivity.model_validate(profile["int8_sensitivity"]).model_dump(mode="json")
+    return found
 
 
 def report_json(report: RunReport) -> dict[str, Any]:
@@ -202,6 +210,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
                 f"{recovery_text(r.prune_report)} | {plan} |"
             )
     lines += _deployment_lines(report.deployment)
+    lines += int8_lines(report)
     lines += speedup_lines(report.speedup)
     lines += _planner_decisions(report)
     if report.profile.get("top_groups"):
@@ -240,8 +249,8 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in deployment.get("candidates") or []:
-        if c.get("error"):
-            failed = f"could not run: {c['error']}"
+        if c.get("error") or c.get("skipped"):
+            failed = f"could not run: {c['error']}" if c.get("error") else f"not built: {c['skipped']}"
             lines.append(f"| {candidate_label(c)} | {c['runtime']} | {c['precision']} | {failed} |||||")
             continue
         mark = " (deployed)" if is_chosen(c, deployment) else ""

@@ -20,7 +20,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tools.deploy.base import BackendNotApplicable, QuantizationError, QuantizedModel, QuantReport, Runtime
+from tools.deploy.accuracy import AccuracyControl
+from tools.deploy.base import (
+    WEIGHTED_MODULES,
+    BackendNotApplicable,
+    QuantizationError,
+    QuantizedModel,
+    QuantReport,
+    Runtime,
+)
+from tools.deploy.cpu import Int8Settings, int8_settings
 from tools.deploy.onnxruntime import graph as graphs
 from tools.deploy.onnxruntime.export import export_fp32_onnx, export_onnx, preprocess_onnx
 from tools.deploy.onnxruntime.fusion import AttentionFusionError, NothingToFuse, fuse_attention
@@ -32,6 +41,19 @@ from tools.schemas import QuantDType
 FP32 = "onnxruntime-fp32"
 #: The Python modules every ONNX Runtime backend needs.
 REQUIRES: tuple[str, ...] = ("onnx", "onnxruntime")
+
+
+def _int8_only(backend: str, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
+    """The qint8 targets; float32 ones stay float as asked, float16 ones too (with a note: no float16 here)."""
+    half = sorted(name for name, dtype in targets.items() if dtype == "float16")
+    notes = []
+    if half:
+        shown = ", ".join(half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+        notes.append(
+            f"the {backend} backend quantizes to int8 only: {len(half)} layer(s) asked for float16 "
+            f"stay float32 ({shown}); use --deploy torch-ao-dynamic for float16"
+        )
+    return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
 
 
 class OnnxRuntimeDynamicBackend:
@@ -50,20 +72,15 @@ class OnnxRuntimeDynamicBackend:
     precision = "int8 dynamic (MatMul/Gemm)"
     float_reference = FP32
     requires = REQUIRES
+    cpu_dependent_int8 = True
+    mixed_of: str | None = None
     deployed_file = "model.onnx"
+    layer_kinds: tuple[type[nn.Module], ...] = (nn.Linear,)
     #: Export ViT-style attention as ONNX Runtime's fused Attention operator (:mod:`tools.deploy.onnxruntime.fusion`).
     fuse = False
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
-        half = sorted(name for name, dtype in targets.items() if dtype == "float16")
-        notes = []
-        if half:
-            shown = ", ".join(half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
-            notes.append(
-                f"the onnxruntime backend quantizes to int8 only: {len(half)} layer(s) asked for float16 "
-                f"stay float32 ({shown}); use --quant-backend torch-ao-dynamic for float16"
-            )
-        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+        return _int8_only(self.name, targets)
 
     def save(
         self,
@@ -74,6 +91,7 @@ class OnnxRuntimeDynamicBackend:
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
         calibration: torch.Tensor | None = None,
+        accuracy_control: AccuracyControl | None = None,
     ) -> QuantReport:
         if example_input is None:
             raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
@@ -81,6 +99,7 @@ class OnnxRuntimeDynamicBackend:
             raise QuantizationError(f"the {self.name} backend quantizes the float model itself: pass no qmodel")
         out_dir = Path(out_dir)
         target = out_dir / self.deployed_file
+        settings = report.int8 or int8_settings()
         exported, op_types, notes = float_model, graphs.QUANTIZED_OP_TYPES, list(report.notes)
         if self.fuse:
             try:
@@ -109,7 +128,13 @@ class OnnxRuntimeDynamicBackend:
             else:
                 every = set(report.layers) == set(nodes) and not unmapped
                 quantize_onnx(
-                    graph, target, preprocess=False, op_types=op_types, nodes_to_quantize=None if every else chosen
+                    graph,
+                    target,
+                    preprocess=False,
+                    op_types=op_types,
+                    nodes_to_quantize=None if every else chosen,
+                    per_channel=settings.per_channel,
+                    reduce_range=settings.reduce_range,
                 )
         # a quantized node is renamed (<name>_quant) and re-typed (MatMulInteger, QAttention, ...)
         still_float = set(graphs.weighted_nodes(target)) | set(graphs.attention_nodes(target))
@@ -119,7 +144,7 @@ class OnnxRuntimeDynamicBackend:
         missed = sorted(name for name, found in selected.items() if found and name not in layers)
         if missed:
             notes.append(f"onnxruntime did not quantize {', '.join(missed[:3])}: left in float32")
-        return report.model_copy(update={"layers": layers, "notes": notes})
+        return report.model_copy(update={"layers": layers, "notes": notes, "int8": settings})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)
@@ -140,9 +165,10 @@ class OnnxRuntimeBackend:
     (``onnxruntime-fp32``: the export, optimized offline by ONNX Runtime), or static int8 (``onnxruntime-static``:
     QDQ, activations calibrated on the calibration images, :func:`static_quantize_onnx`).
 
-    Static int8 quantizes the operators ONNX Runtime selects (every Conv/MatMul/Gemm with a constant weight; in
-    convolutional graphs Add and pooling too), whatever the plan selects; the saved report lists the Linear layers
-    whose weights are int8 in the graph.
+    Static int8 quantizes the Conv/MatMul/Gemm operators with a constant weight of the layers the plan selects (``all``:
+    every one; in convolutional graphs Add and pooling too) and leaves the others in float (``float32`` in the plan:
+    mixed precision); the saved report lists the layers whose weights are int8 in the graph. The int8 settings
+    (7-bit weights where the CPU kind needs them) are the report's ``int8`` (:mod:`tools.deploy.cpu`).
     """
 
     runtime: Runtime = "onnxruntime"
@@ -154,15 +180,14 @@ class OnnxRuntimeBackend:
         self.static = static
         self.name = "onnxruntime-static" if static else FP32
         self.precision = "int8 static (QDQ)" if static else "fp32"
+        self.cpu_dependent_int8 = static
+        self.layer_kinds = WEIGHTED_MODULES
+        self.mixed_of: str | None = None
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         if not self.static:
             return {}, ["the onnxruntime-fp32 backend deploys the float model: nothing is quantized"] * bool(targets)
-        notes = [
-            "onnxruntime-static quantizes the operators ONNX Runtime selects (every Conv/MatMul/Gemm with a constant "
-            "weight; Add and pooling too in convolutional graphs), not only the plan's Linear layers"
-        ]
-        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+        return _int8_only(self.name, targets)
 
     def save(
         self,
@@ -173,6 +198,7 @@ class OnnxRuntimeBackend:
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
         calibration: torch.Tensor | None = None,
+        accuracy_control: AccuracyControl | None = None,
     ) -> QuantReport:
         if qmodel is not None:
             raise QuantizationError(f"the {self.name} backend exports the float model itself: pass no qmodel")
@@ -186,17 +212,48 @@ class OnnxRuntimeBackend:
             notes = list(report.notes)
             export_fp32_onnx(float_model, example[:1], target, notes=notes)
             return report.model_copy(update={"layers": {}, "notes": notes})
+        settings = report.int8 or int8_settings()
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
             fp32 = export_onnx(float_model, example[:1], Path(work) / "float.onnx")
-            applied = {name for name, found in graphs.linear_nodes(fp32, float_model).items() if found}
-            static_quantize_onnx(fp32, target, calibration)
-        still_float = {name for name, found in graphs.linear_nodes(target, float_model).items() if found}
-        layers: dict[str, QuantDType] = {name: "qint8" for name in sorted(applied - still_float)}
+            graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
+            nodes = graphs.module_nodes(graph, float_model)
+            keep_float = [name for name, found in nodes.items() if found and name not in report.layers]
+            static_quantize_onnx(
+                graph,
+                target,
+                calibration,
+                preprocess=False,
+                per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range,
+                nodes_to_exclude=[node for name in keep_float for node in nodes[name]],
+            )
+        planned = dict.fromkeys(keep_float, "the plan keeps it in float")
+        return self._carried_out(report, target, nodes, planned, settings, len(calibration))
+
+    def _carried_out(
+        self,
+        report: QuantReport,
+        target: Path,
+        nodes: dict[str, list[str]],
+        float_layers: dict[str, str],
+        settings: Int8Settings,
+        images: int,
+        extra: list[str] | None = None,
+    ) -> QuantReport:
+        """The report as built: the layers whose every node takes an int8 weight, the counts, the layers kept in
+        float (``float_layers``: layer -> why) and any other that stayed float."""
+        int8 = graphs.int8_weight_nodes(target)
+        layers: dict[str, QuantDType] = {n: "qint8" for n, found in nodes.items() if found and set(found) <= int8}
         counts = ", ".join(f"{n} {op}" for op, n in sorted(graphs.quantized_op_counts(target).items())) or "no node"
-        left = sorted(set(report.layers) - set(layers))
-        notes = [*report.notes, f"onnxruntime-static: int8 {counts}; calibrated on {len(calibration)} images"]
-        notes += [f"onnxruntime-static left {', '.join(left[:3])} in float32"] * bool(left)
-        return report.model_copy(update={"layers": layers, "notes": notes})
+        notes = [*report.notes, f"{self.name}: int8 {counts}; calibrated on {images} images", *(extra or [])]
+        kept = dict(float_layers)
+        for name, found in nodes.items():
+            if found and name not in layers and name not in kept:
+                kept[name] = "ONNX Runtime did not quantize it"
+        if kept:
+            shown = ", ".join(list(kept)[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
+            notes.append(f"{self.name}: {len(kept)} layer(s) kept in float: {shown}")
+        return report.model_copy(update={"layers": layers, "notes": notes, "int8": settings, "float_layers": kept})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)

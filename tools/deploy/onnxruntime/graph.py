@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from tools.deploy.base import WEIGHTED_MODULES
+
 #: The ops whose constant weights dynamic int8 quantizes.
 QUANTIZED_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
 #: ONNX Runtime contrib operators quantize_dynamic can quantize (a fused attention: Attention -> QAttention).
@@ -132,3 +134,45 @@ def quantized_op_counts(path: Path) -> dict[str, int]:
         if node.op_type in STATIC_OP_TYPES and len(node.input) > 1 and node.input[1] in int8:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+def _scope_module(node_name: str) -> str:
+    """The module path of a TorchScript-exported node's scope name, as ``named_modules`` spells it:
+    ``/model/resnet/stages.0/layer/layer.1/convolution/Conv`` -> ``resnet.stages.0.layer.1.convolution``."""
+    parts = [p for p in node_name.split("/") if p][:-1]  # the last part is the operator
+    if parts and parts[0] == "model":  # LogitsOnly's attribute
+        parts = parts[1:]
+    # a container's children appear as "<container>/<container>.<i>": the container's own part is a repeat
+    kept = [p for i, p in enumerate(parts) if not (i + 1 < len(parts) and parts[i + 1].startswith(p + "."))]
+    return ".".join(kept)
+
+
+def module_nodes(path: Path, model: nn.Module, op_types: Sequence[str] = STATIC_OP_TYPES) -> dict[str, list[str]]:
+    """For every Linear/Conv module of ``model`` (``WEIGHTED_MODULES``): the ``op_types`` nodes with a constant weight
+    that apply it, by the exporter's scope names (which survive BatchNorm folding, unlike the weights' values), and
+    for Linear layers also by value (:func:`linear_nodes`). A module with no node maps to an empty list."""
+    names = {name for name, m in model.named_modules() if isinstance(m, WEIGHTED_MODULES) and name}
+    found: dict[str, list[str]] = {name: [] for name in sorted(names)}
+    for node in constant_weight_nodes(path, op_types):
+        module = _scope_module(node)
+        if module in found:
+            found[module].append(node)
+    if any(op in op_types for op in QUANTIZED_OP_TYPES):
+        for name, nodes in linear_nodes(path, model, tuple(op for op in op_types if op in QUANTIZED_OP_TYPES)).items():
+            if name in found:
+                found[name] = sorted(set(found[name]) | set(nodes))
+    return found
+
+
+def int8_weight_nodes(path: Path) -> set[str]:
+    """The Conv/MatMul/Gemm nodes of a QDQ graph whose weight comes through a DequantizeLinear of a constant."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    constants = {init.name for init in graph.initializer}
+    int8 = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants}
+    return {
+        node.name
+        for node in graph.node
+        if node.op_type in STATIC_OP_TYPES and len(node.input) > 1 and node.input[1] in int8
+    }

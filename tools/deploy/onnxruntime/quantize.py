@@ -45,17 +45,19 @@ def quantize_onnx(
     out_path: Path,
     *,
     per_channel: bool = True,
+    reduce_range: bool = False,
     preprocess: bool = True,
     op_types: Sequence[str] = QUANTIZED_OP_TYPES,
     nodes_to_quantize: Sequence[str] | None = None,
 ) -> Path:
     """Dynamic int8 quantization of the ``op_types`` weights of ``fp32_path`` (ONNX Runtime), to ``out_path``.
 
-    Weights are signed int8 (symmetric; per output channel when ``per_channel``), activations are
-    quantized to uint8 on each call; only MatMuls with a constant weight are quantized (ORT's
-    default for dynamic mode). ``preprocess`` runs :func:`preprocess_onnx` on a temporary copy first.
-    ``nodes_to_quantize`` (node names of the graph that is quantized: the preprocessed one when
-    ``preprocess``) restricts quantization to those nodes; None or empty: every eligible node.
+    Weights are signed int8 (symmetric; per output channel when ``per_channel``; 7-bit with ``reduce_range``, which
+    CPUs without VNNI need: :mod:`tools.deploy.cpu`), activations are quantized to uint8 on each call; only MatMuls
+    with a constant weight are quantized (ORT's default for dynamic mode). ``preprocess`` runs
+    :func:`preprocess_onnx` on a temporary copy first. ``nodes_to_quantize`` (node names of the graph that is
+    quantized: the preprocessed one when ``preprocess``) restricts quantization to those nodes; None or empty:
+    every eligible node.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -74,6 +76,7 @@ def quantize_onnx(
                     tmp,
                     op_types_to_quantize=list(op_types),
                     per_channel=per_channel,
+                    reduce_range=reduce_range,
                     weight_type=QuantType.QInt8,
                     nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
                     # contrib ops (a fused Attention) have no ONNX shape inference: their outputs are float
@@ -157,14 +160,17 @@ def static_quantize_onnx(
     method: CalibrationMethodName = DEFAULT_CALIBRATION,
     preset: StaticPreset = "auto",
     per_channel: bool = True,
+    reduce_range: bool = False,
     percentile: float = 99.999,
     preprocess: bool = True,
+    nodes_to_exclude: Sequence[str] = (),
+    calibration_cache: Path | None = None,
 ) -> Path:
     """Static int8 (QDQ) quantization of ``fp32_path`` by ONNX Runtime, calibrated on ``calibration``.
 
-    Weights int8 (symmetric, per output channel when ``per_channel``), activations uint8 with ranges
-    from the calibration images (``method``: ``minmax`` or ``percentile`` at ``percentile``), as ONNX
-    Runtime recommends for x86 CPUs with VNNI (``reduce_range`` off). ``preset``:
+    Weights int8 (symmetric, per output channel when ``per_channel``; 7-bit with ``reduce_range``, as CPUs without
+    VNNI need, :mod:`tools.deploy.cpu`), activations uint8 with ranges from the calibration images (``method``:
+    ``minmax`` or ``percentile`` at ``percentile``). ``preset``:
 
     * ``cnn`` — every operator ONNX Runtime quantizes (Conv, Gemm, Add, pooling...): int8 flows from
       convolution to convolution (QLinearConv, QLinearAdd, QLinearGlobalAveragePool, QGemm);
@@ -173,7 +179,10 @@ def static_quantize_onnx(
       cost more in Q/DQ conversions than they save on small token counts;
     * ``auto`` — :func:`static_preset` of the graph.
 
-    ``preprocess`` runs :func:`preprocess_onnx` first. The input's batch axis stays dynamic.
+    ``preprocess`` runs :func:`preprocess_onnx` first (node names are then the preprocessed graph's: see
+    :func:`preprocessed_static_source`). ``nodes_to_exclude``: weighted nodes left in float (mixed precision).
+    ``calibration_cache``: a JSON file of the activation ranges, written by the first call and read by the next
+    ones instead of calibrating again (same graph, calibration images and method). The batch axis stays dynamic.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -191,7 +200,8 @@ def static_quantize_onnx(
         op_types: list[str] | None = None
         nodes: list[str] | None = None
         if chosen == "transformer":
-            op_types, nodes = list(STATIC_OP_TYPES), list(constant_weight_nodes(source))
+            op_types = list(STATIC_OP_TYPES)
+            nodes = [node for node in constant_weight_nodes(source) if node not in set(nodes_to_exclude)]
             options["OpTypesToExcludeOutputQuantization"] = ["MatMul", "Gemm"]
         reader = CalibrationReader(calibration, input_name_of(source))
         try:
@@ -203,12 +213,14 @@ def static_quantize_onnx(
                     quant_format=QuantFormat.QDQ,
                     op_types_to_quantize=op_types,
                     nodes_to_quantize=nodes,
+                    nodes_to_exclude=list(nodes_to_exclude) or None,
                     per_channel=per_channel,
-                    reduce_range=False,
+                    reduce_range=reduce_range,
                     activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8,
                     calibrate_method=methods[method],
                     extra_options=options,
+                    calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
                 )
         except Exception as exc:
             raise OnnxRuntimeError(

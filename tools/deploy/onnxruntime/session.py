@@ -132,13 +132,18 @@ def onnx_baseline(
     *,
     threads: int | None = None,
     per_channel: bool = True,
+    reduce_range: bool | None = None,
 ) -> OnnxBaseline:
     """Export ``model`` to ``out_dir/model.onnx`` and quantize it to ``out_dir/model.int8.onnx``.
 
     Idempotent: a file already there is complete (atomic writes) and is reused as it is, whatever
     model or options made it; use a fresh ``out_dir`` per model. ``threads`` is recorded for the
     sessions opened through the record (:meth:`OnnxBaseline.quantized_model`); default: torch's.
+    ``reduce_range`` (7-bit weights): default, what this CPU kind needs (:func:`tools.deploy.cpu.int8_settings`),
+    so that the baseline is as accurate here as ONNX Runtime's documentation advises for CPUs without VNNI.
     """
+    from tools.deploy.cpu import int8_settings
+
     out_dir = Path(out_dir)
     fp32 = out_dir / FP32_FILENAME
     quantized = out_dir / QUANTIZED_FILENAME
@@ -148,7 +153,8 @@ def onnx_baseline(
     else:
         logger.info("reusing %s", fp32)
     if exported or not quantized.is_file():  # a fresh export makes an older quantized file stale
-        quantize_onnx(fp32, quantized, per_channel=per_channel)
+        seven_bit = int8_settings().reduce_range if reduce_range is None else reduce_range
+        quantize_onnx(fp32, quantized, per_channel=per_channel, reduce_range=seven_bit)
     else:
         logger.info("reusing %s", quantized)
     return OnnxBaseline(

@@ -8,7 +8,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tools.deploy.base import QuantizationError, QuantizedModel, QuantReport, Runtime
+from tools.deploy.accuracy import AccuracyControl
+from tools.deploy.base import (
+    WEIGHTED_MODULES,
+    BackendNotApplicable,
+    QuantizationError,
+    QuantizedModel,
+    QuantReport,
+    Runtime,
+)
+from tools.deploy.cpu import int8_settings
 from tools.deploy.openvino.convert import BIN_FILENAME, XML_FILENAME
 from tools.deploy.openvino.model import OpenVinoModel
 from tools.deploy.openvino.quantize import deploy_openvino
@@ -23,30 +32,34 @@ class OpenVinoBackend:
     calibrated on the calibration images (``openvino-int8``; transformer preset for attention models).
 
     The artifact is ``model.xml`` (``deployed_file``) plus its weights, ``model.bin`` (``weights_file``); it loads
-    back as an :class:`OpenVinoModel` (CPU, ``torch.get_num_threads()`` threads). NNCF picks the layers itself:
-    every Conv/MatMul its patterns select becomes int8, whatever the plan selects; the saved report lists the
-    layers whose weights are int8 in the IR.
+    back as an :class:`OpenVinoModel` (CPU, ``torch.get_num_threads()`` threads). int8 quantizes every Conv/MatMul
+    NNCF's patterns select among the layers the plan quantizes (``all``: every one); the plan's ``float32`` layers
+    stay in float. NNCF's overflow fix follows the report's ``int8`` settings (:mod:`tools.deploy.cpu`). The saved
+    report lists the layers whose weights are int8 in the IR.
     """
 
     runtime: Runtime = "openvino"
     float_reference = FP32
     deployed_file = XML_FILENAME
     weights_file = BIN_FILENAME
+    layer_kinds = WEIGHTED_MODULES
+    #: Keep the most damaging layers in float until the accuracy budget holds (NNCF's accuracy control).
+    controlled = False
 
     def __init__(self, *, int8: bool) -> None:
         self.int8 = int8
         self.name = "openvino-int8" if int8 else FP32
         self.precision = "int8 static (NNCF)" if int8 else "fp32"
         self.requires: tuple[str, ...] = ("openvino", "nncf") if int8 else ("openvino",)
+        self.cpu_dependent_int8 = int8
+        self.mixed_of: str | None = None
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         if not self.int8:
             return {}, ["the openvino backend deploys FP32 IR: no layer is quantized"] if targets else []
-        notes = [
-            "openvino-int8 quantizes every Conv2d/MatMul NNCF selects, not only the plan's Linear layers "
-            "(int8 weights and activations); the layers of float16 requests become int8 too where NNCF selects them"
-        ]
-        return {name: dtype for name, dtype in targets.items() if dtype == "qint8"}, notes
+        half = sorted(name for name, dtype in targets.items() if dtype == "float16")
+        notes = [f"{self.name}: {len(half)} layer(s) asked for float16 become int8 (no float16 here)"] * bool(half)
+        return {name: "qint8" for name, dtype in targets.items() if dtype != "float32"}, notes
 
     def save(
         self,
@@ -57,26 +70,62 @@ class OpenVinoBackend:
         example_input: torch.Tensor | None = None,
         qmodel: nn.Module | None = None,
         calibration: torch.Tensor | None = None,
+        accuracy_control: AccuracyControl | None = None,
     ) -> QuantReport:
         if qmodel is not None:
             raise QuantizationError(f"the {self.name} backend converts the float model itself: pass no qmodel")
         if self.int8 and calibration is None:
-            raise QuantizationError("the openvino-int8 backend needs calibration images (calibration=, N x C x H x W)")
+            raise QuantizationError(f"the {self.name} backend needs calibration images (calibration=, N x C x H x W)")
+        if self.controlled and accuracy_control is None:
+            raise BackendNotApplicable(f"{self.name} needs labelled validation images (a dataset) to control accuracy")
         example = example_input if example_input is not None else calibration
         if example is None:
             raise QuantizationError(f"the {self.name} backend needs an example input to convert the model")
-        xml, images = Path(out_dir) / self.deployed_file, calibration
-        int8, unnamed = deploy_openvino(float_model, xml, example_input=example[:1], calibration=images, int8=self.int8)
+        xml = Path(out_dir) / self.deployed_file
         if not self.int8:
+            deploy_openvino(float_model, xml, example_input=example[:1], int8=False)
             return report.model_copy(update={"layers": {}})
-        left = sorted(set(report.layers) - set(int8))
-        notes = list(report.notes) + [f"openvino-int8: NNCF left {', '.join(left[:3])} in float"] * bool(left)
-        notes += [f"openvino-int8: {unnamed} more int8 node(s) the conversion left unnamed"] * bool(unnamed)
+        settings = report.int8 or int8_settings()
+        weighted = [name for name, m in float_model.named_modules() if type(m) in self.layer_kinds and name]
+        keep_float = [name for name in weighted if name not in report.layers]
+        int8, unnamed = deploy_openvino(
+            float_model,
+            xml,
+            example_input=example[:1],
+            calibration=calibration,
+            int8=True,
+            settings=settings,
+            keep_float=keep_float,
+            accuracy_control=accuracy_control if self.controlled else None,
+        )
+        other = "NNCF's accuracy control or its patterns" if self.controlled else "NNCF's patterns left it in float"
+        kept = {
+            name: "the plan keeps it in float" if name in keep_float else other for name in weighted if name not in int8
+        }
+        notes = list(report.notes)
+        if kept:
+            shown = ", ".join(list(kept)[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
+            notes.append(f"{self.name}: {len(kept)} of {len(weighted)} layer(s) in float: {shown}")
+        notes += [f"{self.name}: {unnamed} more int8 node(s) the conversion left unnamed"] * bool(unnamed)
         layers: dict[str, QuantDType] = {name: "qint8" for name in int8}
-        return report.model_copy(update={"layers": layers, "notes": notes})
+        return report.model_copy(update={"layers": layers, "notes": notes, "int8": settings, "float_layers": kept})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         return OpenVinoModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads())
 
 
-__all__ = ["FP32", "OpenVinoBackend"]
+class OpenVinoMixedBackend(OpenVinoBackend):
+    """``openvino-int8`` with NNCF's accuracy control: while the int8 model is over the accuracy budget on the
+    validation images (:class:`AccuracyControl`), the quantizers that cost the most accuracy are removed, their
+    layers kept in float (:func:`nncf.quantize_with_accuracy_control`). Needs a labelled dataset."""
+
+    controlled = True
+
+    def __init__(self) -> None:
+        super().__init__(int8=True)
+        self.name = "openvino-int8-mixed"
+        self.precision = "int8 static, mixed (NNCF accuracy control)"
+        self.mixed_of = "openvino-int8"
+
+
+__all__ = ["FP32", "OpenVinoBackend", "OpenVinoMixedBackend"]

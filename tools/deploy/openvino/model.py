@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 _CORE: Any = None
 
 
-def _core() -> Any:
+def core() -> Any:
+    """The process's one ``openvino.Core`` (created on first use)."""
     global _CORE
     if _CORE is None:
         import openvino as ov
@@ -56,7 +57,7 @@ class OpenVinoModel:
         self.threads = int(threads) if threads and threads > 0 else torch.get_num_threads()
         self.precision = precision
         try:
-            self.model = _core().read_model(str(self.path))
+            self.model = core().read_model(str(self.path))
         except Exception as exc:
             raise OpenVinoError(f"cannot read {self.path} with OpenVINO: {first_line(exc)}") from exc
         if len(self.model.inputs) != 1:
@@ -79,7 +80,7 @@ class OpenVinoModel:
 
     def _compile(self, model: Any) -> Any:
         try:
-            return _core().compile_model(model, "CPU", self.config).create_infer_request()
+            return core().compile_model(model, "CPU", self.config).create_infer_request()
         except Exception as exc:
             raise OpenVinoError(f"OpenVINO cannot compile {self.path} for the CPU: {first_line(exc)}") from exc
 
@@ -119,4 +120,4 @@ class OpenVinoModel:
         return f"OpenVinoModel({str(self.path)!r}, threads={self.threads})"
 
 
-__all__: list[str] = ["OpenVinoModel"]
+__all__: list[str] = ["OpenVinoModel", "core"]

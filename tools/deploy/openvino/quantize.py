@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from tools.deploy.accuracy import AccuracyControl
+from tools.deploy.cpu import Int8Settings, OverflowFix, int8_settings
 from tools.deploy.openvino.convert import OpenVinoError, convert_openvino, save_openvino
+from tools.deploy.openvino.model import core
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -55,35 +58,113 @@ def _nncf_quiet() -> Iterator[None]:
         nncf_logger.setLevel(level)
 
 
+def _nncf_parameters(overflow_fix: OverflowFix) -> Any:
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+    from nncf.quantization.advanced_parameters import OverflowFix as NncfOverflowFix
+
+    return AdvancedQuantizationParameters(overflow_fix=NncfOverflowFix(overflow_fix))
+
+
 def quantize_openvino(
-    ov_model: Any, calibration: torch.Tensor, *, transformer: bool, subset_size: int | None = None
+    ov_model: Any,
+    calibration: torch.Tensor,
+    *,
+    transformer: bool,
+    subset_size: int | None = None,
+    overflow_fix: OverflowFix | None = None,
+    ignored: Sequence[str] = (),
+    accuracy_control: AccuracyControl | None = None,
 ) -> Any:
     """NNCF post-training int8 quantization of ``ov_model`` calibrated on ``calibration`` (N x C x H x W).
 
     Attention models use NNCF's transformer model type (SmoothQuant, attention-aware patterns) and the
     mixed preset (symmetric weights, asymmetric activations); others the performance preset (symmetric
     both). ``subset_size``: calibration images used, at most :data:`MAX_SUBSET` (default: all, up to it).
-    Every Conv/MatMul/... that NNCF's patterns select is quantized.
+    ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what CPUs without VNNI need), the first
+    one (NNCF's default) or none; default: what this CPU's kind needs (:func:`tools.deploy.cpu.int8_settings`).
+    ``ignored``: op names left in float. Every other Conv/MatMul NNCF's patterns select is quantized; with
+    ``accuracy_control``, :func:`nncf.quantize_with_accuracy_control` then keeps the quantizers that cost the most
+    in float until the budget holds (:func:`_controlled`).
     """
     import nncf
 
+    overflow_fix = overflow_fix or int8_settings().overflow_fix
     items = calibration_items(calibration)
     subset = min(MAX_SUBSET, len(items), subset_size or len(items))
     preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
+    options: dict[str, Any] = {
+        "model_type": nncf.ModelType.TRANSFORMER if transformer else None,
+        "preset": preset,
+        "subset_size": subset,
+        "ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
+    }
     try:
         with _nncf_quiet(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
-            quantized = nncf.quantize(
-                ov_model,
-                nncf.Dataset(items),
-                model_type=nncf.ModelType.TRANSFORMER if transformer else None,
-                preset=preset,
-                subset_size=subset,
-            )
+            if accuracy_control is not None:
+                quantized = _controlled(ov_model, nncf.Dataset(items), accuracy_control, overflow_fix, options)
+            else:
+                quantized = nncf.quantize(
+                    ov_model, nncf.Dataset(items), advanced_parameters=_nncf_parameters(overflow_fix), **options
+                )
     except Exception as exc:
         raise OpenVinoError(f"NNCF int8 quantization failed: {first_line(exc)}") from exc
-    logger.info("NNCF int8 quantization (%s preset) calibrated on %d images", preset.value, subset)
+    logger.info(
+        "NNCF int8 quantization (%s preset, overflow fix %s%s) calibrated on %d images",
+        preset.value,
+        overflow_fix,
+        ", accuracy-controlled" if accuracy_control is not None else "",
+        subset,
+    )
+    return quantized
+
+
+def _predict(compiled: Any, images: Sequence[np.ndarray]) -> list[int]:
+    return [int(np.asarray(compiled(image)[0]).argmax()) for image in images]
+
+
+def _controlled(
+    ov_model: Any, calibration: Any, control: AccuracyControl, overflow_fix: OverflowFix, options: dict[str, Any]
+) -> Any:
+    """:func:`nncf.quantize_with_accuracy_control` judged on ``control``'s images: NNCF's metric is the top-1
+    accuracy, and its ``max_drop`` what the budget leaves once the float model's own drop against the original is
+    counted (:meth:`AccuracyControl.allowed_int8_drop`). NNCF restores the quantizers that cost the most first. The
+    result is checked with the run's own budget test; should it fail, NNCF runs once more with half the allowance."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
+
+    images = calibration_items(control.images)
+    source = _predict(core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), images)
+
+    def validate(compiled: Any, data: Any) -> tuple[float, list[float]]:
+        rows = [int(i) for i in data]
+        predictions = _predict(compiled, [images[i] for i in rows])
+        correct = [
+            float(control.counts_as(p) == int(control.targets[i])) for p, i in zip(predictions, rows, strict=True)
+        ]
+        return (sum(correct) / len(correct) if correct else 0.0), correct
+
+    quantizable = len(_weighted_ops(ov_model))
+    restorer = AdvancedAccuracyRestorerParameters(
+        max_num_iterations=max(1, int(quantizable * control.max_float_share)),
+        ranking_subset_size=min(300, len(images)),
+    )
+    quantized = None
+    for tighten in (1.0, 0.5):
+        quantized = nncf.quantize_with_accuracy_control(
+            ov_model,
+            calibration,
+            nncf.Dataset(list(range(len(images)))),
+            validate,
+            max_drop=control.allowed_int8_drop(source, tighten),
+            drop_type=nncf.DropType.ABSOLUTE,
+            advanced_quantization_parameters=_nncf_parameters(overflow_fix),
+            advanced_accuracy_restorer_parameters=restorer,
+            **options,
+        )
+        if control.holds(_predict(core().compile_model(quantized, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), images)):
+            break
     return quantized
 
 
@@ -144,24 +225,24 @@ def _torch_weighted_layers(model: nn.Module, example_input: torch.Tensor) -> lis
     return seen
 
 
-def int8_weight_layers(
-    ov_model: Any, model: nn.Module | None = None, example_input: torch.Tensor | None = None
-) -> tuple[list[str], int]:
-    """Module names of the MatMul/Convolution nodes with int8 weights, and how many such nodes have none.
-
-    A node is named by its scope (``__module.model.<module path>``); conversion renames the convolutions
-    BatchNorm is folded into, and those are matched to ``model``'s modules (when given, with an
-    ``example_input``) by weight shape, in execution order. The second figure counts int8 nodes that
-    neither way names.
-    """
-    named: dict[int, str] = {}
-    unnamed: dict[tuple[int, ...] | None, list[int]] = {}
-    ops = [
+def _weighted_ops(ov_model: Any) -> list[Any]:
+    """The MatMul/Convolution ops of ``ov_model`` whose weight (second input) is a constant, in execution order."""
+    return [
         op
         for op in ov_model.get_ordered_ops()
         if op.get_type_name() in _WEIGHTED_OPS and op.get_input_size() > 1
         if _constant_type(op.input_value(1).get_node()) is not None
     ]
+
+
+def _module_names(
+    ops: list[Any], model: nn.Module | None = None, example_input: torch.Tensor | None = None
+) -> dict[int, str]:
+    """Index in ``ops`` -> the module it applies. A node is named by its scope (``__module.model.<module path>``);
+    conversion renames the convolutions BatchNorm is folded into, and those are matched to ``model``'s modules
+    (when given, with an ``example_input``) by weight shape, in execution order."""
+    named: dict[int, str] = {}
+    unnamed: dict[tuple[int, ...] | None, list[int]] = {}
     for i, op in enumerate(ops):
         scope = op.get_friendly_name().split("/", 1)[0]
         if scope.startswith(_SCOPE):
@@ -169,16 +250,41 @@ def int8_weight_layers(
         else:
             unnamed.setdefault(_weight_shape(op), []).append(i)
     if model is not None and example_input is not None and unnamed:
-        layers: dict[tuple[int, ...], list[str]] = {}
-        for name, shape in _torch_weighted_layers(model, example_input):
-            if name not in named.values():
-                layers.setdefault(shape, []).append(name)
+        was_training = model.training
+        try:
+            layers: dict[tuple[int, ...], list[str]] = {}
+            for name, shape in _torch_weighted_layers(model.eval(), example_input):
+                if name not in named.values():
+                    layers.setdefault(shape, []).append(name)
+        finally:
+            model.train(was_training)
         for weight_shape, indices in unnamed.items():
             candidates = layers.get(weight_shape, []) if weight_shape is not None else []
             if len(candidates) == len(indices):
                 named.update(zip(indices, candidates, strict=True))
+    return named
+
+
+def int8_weight_layers(
+    ov_model: Any, model: nn.Module | None = None, example_input: torch.Tensor | None = None
+) -> tuple[list[str], int]:
+    """Module names of the MatMul/Convolution nodes with int8 weights, and how many such nodes have none
+    (:func:`_module_names`: by scope, else by weight shape in execution order when ``model`` and ``example_input``
+    are given)."""
+    ops = _weighted_ops(ov_model)
+    named = _module_names(ops, model, example_input)
     int8 = [i for i, op in enumerate(ops) if _constant_type(op.input_value(1).get_node()) in ("i8", "u8")]
     return sorted({named[i] for i in int8 if i in named}), sum(1 for i in int8 if i not in named)
+
+
+def module_ops(ov_model: Any, model: nn.Module, example_input: torch.Tensor) -> dict[str, list[str]]:
+    """Module name -> the friendly names of the MatMul/Convolution ops of ``ov_model`` that apply its weight: what
+    NNCF's ignored scope names to keep those layers in float."""
+    ops = _weighted_ops(ov_model)
+    found: dict[str, list[str]] = {}
+    for i, name in _module_names(ops, model, example_input).items():
+        found.setdefault(name, []).append(ops[i].get_friendly_name())
+    return found
 
 
 def deploy_openvino(
@@ -188,9 +294,14 @@ def deploy_openvino(
     example_input: torch.Tensor,
     calibration: torch.Tensor | None = None,
     int8: bool,
+    settings: Int8Settings | None = None,
+    keep_float: Sequence[str] = (),
+    accuracy_control: AccuracyControl | None = None,
 ) -> tuple[list[str], int]:
-    """Convert ``float_model``, quantize it to int8 with NNCF when ``int8`` (calibrated on ``calibration``;
-    the transformer preset for attention models), and save it as IR at ``xml_path``. Returns
+    """Convert ``float_model``, quantize it to int8 with NNCF when ``int8`` (calibrated on ``calibration``; the
+    transformer preset for attention models; ``settings``' overflow fix, default :func:`int8_settings`; the layers
+    ``keep_float`` names left in float; with ``accuracy_control``, NNCF's accuracy-controlled quantization keeps
+    more in float until its drop is within), and save it as IR at ``xml_path``. Returns
     :func:`int8_weight_layers` of the saved model: the modules whose weights are int8, and how many int8
     nodes could not be named (none and 0 for FP32)."""
     from tools.compression.heads import has_attention
@@ -199,15 +310,20 @@ def deploy_openvino(
     if int8:
         if calibration is None:
             raise OpenVinoError("NNCF int8 quantization needs calibration images (N x C x H x W)")
-        converted = quantize_openvino(converted, calibration, transformer=has_attention(float_model))
+        names = module_ops(converted, float_model, example_input) if keep_float else {}
+        ignored = [op for name in keep_float for op in names.get(name, [])]
+        converted = quantize_openvino(
+            converted,
+            calibration,
+            transformer=has_attention(float_model),
+            overflow_fix=(settings or int8_settings()).overflow_fix,
+            ignored=ignored,
+            accuracy_control=accuracy_control,
+        )
     save_openvino(converted, xml_path)
     if not int8:
         return [], 0
-    was_training = float_model.training
-    try:
-        return int8_weight_layers(converted, float_model.eval(), example_input)
-    finally:
-        float_model.train(was_training)
+    return int8_weight_layers(converted, float_model, example_input)
 
 
 __all__: list[str] = [
@@ -216,5 +332,6 @@ __all__: list[str] = [
     "count_fake_quantize",
     "deploy_openvino",
     "int8_weight_layers",
+    "module_ops",
     "quantize_openvino",
 ]

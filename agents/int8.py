@@ -1,0 +1,76 @@
+"""Int8 profiling agent: what int8 does to this model on this CPU, measured before pruning starts.
+
+* the per-block int8 sensitivity (ONNX Runtime static int8 of one block at a time, on calibration images, with the
+  int8 settings of the CPU kind: ``tools.ops.int8_sensitivity``), into the profile, for the planners' per-layer
+  quantization decisions;
+* the original through every runtime and precision available (``tools.deployment.deploy``): the int8 damage of the
+  deployment that would be chosen, which the pruning search keeps in reserve (``accuracy_budget``): pruning rounds
+  are held to ``--max-accuracy-drop`` less that, so that int8 does not push the best pruned round over the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from agents.common import paths, settings, shape_of
+from agents.evaluation import eval_spec
+from graph.context import Context
+from graph.state import State
+from tools import deployment, ops
+from tools.schemas import PairedAccuracy, QuantizationRecommendation
+from tools.stats import within_budget
+
+#: Every layer at int8: how the original is deployed before there is a plan.
+ALL_INT8 = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, every layer")]
+
+
+def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Measure int8's damage per block and for the whole original; split the accuracy budget between pruning and
+    int8 (state ``accuracy_budget``); the original's runtime table is ``original_deployment``."""
+    ctx = settings(runtime)
+    data: dict[str, Any] = dict(state)
+    if not ctx.quantize:
+        return {}
+    run, shape, spec = paths(data), shape_of(data), eval_spec(data, ctx)
+    update: dict[str, Any] = {}
+    notes: list[str] = []
+    sensitivity = ops.int8_sensitivity(run.original, shape, run.profile, spec, int8_cpu=ctx.int8_cpu)
+    if sensitivity is not None:
+        update["int8_profile"] = {
+            "path": str(run.profile / "int8_sensitivity.json"),
+            "blocks": len(sensitivity.groups),
+            "full_flips_pct": sensitivity.full_flips_pct,
+            "seconds": sensitivity.seconds,
+            "int8_target": sensitivity.int8.get("target"),
+        }
+    baseline = state["baseline"].get("accuracy")
+    if not ctx.prune or baseline is None or ctx.quant_backend == "torch":
+        return update
+    backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
+
+    def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
+        return within_budget(drop, ctx.max_accuracy_drop, paired)
+
+    choice = deployment.deploy(
+        run.original,
+        run.original,
+        ALL_INT8,
+        run.root / "models" / "deploy-original",
+        shape,
+        spec,
+        backends=backends,
+        within_budget=budget,
+        baseline_accuracy=baseline,
+        repeats=ctx.latency_repeats,
+        int8_cpu=ctx.int8_cpu,
+    )
+    split = deployment.split_budget(choice, ctx.max_accuracy_drop)
+    notes.append(f"accuracy budget: {split.why}")
+    return {
+        **update,
+        "original_deployment": choice.model_dump(),
+        "accuracy_budget": split.model_dump(),
+        "notes": notes,
+    }

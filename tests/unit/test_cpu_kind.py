@@ -1,0 +1,74 @@
+"""The CPU kind int8 is built for: detection, the settings per kind, forcing a kind, the warning on another kind."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+
+from tools.deploy.cpu import (
+    ENV_TARGET,
+    CpuFeatures,
+    Int8Settings,
+    detect_cpu,
+    int8_settings,
+    resolve_target,
+)
+
+AVX2_ONLY = CpuFeatures(model_name="AMD EPYC-Milan", machine="x86_64", features=["avx2"])
+VNNI = CpuFeatures(model_name="Intel Xeon", machine="x86_64", features=["avx2", "avx512bw", "avx512_vnni"])
+AMX = CpuFeatures(model_name="Intel Xeon 4th gen", machine="x86_64", features=["avx2", "avx512bw", "amx_int8"])
+ARM = CpuFeatures(model_name="Neoverse", machine="aarch64", features=[])
+
+
+def test_kinds_follow_the_int8_dot_product() -> None:
+    assert (AVX2_ONLY.kind, VNNI.kind, AMX.kind, ARM.kind) == ("no-vnni", "vnni", "vnni", "other")
+    assert not AVX2_ONLY.vnni and VNNI.vnni and AMX.vnni
+    assert "no VNNI" in AVX2_ONLY.describe() and "AVX2" in AVX2_ONLY.describe()
+    assert "AVX512-VNNI" in VNNI.describe() and "32 bits" in VNNI.describe()
+
+
+def test_detection_reads_this_cpu() -> None:
+    cpu = detect_cpu()
+    assert cpu.model_name and cpu.machine == (platform.machine() or "unknown")
+    if cpu.machine.lower() in {"x86_64", "amd64"}:
+        from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+
+        # cpuid decides (an emulated CPU says what it emulates, whatever /proc/cpuinfo of the host says)
+        assert ("avx512_vnni" in cpu.features) == bool(numpy_features.get("AVX512VNNI"))
+        assert ("avx2" in cpu.features) == bool(numpy_features.get("AVX2"))
+        assert cpu.kind in ("vnni", "no-vnni")
+
+
+def test_settings_per_kind() -> None:
+    saturating = int8_settings("no-vnni", AVX2_ONLY)
+    assert (saturating.target, saturating.reduce_range, saturating.overflow_fix) == ("no-vnni", True, "enable")
+    exact = int8_settings("vnni", VNNI)
+    assert (exact.target, exact.reduce_range, exact.overflow_fix) == ("vnni", False, "first_layer_only")
+    assert int8_settings("auto", AVX2_ONLY).target == "no-vnni"
+    assert int8_settings("auto", AMX).target == "vnni"
+    assert int8_settings("auto", ARM).target == "vnni", "ARM's int8 dot products do not saturate"
+    assert saturating.built_on == AVX2_ONLY
+    assert "every x86 CPU" in saturating.describe() and "7-bit" in saturating.describe()
+
+
+def test_a_kind_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_TARGET, "no-vnni")
+    assert resolve_target("auto", VNNI) == "no-vnni"
+    assert int8_settings(cpu=VNNI).reduce_range, "the non-VNNI settings on a VNNI machine"
+    assert resolve_target("vnni", AVX2_ONLY) == "vnni", "an explicit target wins over the environment"
+    monkeypatch.setenv(ENV_TARGET, "sse")
+    with pytest.raises(ValueError, match="auto, vnni, no-vnni"):
+        resolve_target("auto", VNNI)
+
+
+def test_an_int8_model_built_for_vnni_warns_where_vnni_is_missing() -> None:
+    built_for_vnni = int8_settings("vnni", VNNI)
+    message = built_for_vnni.warning(AVX2_ONLY, "runs/x/models/quantized")
+    assert message is not None and "\n" not in message
+    assert "without VNNI" in message and "runs/x/models/quantized" in message
+    assert "--int8-cpu no-vnni" in message and "--deploy" in message, "it names what to do"
+    assert built_for_vnni.warning(AMX, "x") is None
+    portable = int8_settings("no-vnni", VNNI)
+    assert portable.warning(AVX2_ONLY, "x") is None, "7-bit weights hold on every x86 CPU"
+    assert Int8Settings.model_validate(portable.model_dump()) == portable, "settings round-trip through JSON"

@@ -1,0 +1,240 @@
+"""Mixed-precision int8: blocks, per-block int8 sensitivity, the plan's float layers, accuracy control, the budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+
+from tests.helpers import save_tiny, tiny_resnet, tiny_vit
+from tools.artifacts.io import load_compressed, load_module, save_original, save_quantized
+from tools.deploy.accuracy import AccuracyControl, predict_classes
+from tools.deploy.choice import DeployCandidate, DeployChoice
+from tools.deploy.onnxruntime import graph as graphs
+from tools.deploy.onnxruntime.mixed import StaticInt8Build, layer_group, layer_groups, measure_int8_sensitivity
+from tools.deploy.registry import plan_quantization
+from tools.deployment import _mixed, full_int8, split_budget
+from tools.models.base import LogitsOnly
+from tools.models.sources import acquire_model
+from tools.schemas import Int8GroupDamage, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
+
+SIZE = 16
+ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
+
+
+def _images(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(seed))
+
+
+def test_blocks_are_names_up_to_their_last_number() -> None:
+    assert layer_group("vit.layers.3.mlp.fc1") == "vit.layers.3"
+    assert layer_group("layer1.2.conv1") == "layer1.2"
+    assert layer_group("classifier") == "classifier"
+    assert layer_group("resnet.encoder.stages.0.layers.1.layer.0.convolution", 1) == "resnet.encoder.stages.0.layers.1"
+    layers = [f"s.{i}.b.{j}.conv" for i in range(3) for j in range(4)]
+    assert len(layer_groups(layers)) == 12
+    assert list(layer_groups(layers, limit=3)) == ["s.0", "s.1", "s.2"], "coarser blocks when there are too many"
+
+
+@pytest.fixture(scope="module")
+def vit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mixed")
+    return save_original(acquire_model(str(save_tiny(tiny_vit(), root / "src", SIZE))), root / "original")
+
+
+def test_a_build_keeps_chosen_layers_float_and_measures_each_block(tmp_path: Path) -> None:
+    model = tiny_vit()
+    build = StaticInt8Build(model, _images(1, 0), _images(32, 1), tmp_path)
+    assert set(build.groups) >= {"vit.layers.0", "vit.layers.1"}
+    block = build.groups["vit.layers.1"]
+    variant = build.build(block)
+    int8 = graphs.int8_weight_nodes(variant)
+    assert not int8 & {n for name in block for n in build.nodes[name]}, "the block's nodes stay float"
+    assert int8 >= {n for name in build.groups["vit.layers.0"] for n in build.nodes[name]}
+    sensitivity = measure_int8_sensitivity(build, _images(32, 2))
+    assert {g.group for g in sensitivity.groups} == set(build.groups)
+    kls = [g.kl for g in sensitivity.groups]
+    assert kls == sorted(kls, reverse=True) and all(k >= 0 for k in kls)
+    assert sensitivity.full_kl >= 0 and sensitivity.int8["target"] in ("vnni", "no-vnni")
+
+
+def test_the_plans_float32_layers_stay_float_in_static_int8(vit: Path, tmp_path: Path) -> None:
+    model = load_module(vit)
+    recs = [*ALL, QuantizationRecommendation(layer=r"^vit\.layers\.1\.", dtype="float32")]
+    report = plan_quantization(model, recs, backend="onnxruntime-static")
+    assert not any(name.startswith("vit.layers.1.") for name in report.layers)
+    save_quantized(
+        model,
+        tmp_path / "q",
+        base_dir=vit,
+        recipe={},
+        report=report,
+        example_input=_images(1, 0),
+        calibration=_images(32, 1),
+    )
+    done = json.loads((tmp_path / "q" / "artifact.json").read_text())["quantization"]
+    kept = {n for n, why in done["float_layers"].items() if why == "the plan keeps it in float"}
+    assert kept and all(n.startswith("vit.layers.1.") for n in kept)
+    assert any(n.startswith("vit.layers.0.") for n in done["layers"]), "the other blocks are int8"
+    assert full_int8(recs) == ALL, "the full-int8 candidate drops the float32 entries"
+
+
+def _control(model_dir: Path, budget: float) -> AccuracyControl:
+    """Validation images whose targets are the float model's own answers (so it is 100 % right on them)."""
+    images = _images(96, 11)
+    answers = predict_classes(LogitsOnly(load_module(model_dir)).eval(), images)
+    return AccuracyControl(
+        images=images,
+        targets=answers,
+        reference_pred=answers,
+        reference_correct=[1] * len(answers),
+        max_drop_points=budget,
+    )
+
+
+def _mixed_build(model_dir: Path, out: Path, backend: str, control: AccuracyControl) -> dict:
+    model = load_module(model_dir)
+    save_quantized(
+        model,
+        out,
+        base_dir=model_dir,
+        recipe={},
+        report=plan_quantization(model, ALL, backend=backend),
+        example_input=_images(1, 0),
+        calibration=_images(32, 1),
+        accuracy_control=control,
+    )
+    return json.loads((out / "artifact.json").read_text())["quantization"]
+
+
+def test_accuracy_control_keeps_blocks_float_until_the_budget_holds(vit: Path, tmp_path: Path) -> None:
+    generous = _mixed_build(vit, tmp_path / "generous", "onnxruntime-static-mixed", _control(vit, 100.0))
+    assert generous["float_layers"] == {}, "within budget at full int8: nothing kept in float"
+    assert any("0 layer(s) float" in note for note in generous["notes"])
+    # a budget no int8 model can keep (nothing may change): blocks go float, most damaging first, up to half
+    strict = _mixed_build(vit, tmp_path / "strict", "onnxruntime-static-mixed", _control(vit, -1.0))
+    kept = strict["float_layers"]
+    assert kept and all(why.startswith("accuracy control: block ") for why in kept.values())
+    assert len(kept) <= 0.5 * (len(kept) + len(strict["layers"])), "at most half of the layers in float"
+    assert any("stopped before" in note or "layer(s) float" in note for note in strict["notes"])
+    model = load_compressed(tmp_path / "strict")
+    assert model(_images(2, 3)).shape == (2, 10)
+
+
+def test_openvino_accuracy_control_runs_nncf(vit: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    report = _mixed_build(vit, tmp_path / "ov", "openvino-int8-mixed", _control(vit, 100.0))
+    assert report["backend"] == "openvino-int8-mixed" and report["layers"], "int8 layers within a generous budget"
+    assert report["int8"]["overflow_fix"] in ("enable", "first_layer_only")
+
+
+def test_mixed_backends_need_validation_images(vit: Path, tmp_path: Path) -> None:
+    from tools.deploy.base import BackendNotApplicable
+
+    model = load_module(vit)
+    with pytest.raises(BackendNotApplicable, match="labelled validation images"):
+        save_quantized(
+            model,
+            tmp_path / "q",
+            base_dir=vit,
+            recipe={},
+            report=plan_quantization(model, ALL, backend="onnxruntime-static-mixed"),
+            example_input=_images(1, 0),
+            calibration=_images(32, 1),
+        )
+
+
+def _row(backend: str, precision: str, drop: float | None, within: bool, **extra: object) -> DeployCandidate:
+    paired = PairedAccuracy(
+        delta_points=-(drop or 0.0),
+        ci95_low_points=-(drop or 0.0) - 0.3,
+        ci95_high_points=-(drop or 0.0) + 0.3,
+        agreement=0.99,
+        samples=1000,
+        gained=1,
+        lost=2,
+    )
+    return DeployCandidate(
+        backend=backend,
+        runtime="onnxruntime",
+        precision=precision,
+        accuracy_drop_points=drop,
+        within_budget=within,
+        paired=paired,
+        latency_s=0.001,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def test_mixed_candidates_are_built_only_when_full_int8_is_over_budget() -> None:
+    control = _control_stub()
+    over = [_row("onnxruntime-static", "int8 static (QDQ)", 1.4, False)]
+    assert _mixed(["onnxruntime-static-mixed"], over, control) == (["onnxruntime-static-mixed"], [])
+    within = [_row("onnxruntime-static", "int8 static (QDQ)", 0.2, True)]
+    build, skipped = _mixed(["onnxruntime-static-mixed"], within, control)
+    assert build == [] and "not needed" in (skipped[0].skipped or "")
+    build, skipped = _mixed(["onnxruntime-static-mixed"], over, None)
+    assert build == [] and "labelled dataset" in (skipped[0].skipped or "")
+    assert _mixed(["onnxruntime-static-mixed"], within, control, always=True)[0] == ["onnxruntime-static-mixed"]
+
+
+def _control_stub() -> AccuracyControl:
+    return AccuracyControl(
+        images=_images(2, 0), targets=[0, 1], reference_pred=[0, 1], reference_correct=[1, 1], max_drop_points=1.0
+    )
+
+
+def test_the_budget_keeps_what_the_originals_int8_loses() -> None:
+    rows = [
+        _row("torch", "fp32", 0.0, True),
+        _row("onnxruntime-static", "int8 static (QDQ)", 0.3, True),
+        _row("openvino-int8", "int8 static (NNCF)", 1.6, False),
+    ]
+    split = split_budget(DeployChoice(chosen="onnxruntime-static", why="", candidates=rows), 1.0)
+    assert (split.int8_reserve_points, split.pruning_points) == (0.3, 0.7)
+    assert split.measured_with == "onnxruntime-static" and "0.30 kept for int8" in split.why
+
+    def static(drop: float) -> DeployChoice:
+        rows = [_row("onnxruntime-static", "int8 static (QDQ)", drop, True)]
+        return DeployChoice(chosen="onnxruntime-static", why="", candidates=rows)
+
+    assert split_budget(static(-0.4), 1.0).pruning_points == 1.0, "an int8 gain keeps nothing back"
+    assert split_budget(static(3.0), 1.0).int8_reserve_points == 0.5, "at most half the budget"
+    none_within = [rows[0], _row("openvino-int8", "int8 static (NNCF)", 1.6, False)]
+    split = split_budget(DeployChoice(chosen="torch", why="", candidates=none_within), 1.0)
+    assert split.int8_reserve_points == 0.5 and "mixed-precision" in split.why
+    floats = [rows[0]]
+    assert split_budget(DeployChoice(chosen="torch", why="", candidates=floats), 1.0).int8_reserve_points == 0.0
+
+
+def test_the_rules_plan_keeps_dominant_blocks_float() -> None:
+    from agents.planning.quantization import quantization_plan
+    from tests.helpers import planning_context
+
+    ctx = planning_context(tiny_resnet(), SIZE)
+    groups = [
+        Int8GroupDamage(group="resnet.encoder.stages.1", layers=["resnet.encoder.stages.1.a"], kl=0.08, flips_pct=6.0),
+        *(Int8GroupDamage(group=f"b{i}", layers=[f"b{i}"], kl=0.002, flips_pct=0.0) for i in range(5)),
+    ]
+    measured = Int8Sensitivity(
+        backend="onnxruntime-static",
+        int8={"target": "no-vnni"},
+        images=128,
+        full_kl=0.1,
+        full_flips_pct=8.0,
+        groups=groups,
+        seconds=1.0,
+    )
+    profile = ctx.profile.model_copy(update={"int8_sensitivity": measured})
+    recs = quantization_plan(profile, 0.3)
+    assert recs[0].layer == "all" and recs[0].dtype == "qint8" and recs[0].quantization_type == "static"
+    assert [(r.layer, r.dtype) for r in recs[1:]] == [(r"^resnet\.encoder\.stages\.1\.", "float32")]
+    assert "KL 0.0800" in recs[1].justification
+    calm = measured.model_copy(update={"full_flips_pct": 0.2})
+    assert [r.dtype for r in quantization_plan(profile.model_copy(update={"int8_sensitivity": calm}), 0.3)] == ["qint8"]
+    assert [r.layer for r in quantization_plan(ctx.profile, 0.3)] == ["all"], "nothing measured: every layer int8"

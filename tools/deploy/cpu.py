@@ -1,0 +1,236 @@
+"""The CPU an int8 model is built and run on, and the int8 settings that hold accuracy there.
+
+x86 CPUs compute int8 dot products (unsigned 8-bit activations x signed 8-bit weights) in one of two ways:
+
+* with **VNNI** (AVX512-VNNI, AVX-VNNI, and AMX on the newest Xeons) the products are summed straight into 32 bits:
+  nothing overflows;
+* without it (AVX2 only, or AVX-512 without VNNI: most AMD Zen 2/3 and pre-2019 Intel CPUs) ONNX Runtime's and
+  oneDNN's kernels use ``vpmaddubsw``, which adds each pair of products into a **16-bit** sum that saturates:
+  255 x 127 x 2 = 64,770 does not fit 32,767. The same int8 model is then accurate on a VNNI CPU and loses points
+  on an AVX2 one (measured under QEMU as an AVX2-only EPYC: ONNX Runtime static int8 of ``cifar10-resnet-tiny``
+  -4.7 points, OpenVINO int8 without NNCF's overflow fix -5.8).
+
+:func:`int8_settings` picks what holds on the target kind: 7-bit weights where pairs can saturate (ONNX Runtime's
+``reduce_range``, weights in [-64, 64]: 255 x 64 x 2 = 32,640 fits) and NNCF's ``overflow_fix`` on every layer;
+NNCF's default (first layer only) and full 8-bit weights with VNNI. A model built for CPUs without VNNI runs
+accurately on every kind; one built for VNNI loses accuracy on CPUs without it, which :meth:`Int8Settings.warning`
+says in one line on load.
+
+:func:`detect_cpu` reads the features from ``cpuid`` (NumPy's dispatch table) and ``/proc/cpuinfo``;
+``PROFILING_AGENT_INT8_CPU`` (``vnni`` / ``no-vnni``) or ``--int8-cpu`` builds for another kind than the one found.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, computed_field
+
+logger = logging.getLogger(__name__)
+
+Int8Target = Literal["vnni", "no-vnni"]
+"""What an int8 model is built for: CPUs with 32-bit int8 dot products (VNNI, AMX), or without (AVX2, AVX-512)."""
+INT8_TARGETS: tuple[str, ...] = ("auto", "vnni", "no-vnni")
+"""What ``--int8-cpu`` takes: ``auto`` (this machine's kind) or a target."""
+ENV_TARGET = "PROFILING_AGENT_INT8_CPU"
+
+#: Feature name (as /proc/cpuinfo spells it) -> how reports name it; the int8-relevant ones, in order.
+FEATURES: dict[str, str] = {
+    "avx2": "AVX2",
+    "avx512bw": "AVX-512",
+    "avx512_vnni": "AVX512-VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "amx_int8": "AMX-INT8",
+}
+_VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+#: NumPy's cpuid-based names of the features it detects (AVX-VNNI and AMX it does not: /proc/cpuinfo says those).
+_NUMPY_NAMES = {"avx2": "AVX2", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI"}
+
+
+class CpuFeatures(BaseModel):
+    """What this CPU offers int8 kernels, as detected (or as a forced target says)."""
+
+    model_name: str = Field(description="The CPU's model name (/proc/cpuinfo), or the platform's processor string.")
+    machine: str = Field(description="platform.machine(): x86_64, aarch64, ...")
+    features: list[str] = Field(default_factory=list, description="The int8-relevant features present (FEATURES).")
+    detected_by: str = Field(default="", description="Where the features came from.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def vnni(self) -> bool:
+        """Whether int8 dot products sum into 32 bits (VNNI or AMX): nothing saturates."""
+        return bool(_VNNI & set(self.features))
+
+    @property
+    def x86(self) -> bool:
+        return self.machine.lower() in {"x86_64", "amd64", "i686", "i386", "x86"}
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def kind(self) -> str:
+        """``vnni`` or ``no-vnni`` on x86; ``other`` elsewhere (ARM's int8 dot products do not saturate)."""
+        if not self.x86:
+            return "other"
+        return "vnni" if self.vnni else "no-vnni"
+
+    def describe(self) -> str:
+        """``AMD EPYC (x86_64; AVX2, AVX-512, AVX512-VNNI: int8 sums in 32 bits)``."""
+        names = ", ".join(FEATURES[f] for f in FEATURES if f in self.features) or "none of " + ", ".join(
+            FEATURES.values()
+        )
+        how = (
+            "int8 sums in 32 bits"
+            if self.vnni
+            else ("no VNNI: int8 pair sums saturate at 16 bits" if self.x86 else "not x86")
+        )
+        return f"{self.model_name} ({self.machine}; {names}: {how})"
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """The model name and the flags of the first processor in /proc/cpuinfo (empty where there is none)."""
+    path = Path("/proc/cpuinfo")
+    name, flags = "", set[str]()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return name, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and not name:
+            name = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return name, flags
+
+
+def _numpy_features() -> dict[str, bool] | None:
+    """NumPy's runtime dispatch table (from cpuid, so it sees the CPU an emulator presents), or None."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy < 2
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    return dict(__cpu_features__)
+
+
+@functools.cache
+def detect_cpu() -> CpuFeatures:
+    """This machine's CPU: AVX2/AVX-512/VNNI from cpuid (NumPy), AVX-VNNI and AMX from /proc/cpuinfo."""
+    name, flags = _cpuinfo()
+    machine = platform.machine() or "unknown"
+    numpy_features = _numpy_features()
+    if numpy_features is not None and machine.lower() in {"x86_64", "amd64"}:
+        found = {f for f, numpy_name in _NUMPY_NAMES.items() if numpy_features.get(numpy_name)}
+        # what NumPy does not detect, /proc/cpuinfo says (only on a CPU that has AVX2 at all)
+        found |= {f for f in ("avx_vnni", "amx_int8") if f in flags and "avx2" in found}
+        detected_by = "cpuid (NumPy) and /proc/cpuinfo"
+    else:
+        found = {f for f in FEATURES if f in flags}
+        detected_by = "/proc/cpuinfo" if flags else "nothing (no /proc/cpuinfo, no x86 NumPy)"
+    return CpuFeatures(
+        model_name=name or platform.processor() or "unknown CPU",
+        machine=machine,
+        features=[f for f in FEATURES if f in found],
+        detected_by=detected_by,
+    )
+
+
+OverflowFix = Literal["disable", "first_layer_only", "enable"]
+
+
+class Int8Settings(BaseModel):
+    """How int8 models are built for one kind of CPU, and the CPU they were built (and validated) on."""
+
+    target: Int8Target = Field(description="The CPU kind the int8 model is built for.")
+    reduce_range: bool = Field(
+        description="ONNX Runtime: 7-bit weights (reduce_range), so that pair sums of u8 x s8 products fit 16 bits."
+    )
+    overflow_fix: OverflowFix = Field(
+        description="NNCF's overflow fix: 7-bit weights on every layer (enable), the first layer only (NNCF's "
+        "default), or none."
+    )
+    per_channel: bool = Field(default=True, description="One weight scale per output channel.")
+    built_on: CpuFeatures = Field(description="The CPU the model was built, evaluated and timed on.")
+
+    def describe(self) -> str:
+        """One line for reports."""
+        if self.target == "no-vnni":
+            what = (
+                "built for CPUs without VNNI (holds on every x86 CPU): ONNX Runtime 7-bit weights (reduce_range), "
+                "NNCF overflow fix on every layer"
+            )
+        else:
+            what = (
+                "built for CPUs with VNNI/AMX: full 8-bit weights, NNCF overflow fix on the first layer only "
+                "(loses accuracy on CPUs without VNNI)"
+            )
+        scales = "per-channel" if self.per_channel else "per-tensor"
+        return f"{what}; {scales} weight scales; built and validated on {self.built_on.describe()}"
+
+    def holds_on(self, cpu: CpuFeatures) -> bool:
+        """Whether this model's int8 arithmetic is exact on ``cpu`` (built for no-VNNI, or ``cpu`` has VNNI)."""
+        return self.target == "no-vnni" or cpu.vnni or not cpu.x86
+
+    def warning(self, cpu: CpuFeatures, artifact: str | Path) -> str | None:
+        """One line when ``cpu`` is a kind this model was not built for (None when it was)."""
+        if self.holds_on(cpu):
+            return None
+        return (
+            f"{artifact}: int8 built for CPUs with VNNI on {self.built_on.model_name}, loaded on {cpu.model_name} "
+            "without VNNI, where its 8-bit products can saturate and cost accuracy: deploy it again on this CPU "
+            "(profiling-agent run ... --int8-cpu no-vnni builds int8 that holds on every x86 CPU), or deploy a "
+            "float backend (--deploy onnxruntime-fp32 or openvino)"
+        )
+
+
+def resolve_target(target: str = "auto", cpu: CpuFeatures | None = None) -> Int8Target:
+    """``auto`` -> this CPU's kind (``PROFILING_AGENT_INT8_CPU`` first); ``vnni``/``no-vnni`` as given."""
+    if target == "auto":
+        target = os.environ.get(ENV_TARGET, "auto").strip().lower() or "auto"
+    if target not in INT8_TARGETS:
+        raise ValueError(f"unknown int8 CPU target {target!r}: choose one of {', '.join(INT8_TARGETS)}")
+    if target == "auto":
+        return "vnni" if (cpu or detect_cpu()).kind != "no-vnni" else "no-vnni"
+    return "vnni" if target == "vnni" else "no-vnni"
+
+
+def int8_settings(target: str = "auto", cpu: CpuFeatures | None = None) -> Int8Settings:
+    """The int8 settings that hold accuracy on ``target`` (``auto``: this machine's kind).
+
+    Measured (``cifar10-*`` models, 1,000-2,000 CIFAR-10 test images, agreement of top-1 with the FP32 model):
+    without VNNI (QEMU as an AVX2-only EPYC), ONNX Runtime static int8 with 8-bit weights agreed 87.2 % on
+    ResNet-tiny (-4.7 points) and 93.8 % on ViT-tiny, with 7-bit weights 98.8 % and 97.9 %; ONNX Runtime dynamic
+    int8 97.4 % vs 98.8 % on ViT-tiny; OpenVINO int8 on ViT-tiny 87.2 % without overflow fix, 94.4 % with it on
+    the first layer, 96.6 % on every layer. With VNNI (AMD EPYC Zen 4) every variant agreed within half a point
+    of the others, so the 8-bit weights and NNCF's default stay there.
+    """
+    cpu = cpu or detect_cpu()
+    resolved = resolve_target(target, cpu)
+    saturating = resolved == "no-vnni"
+    return Int8Settings(
+        target=resolved,
+        reduce_range=saturating,
+        overflow_fix="enable" if saturating else "first_layer_only",
+        built_on=cpu,
+    )
+
+
+__all__ = [
+    "ENV_TARGET",
+    "FEATURES",
+    "INT8_TARGETS",
+    "CpuFeatures",
+    "Int8Settings",
+    "Int8Target",
+    "detect_cpu",
+    "int8_settings",
+    "resolve_target",
+]

@@ -1,0 +1,234 @@
+"""ONNX Runtime static int8 in mixed precision: per-block int8 sensitivity, and accuracy control that uses it.
+
+* :class:`StaticInt8Build` -- one float model exported, preprocessed and calibrated once (ONNX Runtime's calibration
+  cache), and any number of static int8 variants of it that keep chosen layers in float (``nodes_to_exclude``);
+* :func:`measure_int8_sensitivity` -- the damage int8 does when only one block (:func:`layer_group`) is quantized,
+  in ONNX Runtime on this CPU with the int8 settings of its kind, on a few calibration batches: the profile's int8
+  sensitivity and the ranking of accuracy control;
+* :class:`OnnxRuntimeMixedBackend` (``onnxruntime-static-mixed``) -- static int8 that keeps the most damaging blocks
+  in float, one more at a time, until the run's accuracy budget holds on the validation images.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from tools.deploy.accuracy import AccuracyControl, predict_classes
+from tools.deploy.base import BackendNotApplicable, QuantizationError, QuantReport
+from tools.deploy.cpu import Int8Settings, int8_settings
+from tools.deploy.onnxruntime import graph as graphs
+from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend
+from tools.deploy.onnxruntime.export import export_onnx, preprocess_onnx
+from tools.deploy.onnxruntime.quantize import static_quantize_onnx
+from tools.deploy.onnxruntime.session import OrtModel
+from tools.schemas import Int8GroupDamage, Int8Sensitivity
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OnnxRuntimeMixedBackend", "StaticInt8Build", "layer_group", "layer_groups", "measure_int8_sensitivity"]
+
+_NUMBERED = re.compile(r"^(.*\.\d+)(?:\.|$)")
+#: At most this many blocks are measured: deeper names are cut back one numbered level until they fit.
+MAX_GROUPS = 40
+#: How many of the most damaging blocks accuracy control keeps in float at each step it tries.
+_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def layer_group(module: str, level: int = 0) -> str:
+    """The block a layer belongs to: its name up to the last numbered part (``vit.layers.3.mlp.fc1`` ->
+    ``vit.layers.3``, ``layer1.2.conv1`` -> ``layer1.2``); ``level`` more numbered parts cut back (coarser blocks:
+    ``stages.0.layers.1.layer.0`` -> ``stages.0.layers.1`` at level 1). A layer outside numbered blocks (a stem, a
+    classifier) is a group of its own."""
+    name = module
+    for _ in range(level + 1):
+        match = _NUMBERED.match(name[: name.rfind(".")] if name != module else name)
+        if match is None:
+            return name
+        name = match.group(1)
+    return name
+
+
+def layer_groups(layers: list[str], limit: int = MAX_GROUPS) -> dict[str, list[str]]:
+    """``layers`` (in graph order) by block, at the finest level that gives at most ``limit`` blocks."""
+    groups: dict[str, list[str]] = {}
+    for level in range(8):
+        groups = {}
+        for name in layers:
+            groups.setdefault(layer_group(name, level), []).append(name)
+        if len(groups) <= limit:
+            break
+    return groups
+
+
+class StaticInt8Build:
+    """``float_model`` exported and calibrated once in ``work``; :meth:`build` writes static int8 variants of it.
+
+    ``groups`` maps each block (:func:`layer_group`) to its layers that have Conv/MatMul/Gemm nodes, in graph
+    order. ``settings``: the int8 settings of the target CPU kind (:func:`tools.deploy.cpu.int8_settings`).
+    """
+
+    def __init__(
+        self,
+        float_model: nn.Module,
+        example_input: torch.Tensor,
+        calibration: torch.Tensor,
+        work: Path,
+        settings: Int8Settings | None = None,
+    ) -> None:
+        self.work = Path(work)
+        self.calibration = calibration
+        self.settings = settings or int8_settings()
+        fp32 = export_onnx(float_model, example_input[:1], self.work / "float.onnx")
+        self.graph = preprocess_onnx(fp32, self.work / "preprocessed.onnx")
+        self.nodes = {name: found for name, found in graphs.module_nodes(self.graph, float_model).items() if found}
+        order = {node: i for i, node in enumerate(graphs.constant_weight_nodes(self.graph))}
+        layers = sorted(self.nodes, key=lambda name: min(order.get(n, len(order)) for n in self.nodes[name]))
+        self.groups = layer_groups(layers)
+        self._cache = self.work / "calibration.json"
+        self._count = 0
+
+    def build(self, keep_float: Iterable[str] = (), out: Path | None = None) -> Path:
+        """A static int8 variant with the layers ``keep_float`` names in float (at ``out``, else in ``work``)."""
+        float_layers = sorted(set(keep_float) & set(self.nodes))
+        self._count += 1
+        target = out or self.work / f"variant-{self._count}.onnx"
+        return static_quantize_onnx(
+            self.graph,
+            target,
+            self.calibration,
+            preprocess=False,
+            per_channel=self.settings.per_channel,
+            reduce_range=self.settings.reduce_range,
+            nodes_to_exclude=[node for name in float_layers for node in self.nodes[name]],
+            calibration_cache=self._cache,
+        )
+
+    def logits(self, path: Path, images: torch.Tensor, batch: int = 64) -> np.ndarray:
+        """The logits of the ONNX model at ``path`` on ``images``, one fixed batch size at a time."""
+        model = OrtModel(path, threads=torch.get_num_threads(), fixed_batch=True)
+        return np.concatenate([model(images[i : i + batch]).numpy() for i in range(0, len(images), batch)])
+
+    def layers_of(self, groups: Iterable[str]) -> list[str]:
+        return [name for group in groups for name in self.groups.get(group, [])]
+
+
+def _damage(reference: np.ndarray, logits: np.ndarray) -> tuple[float, float]:
+    """Mean KL divergence (nats) of the softmax of ``logits`` from that of ``reference``, and top-1 flips (%)."""
+
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        shifted = x - x.max(axis=1, keepdims=True)
+        return np.asarray(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)))
+
+    p_log, q_log = log_softmax(reference.astype(np.float64)), log_softmax(logits.astype(np.float64))
+    kl = float(np.mean(np.sum(np.exp(p_log) * (p_log - q_log), axis=1)))
+    flips = float(np.mean(reference.argmax(1) != logits.argmax(1)) * 100.0)
+    return max(kl, 0.0), flips
+
+
+def measure_int8_sensitivity(build: StaticInt8Build, images: torch.Tensor) -> Int8Sensitivity:
+    """Per block: the damage of quantizing that block alone (every other one in float), against the float model, on
+    ``images``; and the damage of quantizing every block. ONNX Runtime on this CPU, with ``build.settings``."""
+    start = time.perf_counter()
+    reference = build.logits(build.graph, images)
+    full_kl, full_flips = _damage(reference, build.logits(build.build(), images))
+    groups = []
+    for group, layers in build.groups.items():
+        others = [name for name in build.nodes if name not in set(layers)]
+        kl, flips = _damage(reference, build.logits(build.build(others), images))
+        groups.append(Int8GroupDamage(group=group, layers=layers, kl=round(kl, 6), flips_pct=round(flips, 3)))
+    groups.sort(key=lambda g: (-g.kl, -g.flips_pct, g.group))
+    return Int8Sensitivity(
+        backend="onnxruntime-static",
+        int8=build.settings.model_dump(),
+        images=len(images),
+        full_kl=round(full_kl, 6),
+        full_flips_pct=round(full_flips, 3),
+        groups=groups,
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
+    """``onnxruntime-static`` with accuracy control: while the int8 model is over the accuracy budget on the
+    validation images (:class:`AccuracyControl`), the blocks whose int8 costs the most (measured here:
+    :func:`measure_int8_sensitivity` on the calibration images) are kept in float, 1, 2, 3, 4, 6, 8... of them,
+    until the budget holds or ``max_float_share`` of the layers would be float. Needs a labelled dataset."""
+
+    def __init__(self) -> None:
+        super().__init__(static=True)
+        self.name = "onnxruntime-static-mixed"
+        self.precision = "int8 static, mixed (accuracy control)"
+        self.mixed_of = "onnxruntime-static"
+
+    def save(
+        self,
+        float_model: nn.Module,
+        report: QuantReport,
+        out_dir: Path,
+        *,
+        example_input: torch.Tensor | None = None,
+        qmodel: nn.Module | None = None,
+        calibration: torch.Tensor | None = None,
+        accuracy_control: AccuracyControl | None = None,
+    ) -> QuantReport:
+        if accuracy_control is None:
+            raise BackendNotApplicable(f"{self.name} needs labelled validation images (a dataset) to control accuracy")
+        if qmodel is not None or calibration is None or len(calibration) == 0:
+            raise QuantizationError(f"the {self.name} backend needs calibration images and no qmodel")
+        example = example_input if example_input is not None else calibration
+        settings = report.int8 or int8_settings()
+        target = Path(out_dir) / self.deployed_file
+        with tempfile.TemporaryDirectory(prefix=".onnx-mixed-", dir=out_dir) as work:
+            build = StaticInt8Build(float_model, example, calibration, Path(work), settings)
+            planned = [name for name in build.nodes if name not in report.layers]  # the plan's float32 layers
+            ranking = measure_int8_sensitivity(build, calibration[: min(len(calibration), 128)])
+            kept, trail = self._control(build, accuracy_control, planned, [g.group for g in ranking.groups], target)
+        why = dict.fromkeys(planned, "the plan keeps it in float")
+        damage = {layer: g for g in ranking.groups for layer in g.layers}
+        for name in kept:
+            if name not in why:
+                g = damage[name]
+                why[name] = (
+                    f"accuracy control: block {g.group} (int8 alone: KL {g.kl:.4f}, {g.flips_pct:.1f} % top-1 flips "
+                    f"on {ranking.images} calibration images)"
+                )
+        extra = [
+            f"{self.name}: accuracy control ({len(accuracy_control.images)} validation images, budget "
+            f"{accuracy_control.max_drop_points:g} points with one standard error): " + "; ".join(trail),
+        ]
+        return self._carried_out(report, target, build.nodes, why, settings, len(calibration), extra)
+
+    def _control(
+        self, build: StaticInt8Build, control: AccuracyControl, planned: list[str], ranked: list[str], target: Path
+    ) -> tuple[list[str], list[str]]:
+        """Keep ``planned`` and then the top blocks of ``ranked`` in float until ``control`` holds; the layers kept
+        in float, and one line per step tried."""
+        limit = max(1, math.floor(control.max_float_share * len(build.nodes)))
+        trail: list[str] = []
+        steps = [0, *(k for k in _STEPS if k <= len(ranked))]
+        kept: list[str] = list(planned)
+        for k in steps:
+            candidate = sorted(set(planned) | set(build.layers_of(ranked[:k])))
+            if k and len(candidate) > limit:
+                trail.append(f"stopped before {k} block(s): more than {control.max_float_share:.0%} of layers float")
+                break
+            build.build(candidate, out=target)
+            session = OrtModel(target, threads=torch.get_num_threads(), fixed_batch=True)
+            predictions = predict_classes(session, control.images)
+            used = control.used_points(predictions)
+            trail.append(f"{len(candidate)} layer(s) float: {used:.2f} points used")
+            kept = candidate
+            if control.holds(predictions):
+                break
+        logger.info("%s: %s", self.name, "; ".join(trail))
+        return kept, trail

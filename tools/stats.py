@@ -1,0 +1,110 @@
+"""The paired statistics of the accuracy budget: a candidate against the original on the same images.
+
+Two accuracies measured on the same images differ by the mean of the per-image differences
+``d_i = c_cand_i - c_ref_i`` (each +1, 0 or -1, where ``c`` is 1 for a correct top-1 prediction). Its standard
+error comes from the images on which the two models *disagree*, so it is far smaller than the error of either
+accuracy alone. :func:`paired_accuracy` gives the difference with its 95 % interval; :func:`within_budget` is the
+budget test every stage uses (the pruning rounds, the deployment candidates, accuracy-controlled int8).
+Pure Python: no torch, no I/O, so every layer of the tools can use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from tools.schemas import PairedAccuracy
+
+__all__ = ["Z95", "budget_drop_points", "paired_accuracy", "standard_error_points", "within_budget"]
+
+#: The two-sided 95 % quantile of the normal distribution used for the intervals.
+Z95 = 1.96
+#: Points a mean of per-image differences in {-1, 0, 1} can take at most either way.
+_FULL_RANGE = 100.0
+
+
+def paired_accuracy(
+    reference_correct: Sequence[int | bool],
+    candidate_correct: Sequence[int | bool],
+    reference_pred: Sequence[int],
+    candidate_pred: Sequence[int],
+) -> PairedAccuracy:
+    """The candidate's accuracy change against the reference on the same images, with its 95 % interval.
+
+    Inputs are per image, in the same order: correctness (0/1 or bool) and top-1 class of each model.
+    ``delta_points = 100 · mean(c_cand - c_ref)``; the interval is ``delta ± 1.96 · s / sqrt(n)`` with the
+    sample standard deviation ``s`` (n - 1) of the differences. With fewer than two images the spread is
+    unknown and the interval is the whole range, -100 to +100 points (with none, the change is 0 and the
+    agreement 1: nothing was seen to differ).
+    """
+    n = len(reference_correct)
+    if not (len(candidate_correct) == len(reference_pred) == len(candidate_pred) == n):
+        raise ValueError(
+            f"per-image results must align: {n} and {len(candidate_correct)} correct, "
+            f"{len(reference_pred)} and {len(candidate_pred)} predictions"
+        )
+    diffs = [int(bool(c)) - int(bool(r)) for r, c in zip(reference_correct, candidate_correct, strict=True)]
+    gained = sum(1 for d in diffs if d > 0)
+    lost = sum(1 for d in diffs if d < 0)
+    same = sum(1 for r, c in zip(reference_pred, candidate_pred, strict=True) if int(r) == int(c))
+    if n == 0:
+        return PairedAccuracy(
+            delta_points=0.0,
+            ci95_low_points=-_FULL_RANGE,
+            ci95_high_points=_FULL_RANGE,
+            agreement=1.0,
+            samples=0,
+            gained=0,
+            lost=0,
+        )
+    mean = sum(diffs) / n
+    if n < 2:
+        low, high = -_FULL_RANGE, _FULL_RANGE
+    else:
+        variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+        half = Z95 * math.sqrt(variance / n)
+        low, high = 100.0 * (mean - half), 100.0 * (mean + half)
+    return PairedAccuracy(
+        delta_points=round(100.0 * mean, 4),
+        ci95_low_points=round(low, 4),
+        ci95_high_points=round(high, 4),
+        agreement=round(same / n, 6),
+        samples=n,
+        gained=gained,
+        lost=lost,
+    )
+
+
+def standard_error_points(paired: PairedAccuracy | dict[str, Any]) -> float:
+    """One standard error of the paired difference, in points: the interval's half-width / 1.96."""
+    result = PairedAccuracy.model_validate(paired)
+    return (result.ci95_high_points - result.ci95_low_points) / (2 * Z95)
+
+
+def budget_drop_points(
+    drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None = None
+) -> float | None:
+    """The drop the budget test holds against ``--max-accuracy-drop``: the measured drop plus one standard
+    error of the paired difference (``se`` = the 95 % interval's half-width / 1.96). Without a paired result,
+    the point estimate ``drop_points``; None when accuracy is unknown."""
+    if paired is None:
+        return drop_points
+    result = PairedAccuracy.model_validate(paired)
+    return -result.delta_points + standard_error_points(result)
+
+
+def within_budget(
+    drop_points: float | None, max_drop: float, paired: PairedAccuracy | dict[str, Any] | None = None
+) -> bool:
+    """The accuracy budget test, the one place it is decided.
+
+    With a paired comparison (``Metrics.paired``: the candidate and the original on the same images), a
+    candidate is within budget when its drop **plus one standard error** is at most ``max_drop``:
+    ``-delta + se <= max_drop``. A small evaluation subset has a large standard error, so a candidate whose
+    measured drop is just under the budget by chance is not taken; with many images, or few disagreements
+    with the original, ``se`` is small and the test is the measured drop. Without a paired result the
+    point estimate ``drop_points`` decides; an unknown accuracy (untrained model, no dataset) never rejects.
+    """
+    drop = budget_drop_points(drop_points, paired)
+    return drop is None or drop <= max_drop + 1e-9
