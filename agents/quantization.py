@@ -8,6 +8,7 @@ original alone goes through the same runtime (``quantized_original``, as the pap
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 
     headroom = _headroom_round(state, source)
     backends = candidate_backends(ctx.quant_backend)
-    control = (
-        accuracy_control(run.original, shape, spec, ctx.max_accuracy_drop) if any(map(is_mixed, backends)) else None
-    )
+    control = functools.cache(lambda: accuracy_control(run.original, shape, spec, ctx.max_accuracy_drop))
     choice = deploy(
         source,
         run.original,
@@ -112,7 +111,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
         mixed = is_mixed(choice.chosen)
         chosen_recs = recs if mixed else full_int8(recs)
-        controlled = control if mixed else None
+        controlled = control() if mixed else None
         candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
         built.append(
             ops.quantize(

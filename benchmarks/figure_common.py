@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +49,11 @@ def fail(message: str) -> SystemExit:
 
 
 def machine_line(threads: int | str) -> str:
-    """The machine a figure was measured on: CPU model and cores, library versions, torch threads."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    """The machine a figure was measured on: CPU model, its int8 features (VNNI or not), cores, library versions,
+    torch threads, and the CPU kind int8 is built for."""
+    from tools.deploy.cpu import detect_cpu, resolve_target
+
+    cpu = f"{detect_cpu().describe()}; int8 built for {resolve_target()} CPUs"
     versions = [f"torch {torch.__version__}"]
     for package in ("onnxruntime", "openvino", "nncf"):
         try:

@@ -44,32 +44,59 @@ python benchmarks/unseen_half.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" --data "$H
 python benchmarks/pruned_latency.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" --threads 1 2 --batches 1 32 \
     --json "$OUT/pruned_latency.json" | tee "$OUT/pruned_latency.txt"
 
-# Table "Deployment through the fastest runtime": the deployed models vs ONNX Runtime dynamic int8 and
-# OpenVINO int8 of the original, batch 1, 1 thread, interleaved; runtime x precision x pruning factors.
-python benchmarks/runtimes_vs_original.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" --data "$HALVES/b" \
-    --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
+# Table "Deployment through the fastest runtime": the deployed models vs what each runtime gives for the original
+# (ONNX Runtime FP32 and dynamic int8, OpenVINO FP32 and int8, NNCF's defaults), batch 1 and 32, 1 thread,
+# interleaved; runtime x precision x pruning factors. The same runs with --int8-cpu no-vnni ("vit-nv" ...) build the
+# int8 an AVX2-only CPU gets; their deployed models are also checked on the emulated CPU where QEMU is installed.
+for name in vit swin resnet; do
+    run "$name-nv" --model "$SHARED/models/cifar10-$name-tiny" --iterations 5 --int8-cpu no-vnni
+done
+python benchmarks/runtimes_vs_original.py "$OUT/vit" "$OUT/swin" "$OUT/resnet" "$OUT/vit-nv" "$OUT/swin-nv" \
+    "$OUT/resnet-nv" --data "$HALVES/b" --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
     --json "$OUT/runtimes_vs_original.json" | tee "$OUT/runtimes_vs_original.txt"
+if command -v qemu-x86_64 >/dev/null; then  # the no-VNNI builds' accuracy where VNNI is missing (emulated Zen 3)
+    qemu-x86_64 -cpu EPYC-Milan "$(command -v python)" benchmarks/unseen_half.py "$OUT/vit-nv" "$OUT/swin-nv" \
+        "$OUT/resnet-nv" --data "$HALVES/b" 2>/dev/null | tee "$OUT/unseen_half-no-vnni-emulated.txt"
+fi
 
-# A dense plain-PyTorch model: CIFAR ResNet-20 from a factory and a checkpoint, 3 rounds.
+# A dense plain-PyTorch model: CIFAR ResNet-20 from a factory and a checkpoint, 5 rounds.
 run resnet20 --model tools.zoo.cifar_resnet:resnet20 --weights "$SHARED/models/cifar10-resnet20.th" \
     --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck --image-size 32 \
-    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
+    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 5
 python benchmarks/unseen_half.py "$OUT/resnet20" --data "$HALVES/b" --rounds \
     --json "$OUT/unseen_half-resnet20.json" | tee "$OUT/unseen_half-resnet20.txt"
 run resnet56 --model tools.zoo.cifar_resnet:resnet56 --weights "$SHARED/models/cifar10-resnet56.th" \
     --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck --image-size 32 \
-    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
+    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 5
 python benchmarks/runtimes_vs_original.py "$OUT/resnet20" "$OUT/resnet56" --data "$HALVES/b" \
     --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
     --json "$OUT/runtimes_vs_original-resnets.json" | tee "$OUT/runtimes_vs_original-resnets.txt"
 
-# ViT-B/16 with random weights, nothing pruned: the deployed original vs ONNX Runtime and OpenVINO int8
+# ViT-B/16 and ResNet-101 with random weights, nothing pruned: the deployed original vs what each runtime gives
 # (latency and memory; no data, so static int8 is calibrated on 32 synthetic inputs).
-if [[ ! -f "$OUT/vit-b16/report.json" ]]; then
-    profiling-agent run --model vit-b16 --no-prune --run-dir "$OUT/vit-b16" --threads 1 --no-progress
-fi
-python benchmarks/deployed_original.py "$OUT/vit-b16" --threads 1 --repeats 40 --out "$OUT/deployed-original" \
-    | tee "$OUT/deployed_original-vit-b16.txt"
+for model in vit-b16 resnet-101; do
+    if [[ ! -f "$OUT/$model/report.json" ]]; then
+        profiling-agent run --model "$model" --no-prune --run-dir "$OUT/$model" --threads 1 --no-progress
+    fi
+    python benchmarks/deployed_original.py "$OUT/$model" --threads 1 --repeats 40 --out "$OUT/deployed-original" \
+        | tee "$OUT/deployed_original-$model.txt"
+done
+
+# Int8 settings per CPU kind ("Int8 on every CPU kind"): the same int8 files evaluated on this CPU and, where QEMU's
+# user-mode emulator is installed (Debian's qemu-user), on an emulated AMD Zen 3 (AVX2, no VNNI).
+for name in resnet vit swin; do
+    python benchmarks/int8_settings.py build --model "$SHARED/models/cifar10-$name-tiny" --out "$OUT/int8-settings/$name"
+done
+python benchmarks/int8_settings.py build --model tools.zoo.cifar_resnet:resnet20 --out "$OUT/int8-settings/resnet20" \
+    --weights "$SHARED/models/cifar10-resnet20.th" --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck \
+    --image-size 32 --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225
+for name in resnet vit swin resnet20; do
+    python benchmarks/int8_settings.py eval "$OUT/int8-settings/$name" | tee "$OUT/int8-settings-$name.txt"
+    if command -v qemu-x86_64 >/dev/null; then
+        qemu-x86_64 -cpu EPYC-Milan "$(command -v python)" benchmarks/int8_settings.py eval "$OUT/int8-settings/$name" \
+            --images 1000 2>/dev/null | tee "$OUT/int8-settings-$name-no-vnni.txt"
+    fi
+done
 
 # Distillation (DISTILL=1): the ViT run above again with knowledge distillation after every prune (default
 # settings otherwise), every round's candidate on the unseen half. About 4 minutes a round on a 2-core CPU.

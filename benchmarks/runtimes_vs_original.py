@@ -28,6 +28,7 @@ import torch
 from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_line, pct, points, read_run
 
 from tools import deployment, load_compressed, ops
+from tools.artifacts.io import load_original
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.deploy.registry import FLOAT, float_reference_of, runtime_and_precision
@@ -38,8 +39,16 @@ from tools.schemas import QuantizationRecommendation
 
 DEFAULT_DATA = REPO / "runs" / "figures" / "halves" / "b"
 DEFAULT_OUT = REPO / "runs" / "figures" / "runtimes-vs-original"
-#: The runtimes' own int8 of the original that the deployed model is compared with (issue 10's baselines).
-BASELINES = {"onnxruntime": "ORT dynamic int8 of the original", "openvino-int8": "OpenVINO int8 of the original"}
+#: The runtimes' own builds of the original that the deployed model is compared with: what a user gets from each
+#: runtime (FP32, its int8) without this tool.
+BASELINES = {
+    "onnxruntime-fp32": "ORT FP32 of the original",
+    "onnxruntime": "ORT dynamic int8 of the original",
+    "openvino": "OpenVINO FP32 of the original",
+    "openvino-int8": "OpenVINO int8 of the original",
+}
+#: NNCF's int8 of the original with NNCF's defaults, one call (``nncf.quantize(model, dataset)``).
+NNCF_DEFAULTS = "OpenVINO int8 (NNCF defaults) of the original"
 #: Every nn.Linear / MatMul / Gemm to int8: what each runtime's quantizer does to a whole model.
 ALL_LAYERS = [QuantizationRecommendation(layer="all", dtype="qint8")]
 
@@ -104,6 +113,26 @@ def build_original(
     return target
 
 
+def build_nncf_defaults(run: RunInfo, out: Path, images: torch.Tensor) -> Path | str:
+    """The original through ``nncf.quantize(model, dataset)`` with NNCF's defaults (built once into ``out``), as a
+    user gets OpenVINO int8 in one call: ``out/model.xml``; the reason as a string when it cannot be built."""
+    target = out / "openvino-int8-nncf-defaults"
+    if (target / "model.xml").is_file():
+        return target
+    try:
+        import nncf
+
+        from tools.deploy.openvino.convert import convert_openvino, save_openvino
+        from tools.deploy.openvino.quantize import calibration_items
+
+        converted = convert_openvino(load_original(run.original).model.eval(), images[:1])
+        quantized = nncf.quantize(converted, nncf.Dataset(calibration_items(images)), subset_size=len(images))
+        save_openvino(quantized, target / "model.xml")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return target
+
+
 def models_of(run: RunInfo, out: Path, images: torch.Tensor) -> tuple[list[Timed], dict[str, str], str]:
     """The models to time (label, artifact, backend), what could not be built, and the deployed backend."""
     report = run.report
@@ -132,7 +161,48 @@ def models_of(run: RunInfo, out: Path, images: torch.Tensor) -> tuple[list[Timed
             missing[label] = f"{backend}: {built}"
         else:
             models.append(Timed(label, built, backend))
+    defaults = build_nncf_defaults(run, out, images)
+    if isinstance(defaults, str):
+        missing[NNCF_DEFAULTS] = f"nncf.quantize: {defaults}"
+    else:
+        models.append(Timed(NNCF_DEFAULTS, defaults, "openvino-int8"))
     return models, missing, deployed_backend
+
+
+def load_timed(m: Timed) -> Any:
+    """How each model runs: the tool's artifacts as saved; ONNX Runtime's int8 of the original as a user gets it (one
+    session with the dynamic batch; the tool's own ONNX Runtime artifacts fix the batch per session, see
+    ``tools.deploy.onnxruntime.session.OrtModel``); NNCF's defaults as an OpenVINO IR."""
+    if m.label == BASELINES["onnxruntime"]:
+        return OrtModel(m.artifact / "model.onnx", threads=torch.get_num_threads())
+    if m.label == NNCF_DEFAULTS:
+        from tools.deploy.openvino.model import OpenVinoModel
+
+        return OpenVinoModel(m.artifact / "model.xml", threads=torch.get_num_threads())
+    return load_compressed(m.artifact)
+
+
+def alternatives(times: dict[str, float], key: dict[str, str], deployed_s: float) -> dict[str, Any]:
+    """The deployed model against what a user gets from each runtime for the original: the faster FP32 runtime
+    (ONNX Runtime, OpenVINO), ONNX Runtime's dynamic int8, OpenVINO's int8 (the faster of the tool's build and
+    NNCF's defaults), and the fastest of them all (ratios > 1: the deployed model is faster)."""
+
+    def fastest(labels: list[str]) -> tuple[str, float] | None:
+        found = [(label, times[key[label]]) for label in labels if label in key]
+        return min(found, key=lambda item: item[1]) if found else None
+
+    groups = {
+        "fp32_runtime": [BASELINES["onnxruntime-fp32"], BASELINES["openvino"]],
+        "ort_dynamic_int8": [BASELINES["onnxruntime"]],
+        "openvino_int8": [BASELINES["openvino-int8"], NNCF_DEFAULTS],
+        "any": [*BASELINES.values(), NNCF_DEFAULTS],
+    }
+    out: dict[str, Any] = {}
+    for name, labels in groups.items():
+        best = fastest(labels)
+        if best is not None:
+            out[name] = {"label": best[0], "latency_s": best[1], "deployed_speedup": best[1] / deployed_s}
+    return out
 
 
 def deployed_label(backend: str) -> str:
@@ -156,7 +226,15 @@ def speedup_of(backend: str, times: dict[str, float], key: dict[str, str]) -> Sp
 
 
 def compare_run(
-    run: RunInfo, data_spec: str, calibration: str | None, out: Path, *, warmup: int, repeats: int, batch_size: int
+    run: RunInfo,
+    data_spec: str,
+    calibration: str | None,
+    out: Path,
+    *,
+    warmup: int,
+    repeats: int,
+    batch_size: int,
+    batches: list[int],
 ) -> dict[str, Any]:
     print(f"{run.run_dir} ({Path(str(run.report.model.get('spec', ''))).name})")
     images, calibrated_on = calibration_images(run, calibration)
@@ -164,30 +242,41 @@ def compare_run(
     # one timing run: every distinct artifact once, interleaved (keys are resolved paths, so that two labels
     # naming the same artifact are one measurement and SpeedupFactors says so)
     key = {m.label: str(m.artifact.resolve()) for m in models}
-    loaded = {path: load_compressed(Path(path)) for path in dict.fromkeys(key.values())}
-    # ONNX Runtime's int8 of the original runs as a user gets it: one session with the dynamic batch (the tool's
-    # own ONNX Runtime artifacts fix the batch per session, see tools.deploy.onnxruntime.session.OrtModel)
-    for m in models:
-        if m.label == BASELINES["onnxruntime"]:
-            loaded[key[m.label]] = OrtModel(m.artifact / "model.onnx", threads=torch.get_num_threads())
+    loaded = {key[m.label]: load_timed(m) for m in models}
     times = compare_latencies(loaded, example_input(run.shape, seed=0), warmup=warmup, repeats=repeats)
+    batch_times = {
+        batch: compare_latencies(
+            loaded, example_input(run.shape, batch=batch, seed=0), warmup=2, repeats=max(10, repeats // 10)
+        )
+        for batch in batches
+        if batch > 1
+    }
     data = UnseenData(data_spec, run, batch_size=batch_size)
     predictions: dict[str, Predictions] = {path: data.predict(model) for path, model in loaded.items()}
     original = predictions[key[ORIGINAL]]
     deployed_s = times[key[deployed_label(backend)]]
     print(f"  batch 1, {warmup} warm-up + {repeats} interleaved calls each; accuracy on {data.samples} unseen images")
     print(f"  static int8 of the original calibrated on {calibrated_on}")
-    print(f"  {'model':42s} {'runtime':38s} {'ms':>8s} {'deployed is':>12s}  accuracy, Δ vs original [95 %]")
+    extra = "".join(f" {f'b{b} ms':>9s} {'ratio':>6s}" for b in batch_times)
+    print(f"  {'model':46s} {'runtime':38s} {'ms':>8s} {'deployed is':>12s}{extra}  accuracy, Δ vs original [95 %]")
     rows = []
     for m in models:
         seconds, result = times[key[m.label]], predictions[key[m.label]]
         paired = result.against(original)
         accuracy = pct(result.accuracy) + ("" if m.label == ORIGINAL else f"  Δ {points(paired)}")
-        print(f"  {m.label:42s} {m.runtime:38s} {1e3 * seconds:8.3f} {seconds / deployed_s:11.2f}x  {accuracy}")
+        at_batch = {b: t[key[m.label]] for b, t in batch_times.items()}
+        cells = "".join(
+            f" {1e3 * t:9.2f} {t / batch_times[b][key[deployed_label(backend)]]:5.2f}x" for b, t in at_batch.items()
+        )
+        print(f"  {m.label:46s} {m.runtime:38s} {1e3 * seconds:8.3f} {seconds / deployed_s:11.2f}x{cells}  {accuracy}")
         rows.append(
             {"label": m.label, "backend": m.backend, "artifact": str(m.artifact), "latency_s": seconds}
-            | {"accuracy": result.accuracy, "paired": paired.model_dump()}
+            | {"latency_s_at_batch": at_batch, "accuracy": result.accuracy, "paired": paired.model_dump()}
         )
+    versus = alternatives(times, key, deployed_s)
+    for name, best in versus.items():
+        ms, ratio = 1e3 * best["latency_s"], best["deployed_speedup"]
+        print(f"  vs {name:17s}: {best['label']} {ms:.3f} ms -> deployed {ratio:.2f}x")
     for label, why in missing.items():
         print(f"  {label:42s} not built ({why})")
     factors = speedup_of(backend, times, key)
@@ -200,6 +289,7 @@ def compare_run(
         "deployed_backend": backend,
         "models": rows,
         "not_built": missing,
+        "alternatives": versus,
         "speedup": None if factors is None else factors.model_dump(),
     }
 
@@ -214,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=300, help="interleaved timed calls of each model")
     parser.add_argument("--batch-size", type=int, default=32, help="evaluation batch (the run's default, 32)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="timed batch sizes (1 always)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.threads < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
@@ -231,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup,
             repeats=args.repeats,
             batch_size=args.batch_size,
+            batches=args.batches,
         )
         for run_dir in args.run_dirs
     ]

@@ -390,6 +390,11 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from graph.runner import start_run
 
     ctx = _context(args, args.run_dir)
+    if ctx.quantize:
+        from tools.deploy.cpu import detect_cpu, resolve_target
+
+        target = resolve_target(ctx.int8_cpu)
+        print(f"cpu: {detect_cpu().describe()}; int8 built for {target} CPUs", file=sys.stderr, flush=True)
     result = start_run(
         args.model,
         dataset=args.dataset,

@@ -172,3 +172,33 @@ def test_no_round_within_budget_reports_and_deploys_the_original(
     assert note in report["notes"]
     assert report["quantized"]["artifact"] == report["quantized_original"]["artifact"]
     assert report["quantized"]["params"] == baseline["params"]
+
+
+def test_int8_profile_budget_split_and_mixed_precision(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The int8 sensitivity before planning, the budget kept for int8, and an accuracy-controlled int8 candidate
+    (forced with --deploy onnxruntime-static-mixed, judged by a 0-point budget; which layers go float is
+    tests/unit/test_mixed_precision.py's)."""
+    report = _run(
+        str(tiny_model_dir),
+        tmp_path / "run",
+        iterations=1,
+        max_accuracy_drop=0.0,
+        quant_backend="onnxruntime-static-mixed",
+    )
+    sensitivity = report["profile"]["int8_sensitivity"]
+    assert sensitivity["groups"] and sensitivity["int8"]["target"] in ("vnni", "no-vnni")
+    assert (tmp_path / "run" / "profile" / "int8_sensitivity.json").is_file()
+    budget = report["accuracy_budget"]
+    assert budget["total_points"] == 0.0 and budget["pruning_points"] + budget["int8_reserve_points"] == 0.0
+    assert {c["backend"] for c in report["original_deployment"]["candidates"]} >= {"torch", "onnxruntime-static"}
+    assert not any(c["backend"].endswith("-mixed") for c in report["original_deployment"]["candidates"])
+    rows = {c["backend"]: c for c in report["deployment"]["candidates"]}
+    assert set(rows) == {"torch", "onnxruntime-static", "onnxruntime-static-mixed"}
+    mixed = rows["onnxruntime-static-mixed"]
+    assert mixed["error"] is None and mixed["skipped"] is None and mixed["latency_s"]
+    assert report["deployment"]["int8"]["built_on"]["model_name"]
+    assert "evaluation images" in (report["deployment"]["accuracy_control"] or "")
+    text = (tmp_path / "run" / "report.md").read_text()
+    assert "## Int8: the CPU, the budget, the layers kept in float" in text
+    assert "accuracy budget: 0 points" in text and "| onnxruntime-static-mixed" in text
+    assert 'id="int8"' in (tmp_path / "run" / "report.html").read_text()

@@ -39,6 +39,23 @@ __all__ = [
 ]
 
 BudgetTest = Callable[[float | None, PairedAccuracy | None], bool]
+#: What mixed-precision candidates are judged on, or how to get it (called once, only when one is built).
+ControlSource = AccuracyControl | Callable[[], AccuracyControl | None] | None
+
+
+class _Judge:
+    """The accuracy control of a deployment, made on first use (it preprocesses every evaluation image)."""
+
+    def __init__(self, source: ControlSource) -> None:
+        self._source, self._value, self.made = source, None, not callable(source)
+        if isinstance(source, AccuracyControl):
+            self._value = source
+
+    def __call__(self) -> AccuracyControl | None:
+        if not self.made:
+            self.made = True
+            self._value = self._source() if callable(self._source) else None
+        return self._value
 
 #: Synthetic inputs static int8 is calibrated on when the run has no data.
 SYNTHETIC_SAMPLES = 32
@@ -73,9 +90,11 @@ def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
         reserve = min(max(chosen.accuracy_drop_points, 0.0), half)
         paired = chosen.paired
         interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
+        drop = chosen.accuracy_drop_points
+        change = f"loses {drop:.2f}" if drop >= 0 else f"gains {-drop:.2f}"
         why = (
-            f"{chosen.backend} of the original (the fastest within budget) loses {chosen.accuracy_drop_points:.2f}"
-            f"{interval} points on the evaluation images"
+            f"{chosen.backend} of the original, the fastest within budget, {change} points (drop{interval}) on the "
+            "evaluation images"
         )
         measured: str | None = chosen.backend
     elif ran and not any(c.within_budget for c in ran):
@@ -153,7 +172,7 @@ def _measure(
     within_budget: BudgetTest,
     baseline_accuracy: float | None,
     int8_cpu: str = "auto",
-    control: AccuracyControl | None = None,
+    control: Callable[[], AccuracyControl | None] = lambda: None,
     source: str | None = None,
 ) -> DeployCandidate:
     """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
@@ -174,7 +193,7 @@ def _measure(
                 config,
                 shape=shape,
                 calibration=images,
-                accuracy_control=control if mixed else None,
+                accuracy_control=control() if mixed else None,
             )
             candidate.float_layers = dict(built.get("float_layers") or {})
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
@@ -221,7 +240,10 @@ def _faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[
 
 
 def _mixed(
-    backends: list[str], candidates: list[DeployCandidate], control: AccuracyControl | None, always: bool = False
+    backends: list[str],
+    candidates: list[DeployCandidate],
+    control: Callable[[], AccuracyControl | None],
+    always: bool = False,
 ) -> tuple[list[str], list[DeployCandidate]]:
     """The mixed-precision backends to build (their full-int8 backend ran over the budget, or ``always``, and there
     is a labelled dataset to control accuracy with), and a skipped row for each of the others, saying why."""
@@ -233,14 +255,14 @@ def _mixed(
             continue
         row = next((c for c in candidates if c.backend == full and c.source is None), None)
         why = None
-        if control is None:
-            why = "needs a labelled dataset to control accuracy"
-        elif always:
+        if always:
             why = None
         elif row is None or not row.ran:
             why = f"{full} was not built"
         elif row.within_budget:
             why = f"not needed: full int8 ({full}) is within the accuracy budget"
+        if why is None and control() is None:
+            why = "needs a labelled dataset to control accuracy"
         if why is None:
             build.append(name)
         else:
@@ -264,7 +286,7 @@ def deploy(
     forced: bool = False,
     headroom_source: Path | None = None,
     int8_cpu: str = "auto",
-    control: AccuracyControl | None = None,
+    control: ControlSource = None,
 ) -> DeployChoice:
     """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
 
@@ -276,10 +298,11 @@ def deploy(
     fastest within budget of either source is chosen (``DeployChoice.source`` says which).
 
     int8 is built for ``int8_cpu`` (:mod:`tools.deploy.cpu`). A mixed-precision backend (``*-mixed``) is built only
-    when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`); its row
-    says why it was not built otherwise.
+    when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`, or a function
+    that makes it, called only then); its row says why it was not built otherwise.
     """
     images, calibrated_on = calibration_images(original_dir, shape, spec)
+    judge = _Judge(control)
     measure = functools.partial(
         _measure,
         original_dir=original_dir,
@@ -290,11 +313,11 @@ def deploy(
         within_budget=within_budget,
         baseline_accuracy=baseline_accuracy,
         int8_cpu=int8_cpu,
-        control=control,
+        control=judge,
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
     candidates = [measure(b, source_dir, out_root / b) for b in full]
-    mixed, skipped = _mixed([b for b in backends if b not in full], candidates, control, always=forced)
+    mixed, skipped = _mixed([b for b in backends if b not in full], candidates, judge, always=forced)
     candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
     original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)
@@ -321,9 +344,9 @@ def deploy(
         calibration=calibrated_on,
         int8=int8_settings(int8_cpu),
         accuracy_control=(
-            f"{len(control.images)} evaluation images, the original's answers, a {control.max_drop_points:g}-point "
+            f"{len(judged.images)} evaluation images, the original's answers, a {judged.max_drop_points:g}-point "
             "budget with one standard error"
-            if control is not None
+            if judge.made and (judged := judge()) is not None
             else None
         ),
     )

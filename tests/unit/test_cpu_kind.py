@@ -43,6 +43,7 @@ def test_detection_reads_this_cpu() -> None:
 def test_settings_per_kind() -> None:
     saturating = int8_settings("no-vnni", AVX2_ONLY)
     assert (saturating.target, saturating.reduce_range, saturating.overflow_fix) == ("no-vnni", True, "enable")
+    assert saturating.nncf_overflow_fix(transformer=False) == "first_layer_only", "measured enough for CNNs"
     exact = int8_settings("vnni", VNNI)
     assert (exact.target, exact.reduce_range, exact.overflow_fix) == ("vnni", False, "first_layer_only")
     assert int8_settings("auto", AVX2_ONLY).target == "no-vnni"

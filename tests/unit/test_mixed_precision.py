@@ -172,13 +172,20 @@ def _row(backend: str, precision: str, drop: float | None, within: bool, **extra
 
 
 def test_mixed_candidates_are_built_only_when_full_int8_is_over_budget() -> None:
-    control = _control_stub()
+    asked: list[str] = []
+
+    def control() -> AccuracyControl:
+        asked.append("control")
+        return _control_stub()
+
     over = [_row("onnxruntime-static", "int8 static (QDQ)", 1.4, False)]
     assert _mixed(["onnxruntime-static-mixed"], over, control) == (["onnxruntime-static-mixed"], [])
     within = [_row("onnxruntime-static", "int8 static (QDQ)", 0.2, True)]
+    asked.clear()
     build, skipped = _mixed(["onnxruntime-static-mixed"], within, control)
     assert build == [] and "not needed" in (skipped[0].skipped or "")
-    build, skipped = _mixed(["onnxruntime-static-mixed"], over, None)
+    assert not asked, "the evaluation images are not prepared for a candidate that is not built"
+    build, skipped = _mixed(["onnxruntime-static-mixed"], over, lambda: None)
     assert build == [] and "labelled dataset" in (skipped[0].skipped or "")
     assert _mixed(["onnxruntime-static-mixed"], within, control, always=True)[0] == ["onnxruntime-static-mixed"]
 

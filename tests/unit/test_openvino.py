@@ -127,7 +127,8 @@ def test_artifact_round_trip(run: dict[str, Path], backend: str) -> None:
         assert "vit.embeddings.patch_embeddings.projection" in report["layers"], "and the patch convolution"
         assert report["int8"]["target"] in ("vnni", "no-vnni"), "the CPU kind the int8 model is built for"
         fix = "enable" if report["int8"]["target"] == "no-vnni" else "first_layer_only"
-        assert report["int8"]["overflow_fix"] == fix
+        assert report["int8"]["overflow_fix"] == fix, "for attention models"
+        assert report["int8"]["overflow_fix_cnn"] == "first_layer_only"
         assert not torch.equal(first, reference)
         assert torch.allclose(first, reference, atol=0.15)
     with pytest.raises(TypeError, match="not a torch module"):

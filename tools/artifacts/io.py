@@ -224,6 +224,8 @@ def _meta(
 # --- load -------------------------------------------------------------------------------------------
 
 _ORIGINALS: dict[tuple[str, float], LoadedModel] = {}
+#: The CPU-kind warnings already given by this process (one per artifact).
+_WARNED: set[str] = set()
 
 
 def load_original(path: Path) -> LoadedModel:
@@ -264,7 +266,8 @@ def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | Quanti
     if meta["kind"] == "quantized":
         report = QuantReport.model_validate(meta["quantization"])
         warning = report.int8.warning(detect_cpu(), path) if report.int8 is not None else None
-        if warning:  # built for VNNI, loaded where int8 pair sums saturate
+        if warning and warning not in _WARNED:  # built for VNNI, loaded where int8 pair sums saturate: once a process
+            _WARNED.add(warning)
             logger.warning(warning)
         deployed = get_backend(report.backend).load(path, report, rebuild)
         return deployed.to(device).eval() if isinstance(deployed, nn.Module) else deployed

@@ -40,10 +40,14 @@ def float_layer_rows(report: RunReport) -> list[tuple[str, str, str, str]]:
     """
     sensitivity = _sensitivity(report)
     damage = {layer: g for g in (sensitivity.groups if sensitivity else []) for layer in g.layers}
-    candidates = [c for c in (report.deployment or {}).get("candidates") or [] if c.get("float_layers")]
+    every = (report.deployment or {}).get("candidates") or []
+    candidates = [c for c in every if c.get("float_layers")]
     rows = []
     for c in candidates:
+        full = next((f for f in every if c["backend"] == f"{f['backend']}-mixed" and not f.get("source")), None)
         for layer, why in c["float_layers"].items():
+            if full is not None and layer not in (full.get("float_layers") or {}) and "or its patterns" in why:
+                why = "NNCF's accuracy control (the full-int8 build quantized it)"
             g = damage.get(layer)
             cost = f"block {g.group}: KL {g.kl:.4f}, {g.flips_pct:.1f} % flips" if g else "-"
             rows.append((c["backend"], layer, why, cost))

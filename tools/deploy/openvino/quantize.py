@@ -80,15 +80,16 @@ def quantize_openvino(
     Attention models use NNCF's transformer model type (SmoothQuant, attention-aware patterns) and the
     mixed preset (symmetric weights, asymmetric activations); others the performance preset (symmetric
     both). ``subset_size``: calibration images used, at most :data:`MAX_SUBSET` (default: all, up to it).
-    ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what CPUs without VNNI need), the first
-    one (NNCF's default) or none; default: what this CPU's kind needs (:func:`tools.deploy.cpu.int8_settings`).
+    ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what attention models need on CPUs without
+    VNNI), the first one (NNCF's default) or none; default: what this CPU's kind needs for this kind of model
+    (:meth:`tools.deploy.cpu.Int8Settings.nncf_overflow_fix`).
     ``ignored``: op names left in float. Every other Conv/MatMul NNCF's patterns select is quantized; with
     ``accuracy_control``, :func:`nncf.quantize_with_accuracy_control` then keeps the quantizers that cost the most
     in float until the budget holds (:func:`_controlled`).
     """
     import nncf
 
-    overflow_fix = overflow_fix or int8_settings().overflow_fix
+    overflow_fix = overflow_fix or int8_settings().nncf_overflow_fix(transformer)
     items = calibration_items(calibration)
     subset = min(MAX_SUBSET, len(items), subset_size or len(items))
     preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
@@ -316,7 +317,7 @@ def deploy_openvino(
             converted,
             calibration,
             transformer=has_attention(float_model),
-            overflow_fix=(settings or int8_settings()).overflow_fix,
+            overflow_fix=(settings or int8_settings()).nncf_overflow_fix(has_attention(float_model)),
             ignored=ignored,
             accuracy_control=accuracy_control,
         )
