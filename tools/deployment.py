@@ -57,6 +57,7 @@ class _Judge:
             self._value = self._source() if callable(self._source) else None
         return self._value
 
+
 #: Synthetic inputs static int8 is calibrated on when the run has no data.
 SYNTHETIC_SAMPLES = 32
 
