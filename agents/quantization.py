@@ -22,10 +22,18 @@ from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.deploy.choice import is_chosen
+from tools.deploy.choice import DeployChoice, is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
-from tools.deployment import accuracy_control, calibration_images, candidate_backends, deploy, full_int8, is_mixed
+from tools.deployment import (
+    ALTERNATIVE_MARGIN,
+    accuracy_control,
+    calibration_images,
+    candidate_backends,
+    deploy,
+    full_int8,
+    is_mixed,
+)
 from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
 from tools.store.files import StagingDir
 
@@ -46,6 +54,25 @@ def _headroom_round(state: State, source: Path) -> dict[str, Any] | None:
     if best is None or roomiest is best or used(roomiest) >= used(best):
         return None
     return roomiest
+
+
+def _original_note(choice: DeployChoice, pruned_source: Path) -> str:
+    """Why the unpruned original is deployed: it ran faster than the pruned model in the chosen runtime."""
+    round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
+    rows = [c for c in choice.candidates if c.backend == choice.chosen and c.ran and c.latency_s]
+    best = min((c for c in rows if c.source is None), key=lambda c: c.latency_s or 0.0, default=None)
+    mine = min((c for c in rows if c.source == choice.source), key=lambda c: c.latency_s or 0.0, default=None)
+    timing = (
+        f" ({1e3 * (mine.latency_s or 0.0):.2f} ms unpruned, {1e3 * (best.latency_s or 0.0):.2f} ms pruned, batch 1, "
+        "interleaved)"
+        if best is not None and mine is not None
+        else ""
+    )
+    return (
+        f"deployment: the unpruned original runs faster in {choice.chosen} than the pruned model ({round_name})"
+        f"{timing}, beyond the {ALTERNATIVE_MARGIN:.0%} margin a smaller model is kept by: the original is deployed "
+        "(pruning does not pay in this runtime; the pruned model stays in RUN/models and the report)"
+    )
 
 
 def _headroom_note(pruned: dict[str, Any]) -> list[str]:
@@ -85,18 +112,26 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         baseline_accuracy=state["baseline"].get("accuracy"),
         repeats=ctx.latency_repeats,
         forced=ctx.quant_backend != "auto",
-        headroom_source=Path(headroom["metrics"]["artifact"]) if headroom else None,
+        alternatives=[
+            *([Path(headroom["metrics"]["artifact"])] if headroom else []),
+            *([run.original] if source.resolve() != run.original.resolve() else []),
+        ],
+        prebuilt=[run.root / "models" / "deploy-original"],
         int8_cpu=ctx.int8_cpu,
         control=control,
     )
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []
-    if choice.source and headroom:  # a round with more accuracy headroom deploys faster: it is the pruned model
+    original_wins = bool(choice.source) and Path(str(choice.source)).resolve() == run.original.resolve()
+    if choice.source and headroom and not original_wins:  # a round with more headroom deploys faster: the pruned one
         changes["pruned"] = {**pruned_entry(headroom), "selected_round": (pruned or {}).get("round")}
         source = Path(choice.source)
         headroom_notes = _headroom_note(changes["pruned"])
         if ctx.holdout_samples > 0:
             headroom_notes += evaluate_holdout(data, ctx, changes["pruned"])
+    elif original_wins:  # the unpruned original deploys faster in the chosen runtime: pruning does not pay there
+        headroom_notes = [_original_note(choice, source)]
+        source = run.original
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
     described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}

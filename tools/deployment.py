@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -60,6 +60,9 @@ class _Judge:
 
 #: Synthetic inputs static int8 is calibrated on when the run has no data.
 SYNTHETIC_SAMPLES = 32
+#: A candidate built from another source than the best model (a round with more headroom, the unpruned original)
+#: is deployed only when it is at least this much faster than the best model's fastest within budget.
+ALTERNATIVE_MARGIN = 0.05
 
 
 def candidate_backends(choice: str) -> list[str]:
@@ -174,6 +177,7 @@ def _measure(
     baseline_accuracy: float | None,
     int8_cpu: str = "auto",
     control: Callable[[], AccuracyControl | None] = lambda: None,
+    prebuilt: Sequence[Path] = (),
     source: str | None = None,
 ) -> DeployCandidate:
     """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
@@ -195,6 +199,7 @@ def _measure(
                 shape=shape,
                 calibration=images,
                 accuracy_control=control() if mixed else None,
+                reuse=[Path(root) / backend for root in prebuilt],
             )
             candidate.float_layers = dict(built.get("float_layers") or {})
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
@@ -226,6 +231,18 @@ def _time(
     for candidate in candidates:
         candidate.latency_s = times.get(candidate.key, candidate.latency_s)
     return times.get("__original__")
+
+
+def _eligible(candidates: list[DeployCandidate]) -> list[DeployCandidate]:
+    """The candidates the choice is made among: every one of the best model, and those of another source only when
+    at least :data:`ALTERNATIVE_MARGIN` faster than the best model's fastest within budget (or when it has none)."""
+
+    def usable(c: DeployCandidate) -> bool:
+        return c.ran and c.within_budget and c.latency_s is not None
+
+    main = [c.latency_s or 0.0 for c in candidates if c.source is None and usable(c) and c.backend != FLOAT]
+    limit = (1.0 - ALTERNATIVE_MARGIN) * min(main) if main else float("inf")
+    return [c for c in candidates if c.source is None or not usable(c) or (c.latency_s or 0.0) <= limit]
 
 
 def _faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[str]:
@@ -285,7 +302,8 @@ def deploy(
     baseline_accuracy: float | None,
     repeats: int = 20,
     forced: bool = False,
-    headroom_source: Path | None = None,
+    alternatives: Sequence[Path] = (),
+    prebuilt: Sequence[Path] = (),
     int8_cpu: str = "auto",
     control: ControlSource = None,
 ) -> DeployChoice:
@@ -293,10 +311,13 @@ def deploy(
 
     ``out_root / <backend>`` holds each candidate's artifact (reused when complete). ``within_budget`` is
     the run's accuracy budget test. With ``forced`` (``--deploy NAME``), that backend is deployed whatever
-    the timing says, unless it failed. ``headroom_source``: a model with more accuracy headroom (another
-    round within budget); when candidates faster than the chosen one were over the budget, those backends are
-    built from it too (``out_root / headroom / <backend>``), everything is timed again together, and the
-    fastest within budget of either source is chosen (``DeployChoice.source`` says which).
+    the timing says, unless it failed. ``alternatives``: other models to deploy instead of ``source_dir``, in order
+    of preference (a round with more accuracy headroom; the unpruned original): the chosen backend and those that
+    ran faster but over the budget are built from each too (``out_root / alt-<i> / <backend>``), everything is
+    timed again together, and the fastest within budget is chosen, one of another source only when at least
+    :data:`ALTERNATIVE_MARGIN` faster than the best model's (``DeployChoice.source`` says which). ``prebuilt``:
+    directories of candidates built before (``<dir>/<backend>``), copied instead of built again when their recipe
+    is the same (the original's deployment table).
 
     int8 is built for ``int8_cpu`` (:mod:`tools.deploy.cpu`). A mixed-precision backend (``*-mixed``) is built only
     when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`, or a function
@@ -315,6 +336,7 @@ def deploy(
         baseline_accuracy=baseline_accuracy,
         int8_cpu=int8_cpu,
         control=judge,
+        prebuilt=prebuilt,
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
     candidates = [measure(b, source_dir, out_root / b) for b in full]
@@ -322,18 +344,18 @@ def deploy(
     candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
     original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)
-    retry = _faster_over_budget(candidates, chosen) if headroom_source is not None and not forced else []
-    if headroom_source is not None and retry:
-        logger.info("deploy: %s over budget; building them from %s", ", ".join(retry), headroom_source)
-        headroom = str(headroom_source)
-        candidates += [measure(b, headroom_source, out_root / "headroom" / b, source=headroom) for b in retry]
+    if alternatives and not forced:
+        retry = list(dict.fromkeys([*_faster_over_budget(candidates, chosen), *([chosen] if chosen != FLOAT else [])]))
+        for i, other in enumerate(alternatives):
+            logger.info("deploy: building %s from %s too", ", ".join(retry), other)
+            candidates += [measure(b, other, out_root / f"alt-{i}" / b, source=str(other)) for b in retry]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-        chosen, why = choose(candidates, original_latency)
+        chosen, why = choose(_eligible(candidates), original_latency)
     if forced and backends[-1] != chosen:
         wanted = next(c for c in candidates if c.backend == backends[-1])
         if wanted.ran:
             chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it ({why})"
-    usable = [c for c in candidates if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
+    usable = [c for c in _eligible(candidates) if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
     source = min(usable, key=lambda c: c.latency_s or 0.0).source if usable and not forced else None
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)
     return DeployChoice(

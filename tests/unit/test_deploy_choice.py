@@ -110,7 +110,7 @@ def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(tm
         within_budget=budget,
         baseline_accuracy=None,
         repeats=3,
-        headroom_source=headroom,
+        alternatives=[headroom],
     )
     rebuilt = [c for c in choice.candidates if c.source is not None]
     assert [(c.backend, c.source, c.within_budget) for c in rebuilt] == [
@@ -128,6 +128,23 @@ def test_a_headroom_candidate_is_chosen_by_its_own_latency() -> None:
     chosen, why = choose([_c(FLOAT, 3.0), _c("onnxruntime", 0.5, ok=False), fast], original_latency_s=4e-3)
     assert chosen == "onnxruntime" and why.startswith("onnxruntime (round-02) (r, p) is the fastest")
     assert "over the accuracy budget: onnxruntime" in why
+
+
+def test_another_source_is_deployed_only_when_clearly_faster() -> None:
+    """The unpruned original (or a round with more headroom) replaces the best model's candidate only when at least
+    ALTERNATIVE_MARGIN faster: a pruned model that ties keeps its smaller size."""
+    from tools.deployment import ALTERNATIVE_MARGIN, _eligible
+
+    def original(latency_ms: float) -> DeployCandidate:
+        return _c("onnxruntime-static", latency_ms).model_copy(update={"source": "/run/models/original"})
+
+    best = [_c(FLOAT, 3.0), _c("onnxruntime-static", 0.60)]
+    tie = original(0.60 * (1 - ALTERNATIVE_MARGIN / 2))
+    assert tie not in _eligible([*best, tie])
+    assert choose(_eligible([*best, tie]), 4e-3)[0] == "onnxruntime-static"
+    faster = original(0.60 * (1 - 2 * ALTERNATIVE_MARGIN))
+    assert faster in _eligible([*best, faster])
+    assert "(original)" in choose(_eligible([*best, faster]), 4e-3)[1]
 
 
 def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_error(tmp_path: Path) -> None:

@@ -127,6 +127,10 @@ def is_chosen(candidate: dict[str, Any], choice: dict[str, Any]) -> bool:
 
 
 def label(candidate: dict[str, Any]) -> str:
-    """A candidate's name in tables: its backend, and the round it was built from when not the best model."""
+    """A candidate's name in tables: its backend, and what it was built from when not the best model (a round's
+    directory, ``round-02``; ``original``)."""
     source = candidate.get("source")
-    return candidate["backend"] + (f" ({Path(source).parent.name})" if source else "")
+    if not source:
+        return str(candidate["backend"])
+    path = Path(source)
+    return f"{candidate['backend']} ({path.parent.name if path.name == 'model' else path.name})"
