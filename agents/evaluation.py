@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
 from tools.schemas import Metrics, RoundResult
+from tools.stats import resolution_note
 from tools.store.files import atomic_write_json
+
+logger = logging.getLogger(__name__)
 
 
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
@@ -27,6 +31,7 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
         or ops.auto_eval_samples(
             (state.get("profile_summary") or {}).get("total_macs"),
             other_parts=ctx.holdout_samples > 0 or ctx.finetune_samples > 0,
+            budget_points=ctx.max_accuracy_drop,
         ),
         calibration_samples=ctx.calibration_samples,
         holdout_samples=ctx.holdout_samples,
@@ -52,10 +57,13 @@ def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     metrics = _evaluate(data, ctx, paths(data).original, "baseline")
     matched = len((data.get("label_match") or {}).get("mapping") or {})
     note = chance_note(metrics.accuracy, metrics.samples, matched or int(data["model_info"].get("num_labels") or 0))
-    return {
-        "baseline": {**metrics.model_dump(), "data_parts": ops.part_sizes(eval_spec(data, ctx))},
-        "notes": [note] if note else [],
-    }
+    notes = [note] if note else []
+    if metrics.accuracy is not None and metrics.samples:  # said at the start: the data may not resolve the budget
+        resolution = resolution_note(metrics.samples, ctx.max_accuracy_drop)
+        if resolution:
+            logger.warning("%s", resolution)
+            notes.append(resolution)
+    return {"baseline": {**metrics.model_dump(), "data_parts": ops.part_sizes(eval_spec(data, ctx))}, "notes": notes}
 
 
 def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

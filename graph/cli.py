@@ -63,7 +63,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument(
         "--planner",
         default=defaults.planner,
-        choices=_planner_names(),
+        choices=_choices("agents.planning.registry", "planner_names"),
         help="rules: offline (default); llm: an OpenAI-compatible chat model writes the plans",
     )
     _add_llm_options(parser, defaults)
@@ -74,7 +74,9 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         help="accuracy budget in points (default 1.0)",
     )
     parser.add_argument("--selection", default=defaults.selection, choices=list(get_args(Selection)))
-    parser.add_argument("--importance", default=defaults.importance, choices=_importance_names())
+    parser.add_argument(
+        "--importance", default=defaults.importance, choices=_choices("tools.compression.importance", "IMPORTANCE")
+    )
     parser.add_argument(
         "--round-to",
         type=int,
@@ -93,7 +95,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument(
         "--recovery",
         default=defaults.recovery,
-        choices=_recovery_names(),
+        choices=_choices("tools.compression.recovery", "RECOVERY_METHODS"),
         help="after every prune: reconstruct (least-squares refit of the next layer + BatchNorm statistics, "
         "default), bn (BatchNorm statistics only) or none",
     )
@@ -132,7 +134,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         "--quant-backend",
         dest="quant_backend",
         default=defaults.quant_backend,
-        choices=_quant_backends(),
+        choices=_choices("tools.deploy.registry", "DEPLOY_CHOICES"),
         help="auto (default): build the best model with every runtime and precision available (PyTorch, ONNX "
         "Runtime, OpenVINO; float, dynamic and static int8), evaluate and time them side by side, deploy the "
         "fastest within the accuracy budget (never slower than the original FP32 model); torch: the float "
@@ -141,7 +143,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument(
         "--int8-cpu",
         default=defaults.int8_cpu,
-        choices=_int8_targets(),
+        choices=_choices("tools.deploy.cpu", "INT8_TARGETS"),
         help="the CPU kind int8 models are built for: auto (default: this machine's, detected), vnni (AVX512-VNNI, "
         "AVX-VNNI, AMX: full 8-bit weights), no-vnni (AVX2 or AVX-512 without VNNI: 7-bit weights and NNCF's "
         "overflow fix, which hold accuracy on every x86 CPU)",
@@ -149,34 +151,12 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _int8_targets() -> list[str]:
-    from tools.deploy.cpu import INT8_TARGETS
+def _choices(module: str, name: str) -> list[str]:
+    """The names a registry (``module.name``: a mapping, a sequence, or a function returning one) offers."""
+    import importlib
 
-    return list(INT8_TARGETS)
-
-
-def _planner_names() -> list[str]:
-    from agents.planning.registry import planner_names
-
-    return planner_names()
-
-
-def _importance_names() -> list[str]:
-    from tools.compression.importance import IMPORTANCE
-
-    return list(IMPORTANCE)
-
-
-def _recovery_names() -> list[str]:
-    from tools.compression.recovery import RECOVERY_METHODS
-
-    return list(RECOVERY_METHODS)
-
-
-def _quant_backends() -> list[str]:
-    from tools.deploy.registry import DEPLOY_CHOICES
-
-    return list(DEPLOY_CHOICES)
+    found = getattr(importlib.import_module(module), name)
+    return list(found() if callable(found) else found)
 
 
 FACTORY_FLAGS = ("weights", "labels", "image_size", "mean", "std", "channels")

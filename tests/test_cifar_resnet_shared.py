@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from tools.compression.pruning import apply_pruning, count_params
+from tools.compression.recovery import RecoveryConfig, recover_
+from tools.compression.shortcuts import ChannelSelect
 from tools.evaluation.accuracy import evaluate_accuracy
 from tools.evaluation.datasets import EvalDataset, load_eval_dataset
 from tools.evaluation.labels import match_labels
@@ -81,8 +83,12 @@ def test_cifar_resnet_accuracy_matches_readme(
     assert measured == pytest.approx(README_ACCURACY[depth], abs=TOLERANCE), f"resnet{depth}: {measured:.3f}"
 
 
-def test_structured_pruning_of_resnet20_runs(shared_dir: Path, cifar_test: EvalDataset, resnet20: FactoryModel) -> None:
-    """All convs at 0.2: what the zero-padding shortcut couples is skipped and reported, the rest pruned."""
+def test_structured_pruning_of_resnet20_prunes_every_stage_and_recovers(
+    shared_dir: Path, cifar_test: EvalDataset, resnet20: FactoryModel
+) -> None:
+    """All convs at 0.2: the zero-padding shortcuts are exact channel selections (tools.compression.shortcuts), so
+    every stage's stream is pruned with its blocks, and the shortcuts stay parameter-free; reconstruction on 128
+    other images repairs what pruning without fine-tuning costs."""
     model = copy.deepcopy(resnet20.model)
     convs = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
     example = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -93,10 +99,17 @@ def test_structured_pruning_of_resnet20_runs(shared_dir: Path, cifar_test: EvalD
     skipped = {s.target: s.reason for s in report.skipped}
     assert pruned and pruned.isdisjoint(skipped)
     assert pruned | skipped.keys() == set(convs)  # every conv is accounted for
-    inner = {n for n in convs if n.startswith("layer") and n.endswith(".conv1")}
-    assert inner <= pruned  # a block's inner channels are coupled to nothing else
-    assert report.params_after < report.params_before == 269_722
+    assert {"conv1", "layer2.0.conv2", "layer3.0.conv2"} | {n for n in convs if n.endswith(".conv1")} <= pruned
+    assert all("already pruned with" in reason for reason in skipped.values())  # the other members of a stage
+    assert sum(isinstance(m, ChannelSelect) for m in model.modules()) == 2
+    assert report.params_after < 0.7 * report.params_before and report.params_before == 269_722
     with torch.inference_mode():
         assert model(example).shape == (1, 10)
-    after = accuracy(model, cifar_spec(shared_dir, 20), cifar_test)
-    assert after > 0.4, f"pruned resnet20 accuracy {after:.3f}"  # no fine-tuning: it drops, but it runs
+    spec = cifar_spec(shared_dir, 20)
+    before = accuracy(model, spec, cifar_test)
+    data = str(shared_dir / "data" / "cifar10-test")  # the permutation's first 500 rows are cifar_test's
+    calibration_data = load_eval_dataset(data, samples=SAMPLES, seed=0, part="holdout", sizes={"holdout": 128})
+    calibration = preprocess_for(spec)(calibration_data.images)
+    recover_(model, resnet20.model, calibration, report.consumers(), RecoveryConfig())
+    after = accuracy(model, spec, cifar_test)
+    assert after > max(0.4, before + 0.1), f"pruned resnet20 accuracy {before:.3f} -> {after:.3f} after recovery"

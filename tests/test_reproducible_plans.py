@@ -17,7 +17,8 @@ from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.rules import RulesPlanner
 from graph import Context, build_graph
 from tests.helpers import planning_context, save_tiny, tiny_vit
-from tools.compression.sensitivity import auto_samples, measure_sensitivity, prunable_units
+from tools.compression.sensitivity import auto_samples, measure_sensitivity
+from tools.compression.units import prunable_units
 from tools.schemas import ModelProfile
 
 

@@ -213,7 +213,8 @@ def sensitivity(
     MACs, not its timed latency; see ``tools.compression.sensitivity.auto_samples``). None without
     calibration images (no dataset, or ``calibration_samples`` 0).
     """
-    from tools.compression.sensitivity import DEFAULT_RATIOS, auto_samples, measure_sensitivity, prunable_units
+    from tools.compression.sensitivity import DEFAULT_RATIOS, auto_samples, measure_sensitivity
+    from tools.compression.units import prunable_units
 
     target = out_dir / "sensitivity.json"
     if target.is_file():

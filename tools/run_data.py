@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from tools.artifacts.io import load_original
 from tools.models.base import build_preprocess
 from tools.schemas import InputShape
+from tools.stats import images_needed
 
 __all__ = [
     "AUTO_EVAL_SAMPLES",
@@ -38,24 +39,26 @@ __all__ = [
 ]
 
 
-#: Automatic evaluation size (``--eval-samples 0``): the images one evaluation takes about
+#: Automatic evaluation size (``--eval-samples 0``): the larger of what the accuracy budget's test needs
+#: (:func:`tools.stats.images_needed`: 2,000 images for 1 point) and the images one evaluation takes about
 #: ``AUTO_EVAL_SECONDS`` at the MAC rate the sensitivity profile assumes (a fixed figure, so the count never
-#: depends on timing), between these bounds. 1,000 images leave a standard error of ~0.7 points on a paired
-#: difference where a tenth of the predictions change; 5,000 about half of that.
+#: depends on timing), the latter between these bounds; every image left when the data holds fewer.
 AUTO_EVAL_SAMPLES = (1000, 5000)
 AUTO_EVAL_SECONDS = 10.0
 
 
-def auto_eval_samples(macs: int | None, *, other_parts: bool = False) -> int:
-    """Evaluation images for a model of ``macs`` per image (see :data:`AUTO_EVAL_SAMPLES`): small models get
-    more, so that selection and the budget test resolve smaller differences; ViT-B/16 keeps the floor. With
-    ``other_parts`` (holdout or fine-tuning rows wanted, which come after evaluation in the split), the floor."""
+def auto_eval_samples(macs: int | None, *, other_parts: bool = False, budget_points: float = 1.0) -> int:
+    """Evaluation images for a model of ``macs`` per image and an accuracy budget of ``budget_points`` (see
+    :data:`AUTO_EVAL_SAMPLES`): at least what the budget test needs; small models get more, so that selection
+    resolves smaller differences. With ``other_parts`` (holdout or fine-tuning rows wanted, which come after
+    evaluation in the split), what the budget needs, at least the floor."""
     from tools.compression.sensitivity import ASSUMED_MACS_PER_SECOND
 
     low, high = AUTO_EVAL_SAMPLES
+    needed = max(low, images_needed(budget_points))
     if other_parts or not macs or macs <= 0:
-        return low
-    return max(low, min(high, int(AUTO_EVAL_SECONDS * ASSUMED_MACS_PER_SECOND / macs)))
+        return needed
+    return max(needed, min(high, int(AUTO_EVAL_SECONDS * ASSUMED_MACS_PER_SECOND / macs)))
 
 
 class EvalSpec(BaseModel):

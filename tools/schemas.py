@@ -149,7 +149,12 @@ class SensitivityUnit(BaseModel):
 
     pattern: str
     pruning_type: PruningType
+    kind: str = Field(default="", description="Its kind, a name of tools.compression.units.UNIT_KINDS.")
     modules: list[str]
+    members: list[str] = Field(
+        default_factory=list,
+        description="A coupled group's Conv2d/Linear layers whose output channels are pruned with modules[0].",
+    )
     size: int = Field(description="Heads (head) or output channels (structured) of the unit.")
     params: int = Field(default=0, description="Parameters of the unit's layers and their consumers.")
     points: list[SensitivityPoint] = Field(default_factory=list)

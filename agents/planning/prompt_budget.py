@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.prompt_int8 import MAX_BLOCKS
 from agents.planning.prompt_sensitivity import MAX_UNITS
 
 __all__ = [
@@ -38,6 +39,8 @@ class PromptDetail:
     """Sensitivity units, most prunable first."""
     rounds: int | None = None
     """Earlier rounds shown in full: the latest ones, plus the best within budget."""
+    int8_blocks: int = MAX_BLOCKS
+    """Blocks of the int8 sensitivity table, most sensitive first."""
     compact_schema: bool = False
     """A short example of the answer instead of the full JSON schema."""
 
@@ -46,10 +49,10 @@ FULL = PromptDetail("full")
 #: From everything to the essentials; each level cuts at least as much as the one before.
 LEVELS: tuple[PromptDetail, ...] = (
     FULL,
-    PromptDetail("shorter", groups=8, lines=12, units=20, rounds=6),
-    PromptDetail("short", groups=6, lines=8, units=12, rounds=4, compact_schema=True),
-    PromptDetail("shortest", groups=4, lines=5, units=6, rounds=2, compact_schema=True),
-    PromptDetail("minimal", groups=3, lines=3, units=3, rounds=1, compact_schema=True),
+    PromptDetail("shorter", groups=8, lines=12, units=20, rounds=6, int8_blocks=6),
+    PromptDetail("short", groups=6, lines=8, units=12, rounds=4, int8_blocks=4, compact_schema=True),
+    PromptDetail("shortest", groups=4, lines=5, units=6, rounds=2, int8_blocks=2, compact_schema=True),
+    PromptDetail("minimal", groups=3, lines=3, units=3, rounds=1, int8_blocks=1, compact_schema=True),
 )
 
 
@@ -105,6 +108,10 @@ def cuts(detail: PromptDetail, ctx: PlanningContext, text: str = "") -> list[str
     units = min(len(sens.units), FULL.units) if sens is not None else 0
     if units > detail.units:
         out.append(f"sensitivity table: {detail.units} of {units} units")
+    int8 = ctx.profile.int8_sensitivity
+    blocks = min(len(int8.groups), FULL.int8_blocks) if int8 is not None else 0
+    if blocks > detail.int8_blocks:
+        out.append(f"int8 sensitivity table: {detail.int8_blocks} of {blocks} blocks")
     shown, omitted = rounds_shown(list(ctx.history), detail)
     if omitted:
         out.append(f"earlier rounds: {len(shown)} of {len(ctx.history)} in full")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agents.planning.base import PlanningContext
 from tools.compression.recovery import RECOVERY_METHODS
+from tools.compression.units import unit_kind
 from tools.reporting.sensitivity_view import has_accuracy, kl_text, middle_ratio, ranked_units, ratio_label
 from tools.schemas import SensitivityPoint, SensitivityUnit
 
@@ -57,9 +58,10 @@ def _point(point: SensitivityPoint, total: int, accuracy: bool) -> str:
 
 
 def _unit(unit: SensitivityUnit, total: int, accuracy: bool) -> str:
-    kind = {"head": "heads", "head_dim": "dims per head"}.get(unit.pruning_type, "channels")
+    kind = unit_kind(unit)
     points = "; ".join(_point(p, total, accuracy) for p in sorted(unit.points, key=lambda p: p.ratio))
-    return f"- {unit.pattern} ({unit.pruning_type}, {unit.size} {kind}) {points}"
+    coupled = f", with {len(unit.members) - 1} coupled layers" if len(unit.members) > 1 else ""
+    return f"- {unit.pattern} ({unit.pruning_type}; {kind.name}: {unit.size} {kind.removes}{coupled}) {points}"
 
 
 def sensitivity_lines(ctx: PlanningContext, max_units: int = MAX_UNITS) -> list[str]:

@@ -293,7 +293,11 @@ def profile_summary(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
 def _measured(ctx: PlanningContext, detail: PromptDetail = FULL) -> list[str]:
     """The pruning settings and the sensitivity table, each followed by a blank line (nothing if absent)."""
     out: list[str] = []
-    for block in (settings_lines(ctx), sensitivity_lines(ctx, max_units=detail.units), int8_lines(ctx)):
+    for block in (
+        settings_lines(ctx),
+        sensitivity_lines(ctx, max_units=detail.units),
+        int8_lines(ctx, detail.int8_blocks),
+    ):
         out += [*block, ""] if block else []
     return out
 

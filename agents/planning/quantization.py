@@ -73,6 +73,8 @@ def quantization_plan(profile: ModelProfile, int8_budget_points: float) -> list[
         f"{sensitivity.images} calibration images): {sensitivity.full_flips_pct:.1f} % of top-1 answers change "
         f"(KL {sensitivity.full_kl:.4f})"
     )
+    top = ", ".join(f"{g.group} (KL {g.kl:.4f}, {g.flips_pct:.1f} %)" for g in sensitivity.groups[:3])
+    why += f"; most sensitive blocks alone: {top}" if top else ""
     why += (
         "; the blocks that dominate that damage stay float below."
         if keep

@@ -27,7 +27,7 @@ from typing import Any
 
 from agents.planning.base import PlanningContext, PlanResult
 from agents.planning.quantization import quantization_plan
-from tools.compression.sensitivity import unit_pattern
+from tools.compression.units import UNIT_KINDS, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
     LayerProfile,
@@ -47,9 +47,6 @@ SEARCH_KEYS: tuple[str, ...] = ("damage_budget", "level")
 ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 TRANSFORMER_FAMILIES = {"vit", "deit", "swin", "transformer"}
-
-#: What a ratio of each pruning type removes, in plan justifications.
-UNIT_WORDS: dict[str, str] = {"head": "attention heads", "head_dim": "dimensions of every head"}
 
 
 def exact_pattern(members: list[str], universe: list[str]) -> str:
@@ -290,7 +287,7 @@ class RulesPlanner:
         predicted = sum(_interpolate(unit_damage(units[p]), r) or 0.0 for p, r in ratios.items())
         groups: dict[tuple[str, float], list[SensitivityUnit]] = {}
         for pattern, ratio in ratios.items():
-            groups.setdefault((units[pattern].pruning_type, ratio), []).append(units[pattern])
+            groups.setdefault((unit_kind(units[pattern]).name, ratio), []).append(units[pattern])
         # every layer a pattern can reach, not only the measured units: a generalised pattern must not take in
         # coupled layers never measured (ResNet's block-output conv, RegNet's squeeze-excite expand conv)
         universe = sorted(
@@ -300,15 +297,18 @@ class RulesPlanner:
             | set(ctx.prunable.get("heads") or {})
         )
         recs = []
-        for (kind, ratio), members in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        for (kind_name, ratio), members in sorted(
+            groups.items(), key=lambda kv: (UNIT_KINDS[kv[0][0]].pruning_type, kv[0][0], -kv[0][1])
+        ):
+            kind = UNIT_KINDS[kind_name]
             names = [m for u in members for m in u.modules]
             measured = "; ".join(self._measured(u, ratio) for u in members[:4])
             more = f" (+{len(members) - 4} more)" if len(members) > 4 else ""
-            what = UNIT_WORDS.get(kind, "output channels")
+            what = kind.removes
             recs.append(
                 PruningRecommendation(
                     layer=exact_pattern(names, universe) if len(names) > 1 else members[0].pattern,
-                    pruning_type=kind,  # type: ignore[arg-type]
+                    pruning_type=kind.pruning_type,
                     pruning_ratio=round(ratio, 4),
                     justification=(
                         f"{len(members)} unit(s) lose {_pct(ratio)} of their {what}; measured alone on "

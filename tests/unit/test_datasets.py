@@ -251,18 +251,20 @@ def test_cifar10_folder_500_samples_fast(shared_dir: Path) -> None:
     assert elapsed < 5.0, f"loading 500 CIFAR-10 samples took {elapsed:.2f}s"
 
 
-def test_automatic_evaluation_size_follows_the_model_macs() -> None:
-    """--eval-samples 0: small models are judged on more images (up to 5,000), large ones on the floor."""
+def test_automatic_evaluation_size_follows_the_budget_and_the_model_macs() -> None:
+    """--eval-samples 0: at least what the budget test needs (2,000 images for 1 point), small models more (up to
+    5,000)."""
     from agents.evaluation import eval_spec
     from graph.context import Context
     from tools.run_data import auto_eval_samples
 
     assert auto_eval_samples(15_000_000) == 5000  # cifar10-vit-tiny
-    assert auto_eval_samples(17_600_000_000) == 1000  # ViT-B/16
-    assert auto_eval_samples(250_000_000) == 2000  # between the bounds: about 10 s at 5e10 MAC/s
-    assert auto_eval_samples(None) == auto_eval_samples(15_000_000, other_parts=True) == 1000
+    assert auto_eval_samples(17_600_000_000) == 2000  # ViT-B/16: what a 1-point budget needs
+    assert auto_eval_samples(17_600_000_000, budget_points=2.0) == 1000  # the floor
+    assert auto_eval_samples(150_000_000) == 3333  # between the bounds: about 10 s at 5e10 MAC/s
+    assert auto_eval_samples(None) == auto_eval_samples(15_000_000, other_parts=True) == 2000
     state = {"dataset": "d", "profile_summary": {"total_macs": 15_000_000}}
     assert eval_spec(state, Context()).samples == 5000
-    assert eval_spec(state, Context(holdout_samples=100)).samples == 1000  # the holdout keeps its rows
+    assert eval_spec(state, Context(holdout_samples=100)).samples == 2000  # the holdout keeps its rows
     assert eval_spec(state, Context(eval_samples=300)).samples == 300
-    assert eval_spec({"dataset": "d"}, Context()).samples == 1000  # before the profile: the floor
+    assert eval_spec({"dataset": "d"}, Context()).samples == 2000  # before the profile: what the budget needs

@@ -20,7 +20,7 @@ from tests.unit.test_head_masking import _deit, _dinov2, _images, _logits, _swin
 from tools.compression.heads import attention_modules
 from tools.compression.pruning import apply_pruning, prunable_layers
 from tools.compression.recipes import PruningConfig
-from tools.compression.sensitivity import prunable_units
+from tools.compression.units import prunable_units
 from tools.deploy.onnxruntime.fusion import fuse_attention
 from tools.schemas import PruningRecommendation
 

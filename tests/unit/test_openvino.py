@@ -67,7 +67,11 @@ def _save(ov_model: Any, out: Path) -> Path:
 def test_int8_quantizes_convolutions_and_matmuls_and_agrees_with_fp32(tmp_path: Path) -> None:
     model = cnn()
     converted = convert_openvino(model, images(1))
-    quantized = quantize_openvino(converted, images(32, seed=7), transformer=False)
+    # 7-bit weights on every layer: exact on every CPU kind. This random-weight CNN's large activations saturate the
+    # 16-bit pair sums of CPUs without VNNI under NNCF's default (the first layer only: 12 % of the largest logit on
+    # an AVX2 EPYC), which the trained CNNs measured do not (benchmarks/int8_settings.py: ResNet-20 96.4 % agreement
+    # with the first layer, 95.7 % with every one); tests/unit/test_int8_cpu_kinds.py checks the per-kind choice
+    quantized = quantize_openvino(converted, images(32, seed=7), transformer=False, overflow_fix="enable")
     # BatchNorm folding renames the convolutions: named by weight shape in execution order
     assert int8_weight_layers(quantized) == (["fc"], 3)
     assert int8_weight_layers(quantized, model, images(1)) == (["conv1", "conv2", "fc", "stem"], 0)

@@ -93,9 +93,11 @@ def test_both_prompts_carry_settings_and_the_table_in_rank_order(ctx: PlanningCo
         assert [line.split(" ")[1] for line in lines] == RANKED
         # fc1 of layer 0 at 50 %: 1,000 of 19,626 parameters, KL 0.001, agreement 1 - 2 * 0.001
         total = ctx.profile.total_params
-        assert lines[0].startswith(r"- ^vit\.layers\.0\.mlp\.fc1$ (structured, 32 channels) 25%: agree 99.9%")
+        assert lines[0].startswith(
+            r"- ^vit\.layers\.0\.mlp\.fc1$ (structured; channels: 32 output channels) 25%: agree 99.9%"
+        )
         assert f"50%: agree 99.8%, KL 0.0010, saves {100 * 1000 / total:.1f}%, drop 0.03 pts" in lines[0]
-        assert lines[1].startswith(r"- ^vit\.layers\.1\.attention$ (head, 4 heads) 25%:")
+        assert lines[1].startswith(r"- ^vit\.layers\.1\.attention$ (head; heads: 4 attention heads) 25%:")
         # the table comes before the budget and the rules
         assert text.index("Sensitivity, measured") < text.index("Budget:") < text.index("Rules:")
 

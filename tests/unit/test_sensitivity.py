@@ -11,7 +11,8 @@ from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.rules import RulesPlanner, allocate, unit_damage
 from tests.unit.test_pruning import vit
 from tools.compression.pruning import prunable_layers
-from tools.compression.sensitivity import measure_sensitivity, prunable_units
+from tools.compression.sensitivity import measure_sensitivity
+from tools.compression.units import prunable_units
 from tools.evaluation.datasets import split_indices
 from tools.schemas import ModelProfile, OptimizationPlan, SensitivityPoint, SensitivityProfile, SensitivityUnit
 

@@ -2,7 +2,9 @@
 
 A pruned model is saved as its weights plus :func:`describe_structure` (per module, the attributes and
 parameter/buffer shapes that differ from the original); :func:`apply_structure` resizes a fresh original to
-that structure, so the model is rebuilt from the original's config, resized, and loaded, without unpickling.
+that structure, so the model is rebuilt from the original's config, resized, and loaded, without unpickling. A
+parameter-free padding shortcut that pruning turned into an index map (:mod:`tools.compression.shortcuts`) is
+recorded as ``replace`` and rebuilt as a :class:`ChannelSelect`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from tools.compression.shortcuts import ChannelSelect, replace_module
 
 _SIMPLE = (int, float, bool, str)
 
@@ -35,6 +39,9 @@ def describe_structure(model: nn.Module, reference: nn.Module) -> dict[str, dict
         ref = ref_modules.get(name)
         if ref is None:
             continue
+        if isinstance(module, ChannelSelect) and not isinstance(ref, ChannelSelect):  # a padding shortcut, pruned
+            structure[name] = {"replace": {"type": "ChannelSelect", **_simple_attrs(module)}}
+            continue
         ref_attrs = _simple_attrs(ref)
         attrs = {k: v for k, v in _simple_attrs(module).items() if k in ref_attrs and ref_attrs[k] != v}
         shapes = {}
@@ -51,8 +58,15 @@ def describe_structure(model: nn.Module, reference: nn.Module) -> dict[str, dict
 
 def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> None:
     """Resize ``model`` in place to the described structure (values are placeholders: zeros)."""
+    for name, change in structure.items():
+        if "replace" in change:
+            attrs = change["replace"]
+            select = ChannelSelect(int(attrs["in_channels"]), int(attrs["out_channels"]), int(attrs["stride"]))
+            replace_module(model, name, select)
     modules = dict(model.named_modules())
     for name, change in structure.items():
+        if "replace" in change:
+            continue
         module = modules[name]
         for key, value in change.get("attrs", {}).items():
             current = getattr(module, key, None)

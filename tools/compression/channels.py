@@ -28,6 +28,7 @@ from torch import nn
 from tools.compression.forward import check_forward, forward_logits, one_line, restore, snapshot
 from tools.compression.heads import attention_modules, has_attention, kept_count
 from tools.compression.reports import AppliedPruning, SkippedPruning
+from tools.compression.shortcuts import SelectionConv
 from tools.schemas import PruningRecommendation
 
 logger = logging.getLogger(__name__)
@@ -255,8 +256,10 @@ def _group_out_modules(ctx: PruningContext, group: Any) -> set[nn.Module]:
     }
 
 
-def channel_issue(ctx: PruningContext, name: str) -> tuple[str | None, int]:
-    """(why the output channels of layer ``name`` may not be pruned or None, layers pruned with it)."""
+def channel_issue(ctx: PruningContext, name: str) -> tuple[str | None, list[str]]:
+    """(why the output channels of layer ``name`` may not be pruned or None, the Conv2d/Linear layers whose
+    output channels are pruned with it, in forward order: ``[name]`` for a block-internal layer, more for a
+    coupled group such as a residual stage or a mobile block's expansion and depthwise convolutions)."""
     module = ctx.model.get_submodule(name)
     issue = _static_issue(ctx, module)
     group = None
@@ -267,8 +270,10 @@ def channel_issue(ctx: PruningContext, name: str) -> tuple[str | None, int]:
         except Exception as exc:
             issue = f"dependency graph cannot group it: {one_line(exc)}"
     if issue is not None:
-        return issue, 0
-    return None, sum(isinstance(m, _PRUNABLE_TYPES) for m in _group_out_modules(ctx, group))
+        return issue, []
+    rank = {n: i for i, n in enumerate(prunable_names(ctx))}
+    members = [ctx.names[m] for m in _group_out_modules(ctx, group) if isinstance(m, _PRUNABLE_TYPES)]
+    return None, sorted(members, key=lambda n: (rank.get(n, len(rank)), n))
 
 
 def prunable_names(ctx: PruningContext) -> list[str]:
@@ -289,6 +294,7 @@ def _group_consumers(ctx: PruningContext, group: Any) -> list[str]:
         ctx.names[dep.target.module]
         for dep, _ in group
         if isinstance(dep.target.module, _PRUNABLE_TYPES)
+        and not isinstance(dep.target.module, SelectionConv)  # stays an exact selection
         and ctx.dg.is_in_channel_pruning_fn(dep.handler)
         and dep.target.module in ctx.names
     ]

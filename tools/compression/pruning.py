@@ -47,6 +47,7 @@ modules' attribute dictionaries.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ from tools.compression.heads import apply_heads, attention_modules, head_targets
 from tools.compression.importance import DATA_AWARE, get_importance
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
+from tools.compression.shortcuts import find_channel_shortcuts, to_channel_selects_, to_selection_convs_
 from tools.schemas import PruningRecommendation
 
 logger = logging.getLogger(__name__)
@@ -84,6 +86,9 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
         for name, (module, spec) in attention
         if narrowable(module, spec)
     }
+    if find_channel_shortcuts(model, example_inputs):  # traced as convolutions, the model left as it is
+        model = copy.deepcopy(model)
+        to_selection_convs_(model, example_inputs)
     try:
         ctx = new_context(model, example_inputs)
     except Exception as exc:  # Torch-Pruning cannot trace it (CvT: a split along tokens, then a cat)
@@ -92,10 +97,15 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
         result.blocked = {n: reason for n, m in model.named_modules() if isinstance(m, nn.Conv2d | nn.Linear)}
         return result
     for name in prunable_names(ctx):
-        issue, coupled = channel_issue(ctx, name)
+        issue, members = channel_issue(ctx, name)
         if issue is None:
             result.structured.append(name)
-            result.coupling[name] = coupled
+            result.coupling[name] = len(members)
+            if len(members) > 1:
+                result.groups.setdefault(members[0], members)
+            module = model.get_submodule(name)
+            if isinstance(module, nn.Conv2d) and module.groups > 1:
+                result.grouped_convs.append(name)
         else:
             result.blocked[name] = issue
     return result
@@ -151,6 +161,8 @@ def apply_pruning(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         structured = any(rec.pruning_type == "structured" for rec, _ in compiled)
+        if structured:
+            to_selection_convs_(model, example_inputs)
         ctx = new_context(model, example_inputs, graph=structured)
         claimed: dict[nn.Module, str] = {}
         for rec, regex in compiled:
@@ -186,6 +198,7 @@ def apply_pruning(
                 report.applied.append(applied)
             report.skipped.extend(skipped)
 
+    to_channel_selects_(model)  # what is left of the padding shortcuts, parameter-free again
     for name, p in model.named_parameters():  # pruning creates new Parameters: keep frozen ones frozen
         if name in frozen:
             p.requires_grad_(False)

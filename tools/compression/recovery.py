@@ -40,8 +40,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "RECOVERY_METHODS",
+    "BatchNormStats",
     "RecoveryConfig",
     "RecoveryReport",
+    "batchnorm_input_stats",
     "recalibrate_batchnorm_",
     "reconstruct_",
     "recover_",
@@ -78,11 +80,12 @@ class RecoveryReport(BaseModel):
     seconds: float = 0.0
 
 
-def _batchnorm_input_stats(
-    model: nn.Module, batch: torch.Tensor, batch_size: int
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per BatchNorm (by name): mean and variance of its input channels over ``batch``, in eval mode."""
-    sums: dict[str, list[Any]] = {}
+BatchNormStats = dict[str, tuple[torch.Tensor, torch.Tensor]]
+"""Per BatchNorm (by name): mean and variance of its input channels over a batch, in eval mode."""
+
+
+def _batchnorm_hooks(model: nn.Module, sums: dict[str, list[Any]]) -> dict[nn.Module, Any]:
+    """Forward pre-hooks that add each tracking BatchNorm's input sums to ``sums`` (see :func:`_stats_of`)."""
 
     def hook_for(name: str) -> Any:
         def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
@@ -95,12 +98,14 @@ def _batchnorm_input_stats(
 
         return hook
 
-    hooks: dict[nn.Module, Any] = {
+    return {
         module: hook_for(name)
         for name, module in model.named_modules()
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats
     }
-    run_with_pre_hooks(model, batch, hooks, batch_size)
+
+
+def _stats_of(sums: dict[str, list[Any]]) -> BatchNormStats:
     stats = {}
     for name, (total, squares, n) in sums.items():
         mean = total / max(1, n)
@@ -108,8 +113,21 @@ def _batchnorm_input_stats(
     return stats
 
 
+def batchnorm_input_stats(model: nn.Module, batch: torch.Tensor, batch_size: int = 64) -> BatchNormStats:
+    """Per BatchNorm (by name): mean and variance of its input channels over ``batch``, in eval mode."""
+    sums: dict[str, list[Any]] = {}
+    run_with_pre_hooks(model, batch, _batchnorm_hooks(model, sums), batch_size)
+    return _stats_of(sums)
+
+
 def recalibrate_batchnorm_(
-    model: nn.Module, batch: torch.Tensor, batch_size: int = 64, reference: nn.Module | None = None
+    model: nn.Module,
+    batch: torch.Tensor,
+    batch_size: int = 64,
+    reference: nn.Module | None = None,
+    *,
+    stats: BatchNormStats | None = None,
+    reference_stats: BatchNormStats | None = None,
 ) -> int:
     """Correct every tracking BatchNorm's running statistics for the shift pruning caused; the number changed.
 
@@ -118,7 +136,8 @@ def recalibrate_batchnorm_(
     scales by the ratio of the input variances, so statistics estimated on the training data are kept where
     pruning changed nothing (an unpruned model is left exactly as it was) and a small calibration set adds
     little noise. BatchNorms whose width changed (sliced with their convolution) keep their sliced statistics.
-    Without ``reference``, the statistics are re-estimated on ``batch`` outright.
+    Without ``reference``, the statistics are re-estimated on ``batch`` outright. ``stats`` / ``reference_stats``:
+    :func:`batchnorm_input_stats` of ``model`` / ``reference`` on ``batch`` where the caller has them (a pass each).
     """
     layers: dict[str, nn.modules.batchnorm._BatchNorm] = {
         n: m
@@ -129,8 +148,8 @@ def recalibrate_batchnorm_(
         return 0
     if reference is None:
         return _reestimate(list(layers.values()), model, batch, batch_size)
-    after = _batchnorm_input_stats(model, batch, batch_size)
-    before = _batchnorm_input_stats(reference, batch, batch_size)
+    after = stats if stats is not None else batchnorm_input_stats(model, batch, batch_size)
+    before = reference_stats if reference_stats is not None else batchnorm_input_stats(reference, batch, batch_size)
     changed = 0
     for name, module in layers.items():
         if name not in after or name not in before or after[name][0].shape != before[name][0].shape:
@@ -218,12 +237,14 @@ def reconstruct_(
     max_rows: int = DEFAULT_MAX_ROWS,
     targets: dict[str, torch.Tensor] | None = None,
     logits_out: list[torch.Tensor] | None = None,
+    stats_out: BatchNormStats | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Refit each of ``consumers`` in ``pruned`` (IN PLACE) to reproduce ``original``'s outputs; see module doc.
 
     ``targets``: the original's output rows by layer name (``capture(original, batch, names, outputs=True)``),
     when the caller already has them. ``logits_out`` receives the logits of the refitting pass, which are
-    the refitted model's logits on ``batch``. Returns (layers refitted, {layer: why not}).
+    the refitted model's logits on ``batch``; ``stats_out`` the refitted model's :func:`batchnorm_input_stats` on
+    ``batch``, from the same pass. Returns (layers refitted, {layer: why not}).
     """
     skipped: dict[str, str] = {}
     names = []
@@ -237,7 +258,7 @@ def reconstruct_(
             skipped[name] = issue
         else:
             names.append(name)
-    if not names:
+    if not names and stats_out is None:
         return [], skipped
     missing = [n for n in names if targets is None or n not in targets]
     targets = {
@@ -259,6 +280,9 @@ def reconstruct_(
     for name in names:
         module = pruned.get_submodule(name)
         handles.append(module.register_forward_pre_hook(lambda m, a, name=name: pre_hook(m, a, name)))
+    sums: dict[str, list[Any]] = {}
+    if stats_out is not None:  # after the refit hooks, so a BatchNorm sees what the refitted layers give it
+        handles += [m.register_forward_pre_hook(h) for m, h in _batchnorm_hooks(pruned, sums).items()]
     try:
         with torch.no_grad():
             logits = forward_logits(pruned.eval(), batch)
@@ -267,6 +291,8 @@ def reconstruct_(
     finally:
         for h in handles:
             h.remove()
+    if stats_out is not None:
+        stats_out.update(_stats_of(sums))
     for name in names:
         if name not in done and name not in skipped:
             skipped[name] = "not reached by the forward pass"
@@ -280,8 +306,13 @@ def recover_(
     consumers: Sequence[str],
     config: RecoveryConfig | None = None,
     targets: dict[str, torch.Tensor] | None = None,
+    reference_stats: BatchNormStats | None = None,
 ) -> RecoveryReport:
-    """Repair ``pruned`` IN PLACE with ``config.method`` on the calibration ``batch`` (see module doc)."""
+    """Repair ``pruned`` IN PLACE with ``config.method`` on the calibration ``batch`` (see module doc).
+
+    ``targets``: the original's output rows by consumer (as :func:`reconstruct_` takes them); ``reference_stats``:
+    :func:`batchnorm_input_stats` of ``original`` on ``batch``, for a caller repairing many copies of one model.
+    """
     config = config or RecoveryConfig()
     report = RecoveryReport(method=config.method)
     if config.method == "none":
@@ -292,13 +323,24 @@ def recover_(
         return report
     start = time.perf_counter()
     report.calibration_samples = int(batch.shape[0])
+    stats: BatchNormStats | None = None
     if config.method == "reconstruct":
+        stats = {} if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in pruned.modules()) else None
         report.reconstructed, report.skipped = reconstruct_(
-            pruned, original, batch, consumers, ridge=config.ridge, max_rows=config.max_rows, targets=targets
+            pruned,
+            original,
+            batch,
+            consumers,
+            ridge=config.ridge,
+            max_rows=config.max_rows,
+            targets=targets,
+            stats_out=stats,
         )
     # after reconstruction only the shift that is left is corrected; alone, BatchNorm is re-estimated outright
     reference = original if config.method == "reconstruct" else None
-    report.batchnorm_layers = recalibrate_batchnorm_(pruned, batch, config.batch_size, reference=reference)
+    report.batchnorm_layers = recalibrate_batchnorm_(
+        pruned, batch, config.batch_size, reference=reference, stats=stats, reference_stats=reference_stats
+    )
     report.seconds = round(time.perf_counter() - start, 3)
     logger.info(
         "recovery %s: %d layers refitted, %d BatchNorm re-estimated in %.2f s",

@@ -64,6 +64,15 @@ class PrunableLayers(BaseModel):
         description="structured name -> Conv2d/Linear layers whose outputs are pruned with it (1: internal "
         "to its block; more: coupled, e.g. through a residual add).",
     )
+    groups: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Coupled groups (coupling > 1): the first member in forward order -> every Conv2d/Linear whose "
+        "output channels are pruned together (a residual stage's stream, a mobile block's expansion and depthwise "
+        "convolutions). Pruning the first member prunes them all.",
+    )
+    grouped_convs: list[str] = Field(
+        default_factory=list, description="Prunable Conv2d layers with groups > 1 (depthwise): a mobile block's."
+    )
 
 
 __all__ = ["AppliedPruning", "PrunableLayers", "PruneReport", "SkippedPruning"]

@@ -1,16 +1,17 @@
 """Sensitivity profile: the measured damage of pruning each prunable unit alone, after recovery.
 
-A *unit* is what a plan can address on its own (:func:`prunable_units`): one attention module's heads, or
-one block-internal Conv2d/Linear group (an MLP's hidden channels, a residual block's inner convolution) --
-layers whose output channels the dependency graph couples to no other layer's outputs. For every unit and
-every ratio, a copy of the original is pruned at that ratio on that unit only, repaired with the run's
-recovery, and compared with the original on the calibration images: top-1 agreement, mean KL divergence of
+A *unit* is what a plan can address on its own (:mod:`tools.compression.units`): one attention module's heads or
+the width of its heads, one block-internal Conv2d/Linear (an MLP's hidden channels, a residual block's inner
+convolution), or one coupled group (a mobile block's expansion and depthwise channels, a residual stage's stream).
+For every unit and every ratio, a copy of the original is pruned at that ratio on that unit only, repaired with
+the run's recovery, and compared with the original on the calibration images: top-1 agreement, mean KL divergence of
 the softmax outputs, and, where labels exist, the accuracy drop. Next to it: the parameters it removes, and
 the MACs and latency of the unit's layers (profiled) times the ratio.
 
-The cost is one pruning (a dependency-graph trace for channel units), one recovery (one forward pass, plus
-one for BatchNorm models) and one forward pass over the calibration images per (unit, ratio); the original's
-activations (importance statistics, reconstruction targets, logits) are computed once.
+The cost is one pruning (a dependency-graph trace for channel units), one recovery (one forward pass, which also
+gives the logits of models without BatchNorm and the BatchNorm statistics of the others) and, for BatchNorm models,
+one forward pass over the calibration images per (unit, ratio); the original's activations (importance statistics,
+reconstruction targets, BatchNorm statistics, logits) are computed once.
 
 The profile is deterministic: the calibration images are a seeded part of the data, their number
 (:func:`auto_samples`) follows from the model's MACs, never from a timing, every probe starts from the same
@@ -23,10 +24,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +36,13 @@ from tools.compression.forward import forward_logits, one_line
 from tools.compression.importance import DATA_AWARE
 from tools.compression.pruning import apply_pruning, count_params
 from tools.compression.recipes import PruningConfig
-from tools.compression.recovery import RecoveryConfig, reconstruct_, recover_
+from tools.compression.recovery import (
+    BatchNormStats,
+    RecoveryConfig,
+    batchnorm_input_stats,
+    reconstruct_,
+    recover_,
+)
 from tools.schemas import (
     LayerProfile,
     PruningRecommendation,
@@ -53,8 +58,6 @@ __all__ = [
     "auto_samples",
     "deterministic_torch",
     "measure_sensitivity",
-    "prunable_units",
-    "unit_pattern",
 ]
 
 #: Ratios each unit is measured at (those above the planner's highest ratio are left out).
@@ -101,37 +104,6 @@ def deterministic_torch(seed: int) -> Iterator[None]:
 
 def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
-def unit_pattern(name: str) -> str:
-    """The regex that selects exactly the module ``name``."""
-    return "^" + re.escape(name) + "$"
-
-
-def prunable_units(prunable: dict[str, Any], layers: Sequence[LayerProfile] = ()) -> list[SensitivityUnit]:
-    """Units of ``prunable`` (``ops.prunable``'s record): attention modules (their heads, then the width of their
-    heads), then block-internal groups.
-
-    A structured layer is a unit when it is prunable, coupled to no other layer's outputs (``coupling`` 1)
-    and not the first convolution of the model (its channels feed everything after it).
-    """
-    units = [
-        SensitivityUnit(pattern=unit_pattern(name), pruning_type="head", modules=[name], size=int(heads))
-        for name, heads in (prunable.get("heads") or {}).items()
-        if int(heads) > 1
-    ]
-    units += [
-        SensitivityUnit(
-            pattern=unit_pattern(query), pruning_type="head_dim", modules=[query.rpartition(".")[0]], size=int(dim)
-        )
-        for query, dim in (prunable.get("head_dims") or {}).items()
-    ]
-    coupling: dict[str, int] = prunable.get("coupling") or {}
-    first_conv = next((lp.name for lp in layers if lp.type == "Conv2d"), None)
-    for name in prunable.get("structured") or []:
-        if coupling.get(name, 1) == 1 and name != first_conv:
-            units.append(SensitivityUnit(pattern=unit_pattern(name), pruning_type="structured", modules=[name], size=0))
-    return units
 
 
 def _kl_agreement(reference: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
@@ -221,6 +193,7 @@ def _measure(
         seconds=0.0,
     )
     targets_cache: dict[str, torch.Tensor] = {}
+    reference_stats: BatchNormStats | None = None
     steps, done = len(units) * len(ratios), 0
     for unit in units:
         measured = unit.model_copy(deep=True)
@@ -259,11 +232,21 @@ def _measure(
                         logits_out=refit_logits,
                     )
                 else:
-                    recover_(model, original, images, consumers, recovery, targets=targets_cache)
+                    if reference_stats is None and _has_batchnorm(original):  # the original's, once for every probe
+                        reference_stats = batchnorm_input_stats(original, images, recovery.batch_size)
+                    recover_(
+                        model,
+                        original,
+                        images,
+                        consumers,
+                        recovery,
+                        targets=targets_cache,
+                        reference_stats=reference_stats,
+                    )
                 logits = refit_logits[0].cpu() if refit_logits else _logits(model, images, batch_size)
                 kl, agreement = _kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
-                involved = [*unit.modules, *consumers]
+                involved = list(dict.fromkeys([*unit.modules, *unit.members, *consumers]))
                 if unit.pruning_type in ("head", "head_dim"):
                     involved = [lp for lp in by_layer if any(lp.startswith(m + ".") for m in unit.modules)]
                 macs = sum(by_layer[n].macs for n in involved if n in by_layer)

@@ -1,0 +1,29 @@
+"""How many evaluation images the accuracy budget needs, and the note when the data has fewer."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.run_data import auto_eval_samples
+from tools.stats import images_needed, resolution_note, resolution_points
+
+
+def test_resolution_matches_the_paired_interval_of_a_five_percent_change_rate() -> None:
+    assert resolution_points(500) == pytest.approx(1.96, abs=0.01)
+    assert resolution_points(250) == pytest.approx(2.77, abs=0.01)
+    assert images_needed(1.0) == 2000 and images_needed(0.5) == 8000 and images_needed(2.0) == 500
+
+
+def test_small_data_is_said_in_one_line_and_enough_data_is_not() -> None:
+    note = resolution_note(244, 1.0)
+    assert note is not None and "\n" not in note
+    assert note.startswith("244 evaluation images resolve about ±2.8 points") and "--max-accuracy-drop" in note
+    assert resolution_note(2000, 1.0) is None and resolution_note(500, 2.0) is None
+
+
+def test_automatic_evaluation_size_is_at_least_what_the_budget_needs() -> None:
+    vit_b16_macs = 17_600_000_000
+    assert auto_eval_samples(vit_b16_macs) == 2000
+    assert auto_eval_samples(vit_b16_macs, budget_points=0.5) == 8000
+    assert auto_eval_samples(50_000_000) == 5000  # small models: what ten seconds allow
+    assert auto_eval_samples(None, other_parts=True) == 2000

@@ -1,0 +1,174 @@
+"""Unit kinds on the CNN patterns users bring: mobile blocks (expand 1x1 -> depthwise -> project 1x1, with and
+without squeeze-and-excitation), residual stages with a projection or a parameter-free padding shortcut, grouped
+convolutions. Each is found as a unit, pruned with its coupled layers, repaired at its consumer, and saved/reloaded."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tools.artifacts.structure import apply_structure, describe_structure
+from tools.compression.pruning import apply_pruning, prunable_layers
+from tools.compression.recovery import RecoveryConfig, recover_
+from tools.compression.sensitivity import measure_sensitivity
+from tools.compression.shortcuts import ChannelSelect, find_channel_shortcuts
+from tools.compression.units import UNIT_KINDS, prunable_units
+from tools.schemas import PruningRecommendation
+from tools.zoo.cifar_resnet import resnet20
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.reduce = nn.Conv2d(channels, max(4, channels // 4), 1)
+        self.expand = nn.Conv2d(max(4, channels // 4), channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.sigmoid(self.expand(F.relu(self.reduce(x.mean((2, 3), keepdim=True)))))
+        return x * scale
+
+
+class MobileBlock(nn.Module):
+    def __init__(self, channels: int, expand: int, se: bool) -> None:
+        super().__init__()
+        hidden = channels * expand
+        self.expand = nn.Sequential(nn.Conv2d(channels, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()
+        )
+        self.se = SqueezeExcite(hidden) if se else nn.Identity()
+        self.project = nn.Sequential(nn.Conv2d(hidden, channels, 1, bias=False), nn.BatchNorm2d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(self.se(self.depthwise(self.expand(x))))
+
+
+class TinyMobileNet(nn.Module):
+    def __init__(self, se: bool) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.blocks = nn.Sequential(MobileBlock(16, 4, se), MobileBlock(16, 4, se))
+        self.grouped = nn.Conv2d(16, 32, 3, padding=1, groups=4)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.grouped(self.blocks(self.stem(x)))).mean((2, 3)))
+
+
+class LambdaLayer(nn.Module):
+    """The padding shortcut as the widely copied CIFAR ResNet code writes it: a lambda."""
+
+    def __init__(self, fn: object) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)  # type: ignore[operator]
+
+
+def _images(n: int = 32, size: int = 32) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _trained_like(model: nn.Module) -> nn.Module:
+    """Random weights with BatchNorm statistics of real inputs, so the outputs depend on every channel."""
+    torch.manual_seed(0)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(_images(16))
+    return model.eval()
+
+
+@pytest.mark.parametrize("se", [False, True], ids=["mobile", "mobile-se"])
+def test_mobile_blocks_are_units_pruned_with_their_depthwise_channels_and_repaired_at_the_project(se: bool) -> None:
+    model = _trained_like(TinyMobileNet(se))
+    images = _images()
+    layers = prunable_layers(model, images[:1])
+    units = {u.modules[0]: u for u in prunable_units(layers.model_dump())}
+    block = units["blocks.0.expand.0"]
+    assert block.kind == "mobile_block" and UNIT_KINDS[block.kind].pruning_type == "structured"
+    assert "blocks.0.depthwise.0" in block.members
+    assert ("blocks.0.se.expand" in block.members) == se  # the excitation's outputs gate the depthwise channels
+    assert "grouped" in layers.grouped_convs
+    pruned = copy.deepcopy(model)
+    rec = PruningRecommendation(layer="^blocks\\.0\\.expand\\.0$", pruning_type="structured", pruning_ratio=0.5)
+    report = apply_pruning(pruned, [rec], images[:1])
+    assert pruned.blocks[0].depthwise[0].out_channels == pruned.blocks[0].depthwise[0].groups == 32
+    consumers = report.consumers()
+    assert "blocks.0.project.0" in consumers
+    before = (pruned(images) - model(images)).pow(2).mean()
+    recovery = recover_(pruned, model, images, consumers, RecoveryConfig())
+    assert "blocks.0.project.0" in recovery.reconstructed
+    assert recovery.skipped.get("blocks.0.depthwise.0", "grouped convolution") == "grouped convolution"
+    with torch.no_grad():
+        assert (pruned(images) - model(images)).pow(2).mean() < before
+
+
+def test_mobile_block_sensitivity_measures_each_unit() -> None:
+    model = _trained_like(TinyMobileNet(se=True))
+    images = _images()
+    units = [u for u in prunable_units(prunable_layers(model, images[:1]).model_dump()) if u.kind == "mobile_block"]
+    profile = measure_sensitivity(model, images, units, ratios=(0.5,))
+    assert not profile.skipped and {u.kind for u in profile.units} == {"mobile_block"}
+    for unit in profile.units:
+        point = unit.points[0]
+        assert point.params_saved > 0 and 0 <= point.agreement <= 1 and point.kl >= 0
+
+
+def _pad_lambda(planes: int) -> LambdaLayer:
+    return LambdaLayer(lambda x: F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, planes // 4, planes // 4), "constant", 0))
+
+
+@pytest.mark.parametrize("style", ["module", "lambda"])
+def test_padding_shortcuts_become_prunable_residual_stages(style: str) -> None:
+    model = resnet20()
+    if style == "lambda":
+        model.layer2[0].shortcut = _pad_lambda(32)
+        model.layer3[0].shortcut = _pad_lambda(64)
+    model = _trained_like(model)
+    images = _images()
+    assert set(find_channel_shortcuts(model, images[:1])) == {"layer2.0.shortcut", "layer3.0.shortcut"}
+    layers = prunable_layers(model, images[:1])
+    stages = [u for u in prunable_units(layers.model_dump()) if u.kind == "residual_stage"]
+    assert [u.modules[0] for u in stages] == ["conv1", "layer2.0.conv2", "layer3.0.conv2"]
+    assert "layer3.0.shortcut" in stages[2].members and not layers.blocked.keys() - {"linear"}
+    assert type(model.layer2[0].shortcut).__name__ != "SelectionConv", "the analysed model is left as it was"
+
+    pruned = copy.deepcopy(model)
+    recs = [
+        PruningRecommendation(layer="^conv1$", pruning_type="structured", pruning_ratio=0.25),
+        PruningRecommendation(layer="^layer3\\.0\\.conv2$", pruning_type="structured", pruning_ratio=0.5),
+    ]
+    report = apply_pruning(pruned, recs, images[:1])
+    assert report.params_after < 0.7 * report.params_before and not report.skipped
+    assert isinstance(pruned.layer2[0].shortcut, ChannelSelect) and not list(pruned.layer2[0].shortcut.parameters())
+    assert pruned.layer2[0].shortcut.in_channels == 12 and pruned.layer3[0].shortcut.out_channels == 32
+    assert "layer3.0.shortcut" not in report.consumers()  # an exact selection needs no refit
+    recover_(pruned, model, images, report.consumers(), RecoveryConfig())
+
+    rebuilt = resnet20()
+    if style == "lambda":
+        rebuilt.layer2[0].shortcut = _pad_lambda(32)
+        rebuilt.layer3[0].shortcut = _pad_lambda(64)
+    apply_structure(rebuilt, describe_structure(pruned, model))
+    rebuilt.load_state_dict(pruned.state_dict())
+    with torch.no_grad():
+        assert torch.equal(rebuilt.eval()(images), pruned(images))
+
+
+def test_an_unpruned_stage_keeps_the_shortcut_exact() -> None:
+    model = _trained_like(resnet20())
+    pruned = copy.deepcopy(model)
+    rec = PruningRecommendation(layer="^layer1\\.0\\.conv1$", pruning_type="structured", pruning_ratio=0.5)
+    apply_pruning(pruned, [rec], _images(1))
+    reference = copy.deepcopy(model)
+    reference.layer1[0].conv1 = pruned.layer1[0].conv1
+    reference.layer1[0].bn1 = pruned.layer1[0].bn1
+    reference.layer1[0].conv2 = pruned.layer1[0].conv2
+    with torch.no_grad():
+        assert torch.allclose(pruned(_images()), reference(_images()), atol=1e-5)
