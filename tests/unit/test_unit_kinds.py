@@ -5,6 +5,7 @@ convolutions. Each is found as a unit, pruned with its coupled layers, repaired 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,17 @@ def test_an_unpruned_stage_keeps_the_shortcut_exact() -> None:
     reference.layer1[0].conv2 = pruned.layer1[0].conv2
     with torch.no_grad():
         assert torch.allclose(pruned(_images()), reference(_images()), atol=1e-5)
+
+
+def test_a_pruned_padding_shortcut_exports_to_onnx_and_runs_the_same(tmp_path: Path) -> None:
+    from tools.deploy.onnxruntime.export import export_onnx
+    from tools.deploy.onnxruntime.session import OrtModel
+
+    model = _trained_like(resnet20())
+    rec = PruningRecommendation(layer="^layer2\\.0\\.conv2$", pruning_type="structured", pruning_ratio=0.5)
+    apply_pruning(model, [rec], _images(1))
+    assert isinstance(model.layer3[0].shortcut, ChannelSelect) and model.layer3[0].shortcut.in_channels == 16
+    deployed = OrtModel(export_onnx(model, _images(1), tmp_path / "model.onnx"), threads=1)
+    x = _images(4)
+    with torch.no_grad():
+        assert torch.allclose(deployed(x), model(x), atol=1e-4)
