@@ -130,6 +130,8 @@ def test_automatic_sample_count_follows_macs_only() -> None:
     assert auto_samples(17_600_000_000, 72, 256) == 32
     assert auto_samples(33_000_000, 24, 256) == 256
     assert auto_samples(0, 24, 100) == 100
+    assert auto_samples(128_000_000, 90, 256) == 102  # CIFAR ResNet-56: 30 units x 3 ratios
+    assert auto_samples(320_000_000, 75, 256) == 49  # MobileNetV2 at 224 px: 25 units x 3 ratios
 
 
 # --- two full runs of the same command ---------------------------------------------------------------------
