@@ -86,9 +86,10 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
         for name, (module, spec) in attention
         if narrowable(module, spec)
     }
-    if find_channel_shortcuts(model, example_inputs):  # traced as convolutions, the model left as it is
+    shortcuts = find_channel_shortcuts(model, example_inputs)
+    if shortcuts:  # traced as convolutions, the model left as it is
         model = copy.deepcopy(model)
-        to_selection_convs_(model, example_inputs)
+        to_selection_convs_(model, example_inputs, shortcuts)
     try:
         ctx = new_context(model, example_inputs)
     except Exception as exc:  # Torch-Pruning cannot trace it (CvT: a split along tokens, then a cat)

@@ -122,9 +122,12 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def to_selection_convs_(model: nn.Module, example: Any) -> list[str]:
-    """Swap every parameter-free channel shortcut of ``model`` for an equal :class:`SelectionConv` (IN PLACE)."""
-    found = find_channel_shortcuts(model, example)
+def to_selection_convs_(
+    model: nn.Module, example: Any, found: dict[str, tuple[int, int, int, list[int]]] | None = None
+) -> list[str]:
+    """Swap every parameter-free channel shortcut of ``model`` for an equal :class:`SelectionConv` (IN PLACE);
+    ``found``: :func:`find_channel_shortcuts` of ``model`` where the caller has it."""
+    found = find_channel_shortcuts(model, example) if found is None else found
     reference = next(model.parameters(), None)
     for name, (c_in, c_out, stride, index) in found.items():
         conv = SelectionConv(c_in, c_out, kernel_size=1, stride=stride, bias=False)
