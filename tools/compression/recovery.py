@@ -14,9 +14,11 @@
     receives (so errors of earlier layers are compensated), ``Y`` what the original model's same layer
     produced on the same images, ``W0`` its weights for the kept inputs, and ``lam`` is ``ridge`` times
     the mean diagonal of ``X'^T X'``. The bias (where the layer has one) is refitted without penalty,
-    which is the bias correction. Solved in closed form in float64. What shift is left at each BatchNorm
-    is then corrected differentially (the change of its input statistics from the original to the
-    pruned model on the calibration images), which leaves an unpruned model exactly as it was.
+    which is the bias correction. Solved in closed form in float64. In the same pass, what shift is left at
+    each BatchNorm is corrected differentially just before it runs (its running statistics move by the change
+    of its input statistics from the original to the repaired model on the calibration images), so every
+    later layer is refitted on, and every later BatchNorm corrected for, what the repaired model really gives
+    it; an unpruned model is left exactly as it was, and the pass's logits are the repaired model's.
 
 Consumers are named by the prune report (``AppliedPruning.consumers``); the rows are those of
 :mod:`tools.compression.calibration`.
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
@@ -84,33 +87,71 @@ BatchNormStats = dict[str, tuple[torch.Tensor, torch.Tensor]]
 """Per BatchNorm (by name): mean and variance of its input channels over a batch, in eval mode."""
 
 
-def _batchnorm_hooks(model: nn.Module, sums: dict[str, list[Any]]) -> dict[nn.Module, Any]:
-    """Forward pre-hooks that add each tracking BatchNorm's input sums to ``sums`` (see :func:`_stats_of`)."""
+def _input_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (population) variance of a BatchNorm's input, in float64.
 
-    def hook_for(name: str) -> Any:
-        def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
-            x = args[0].detach().double()
-            dims = [d for d in range(x.ndim) if d != 1]
-            entry = sums.setdefault(name, [0.0, 0.0, 0])
-            entry[0] = entry[0] + x.sum(dims)
-            entry[1] = entry[1] + x.pow(2).sum(dims)
-            entry[2] += x.numel() // x.shape[1]
+    Computed by batch normalization's own training statistics (one fused, numerically stable pass: about 40 %
+    faster than ``torch.var_mean`` on a 224-px activation, and no float64 copy of it)."""
+    channels = x.shape[1]
+    n = x.numel() // channels
+    if n < 2:  # batch_norm refuses a single value per channel
+        var, mean = torch.var_mean(x.detach().double(), [d for d in range(x.ndim) if d != 1], correction=0)
+        return mean, var
+    mean = torch.zeros(channels, dtype=torch.float32, device=x.device)
+    var = torch.ones(channels, dtype=torch.float32, device=x.device)
+    F.batch_norm(x.detach().float(), mean, var, training=True, momentum=1.0)  # the output is not used
+    return mean.double(), var.double() * ((n - 1) / n)  # batch_norm keeps the unbiased estimate
 
-        return hook
 
+def _batchnorm_layers(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
     return {
-        module: hook_for(name)
+        name: module
         for name, module in model.named_modules()
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats
     }
 
 
+def _batchnorm_hooks(model: nn.Module, sums: dict[str, list[Any]]) -> dict[nn.Module, Any]:
+    """Forward pre-hooks that pool each tracking BatchNorm's input mean and variance over calls into ``sums``
+    (Chan et al.'s pairwise update, in float64); see :func:`_stats_of`."""
+
+    def hook_for(name: str) -> Any:
+        def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            mean, var = _input_stats(args[0])
+            n = args[0].numel() // args[0].shape[1]
+            entry = sums.setdefault(name, [0, 0.0, 0.0])
+            total = entry[0] + n
+            delta = mean - entry[1]
+            entry[2] = entry[2] + var * n + delta.pow(2) * (entry[0] * n / total)
+            entry[1] = entry[1] + delta * (n / total)
+            entry[0] = total
+
+        return hook
+
+    return {module: hook_for(name) for name, module in _batchnorm_layers(model).items()}
+
+
 def _stats_of(sums: dict[str, list[Any]]) -> BatchNormStats:
-    stats = {}
-    for name, (total, squares, n) in sums.items():
-        mean = total / max(1, n)
-        stats[name] = (mean, (squares / max(1, n) - mean.pow(2)).clamp_min(0.0))
-    return stats
+    return {name: (mean, squares / max(1, n)) for name, (n, mean, squares) in sums.items()}
+
+
+def _shift_(
+    module: nn.modules.batchnorm._BatchNorm,
+    after: tuple[torch.Tensor, torch.Tensor],
+    before: tuple[torch.Tensor, torch.Tensor],
+) -> bool:
+    """Move ``module``'s running statistics by the change of its input statistics (``before`` -> ``after``);
+    False where the widths differ (a BatchNorm sliced with its convolution keeps its sliced statistics)."""
+    (mean_a, var_a), (mean_b, var_b) = after, before
+    running_mean, running_var = module.running_mean, module.running_var
+    if running_mean is None or running_var is None or not (running_mean.shape == mean_a.shape == mean_b.shape):
+        return False
+    eps = float(module.eps)
+    new_mean = running_mean.double() + (mean_a - mean_b).to(running_mean.device)
+    new_var = running_var.double() * ((var_a + eps) / (var_b + eps)).to(running_var.device)
+    running_mean.copy_(new_mean.to(running_mean.dtype))
+    running_var.copy_(new_var.to(running_var.dtype))
+    return True
 
 
 def batchnorm_input_stats(model: nn.Module, batch: torch.Tensor, batch_size: int = 64) -> BatchNormStats:
@@ -139,32 +180,18 @@ def recalibrate_batchnorm_(
     Without ``reference``, the statistics are re-estimated on ``batch`` outright. ``stats`` / ``reference_stats``:
     :func:`batchnorm_input_stats` of ``model`` / ``reference`` on ``batch`` where the caller has them (a pass each).
     """
-    layers: dict[str, nn.modules.batchnorm._BatchNorm] = {
-        n: m
-        for n, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    }
+    layers = _batchnorm_layers(model)
     if not layers:
         return 0
     if reference is None:
         return _reestimate(list(layers.values()), model, batch, batch_size)
     after = stats if stats is not None else batchnorm_input_stats(model, batch, batch_size)
     before = reference_stats if reference_stats is not None else batchnorm_input_stats(reference, batch, batch_size)
-    changed = 0
-    for name, module in layers.items():
-        if name not in after or name not in before or after[name][0].shape != before[name][0].shape:
-            continue
-        (mean_a, var_a), (mean_b, var_b) = after[name], before[name]
-        running_mean, running_var = module.running_mean, module.running_var
-        if running_mean is None or running_var is None or running_mean.shape != mean_a.shape:
-            continue
-        eps = float(module.eps)
-        new_mean = running_mean.double() + (mean_a - mean_b).to(running_mean.device)
-        new_var = running_var.double() * ((var_a + eps) / (var_b + eps)).to(running_var.device)
-        running_mean.copy_(new_mean.to(running_mean.dtype))
-        running_var.copy_(new_var.to(running_var.dtype))
-        changed += 1
-    return changed
+    return sum(
+        _shift_(module, after[name], before[name])
+        for name, module in layers.items()
+        if name in after and name in before
+    )
 
 
 def _reestimate(
@@ -237,14 +264,17 @@ def reconstruct_(
     max_rows: int = DEFAULT_MAX_ROWS,
     targets: dict[str, torch.Tensor] | None = None,
     logits_out: list[torch.Tensor] | None = None,
-    stats_out: BatchNormStats | None = None,
+    reference_stats: BatchNormStats | None = None,
+    batchnorm_out: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Refit each of ``consumers`` in ``pruned`` (IN PLACE) to reproduce ``original``'s outputs; see module doc.
 
     ``targets``: the original's output rows by layer name (``capture(original, batch, names, outputs=True)``),
-    when the caller already has them. ``logits_out`` receives the logits of the refitting pass, which are
-    the refitted model's logits on ``batch``; ``stats_out`` the refitted model's :func:`batchnorm_input_stats` on
-    ``batch``, from the same pass. Returns (layers refitted, {layer: why not}).
+    when the caller already has them. With ``reference_stats`` (:func:`batchnorm_input_stats` of ``original`` on
+    ``batch``), each tracking BatchNorm is corrected in the same pass, just before it runs, by the change of its
+    input statistics (what the refitted and corrected layers before it now give it); ``batchnorm_out`` receives
+    the names of those corrected. ``logits_out`` receives the logits of the pass, which are the repaired model's
+    logits on ``batch``. Returns (layers refitted, {layer: why not}).
     """
     skipped: dict[str, str] = {}
     names = []
@@ -258,7 +288,7 @@ def reconstruct_(
             skipped[name] = issue
         else:
             names.append(name)
-    if not names and stats_out is None:
+    if not names and reference_stats is None:
         return [], skipped
     missing = [n for n in names if targets is None or n not in targets]
     targets = {
@@ -280,9 +310,16 @@ def reconstruct_(
     for name in names:
         module = pruned.get_submodule(name)
         handles.append(module.register_forward_pre_hook(lambda m, a, name=name: pre_hook(m, a, name)))
-    sums: dict[str, list[Any]] = {}
-    if stats_out is not None:  # after the refit hooks, so a BatchNorm sees what the refitted layers give it
-        handles += [m.register_forward_pre_hook(h) for m, h in _batchnorm_hooks(pruned, sums).items()]
+    corrected: list[str] = []
+    reference = reference_stats or {}
+
+    def correct(module: Any, args: tuple[Any, ...], name: str) -> None:
+        if name in reference and _shift_(module, _input_stats(args[0]), reference[name]):
+            corrected.append(name)
+
+    if reference_stats is not None:
+        for name, module in _batchnorm_layers(pruned).items():
+            handles.append(module.register_forward_pre_hook(lambda m, a, name=name: correct(m, a, name)))
     try:
         with torch.no_grad():
             logits = forward_logits(pruned.eval(), batch)
@@ -291,8 +328,8 @@ def reconstruct_(
     finally:
         for h in handles:
             h.remove()
-    if stats_out is not None:
-        stats_out.update(_stats_of(sums))
+    if batchnorm_out is not None:
+        batchnorm_out.extend(corrected)
     for name in names:
         if name not in done and name not in skipped:
             skipped[name] = "not reached by the forward pass"
@@ -307,11 +344,13 @@ def recover_(
     config: RecoveryConfig | None = None,
     targets: dict[str, torch.Tensor] | None = None,
     reference_stats: BatchNormStats | None = None,
+    logits_out: list[torch.Tensor] | None = None,
 ) -> RecoveryReport:
     """Repair ``pruned`` IN PLACE with ``config.method`` on the calibration ``batch`` (see module doc).
 
     ``targets``: the original's output rows by consumer (as :func:`reconstruct_` takes them); ``reference_stats``:
     :func:`batchnorm_input_stats` of ``original`` on ``batch``, for a caller repairing many copies of one model.
+    ``logits_out`` receives the repaired model's logits on ``batch`` where recovery ran it anyway (``reconstruct``).
     """
     config = config or RecoveryConfig()
     report = RecoveryReport(method=config.method)
@@ -323,9 +362,10 @@ def recover_(
         return report
     start = time.perf_counter()
     report.calibration_samples = int(batch.shape[0])
-    stats: BatchNormStats | None = None
     if config.method == "reconstruct":
-        stats = {} if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in pruned.modules()) else None
+        if reference_stats is None and _batchnorm_layers(pruned):
+            reference_stats = batchnorm_input_stats(original, batch, config.batch_size)
+        corrected: list[str] = []
         report.reconstructed, report.skipped = reconstruct_(
             pruned,
             original,
@@ -334,13 +374,13 @@ def recover_(
             ridge=config.ridge,
             max_rows=config.max_rows,
             targets=targets,
-            stats_out=stats,
+            logits_out=logits_out,
+            reference_stats=reference_stats,
+            batchnorm_out=corrected,
         )
-    # after reconstruction only the shift that is left is corrected; alone, BatchNorm is re-estimated outright
-    reference = original if config.method == "reconstruct" else None
-    report.batchnorm_layers = recalibrate_batchnorm_(
-        pruned, batch, config.batch_size, reference=reference, stats=stats, reference_stats=reference_stats
-    )
+        report.batchnorm_layers = len(corrected)
+    else:  # alone, BatchNorm is re-estimated outright
+        report.batchnorm_layers = recalibrate_batchnorm_(pruned, batch, config.batch_size)
     report.seconds = round(time.perf_counter() - start, 3)
     logger.info(
         "recovery %s: %d layers refitted, %d BatchNorm re-estimated in %.2f s",

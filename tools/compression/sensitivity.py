@@ -34,13 +34,13 @@ from torch import nn
 from tools.compression.calibration import capture, chunks
 from tools.compression.forward import forward_logits, one_line
 from tools.compression.importance import DATA_AWARE
+from tools.compression.prefix import PrefixCache
 from tools.compression.pruning import apply_pruning, count_params
 from tools.compression.recipes import PruningConfig
 from tools.compression.recovery import (
     BatchNormStats,
     RecoveryConfig,
     batchnorm_input_stats,
-    reconstruct_,
     recover_,
 )
 from tools.schemas import (
@@ -137,6 +137,30 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | Non
     return float((logits.argmax(-1)[known] == targets[known]).float().mean())
 
 
+def _probe(
+    model: nn.Module,
+    original: nn.Module,
+    images: torch.Tensor,
+    consumers: list[str],
+    recovery: RecoveryConfig,
+    targets_cache: dict[str, torch.Tensor],
+    reference_stats: BatchNormStats | None,
+    batch_size: int,
+) -> torch.Tensor:
+    """Repair the pruned ``model`` with ``recovery`` and return its logits on ``images``."""
+    if recovery.method == "reconstruct":
+        missing = [c for c in consumers if c not in targets_cache]
+        if missing:
+            targets_cache.update(capture(original, images, missing, outputs=True, max_rows=recovery.max_rows))
+    repaired: list[torch.Tensor] = []  # reconstruction's pass gives the repaired model's logits
+    recover_(model, original, images, consumers, recovery, targets_cache, reference_stats, logits_out=repaired)
+    return (
+        repaired[0].cpu()
+        if repaired
+        else _logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size)
+    )
+
+
 def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> int:
     if pruning_type in ("head", "head_dim"):
         return heads
@@ -185,7 +209,13 @@ def _measure(
     original = original.eval()
     example = images[:1]
     ratios = sorted({float(r) for r in ratios if 0 < r <= pruning.max_ratio})
-    reference = _logits(original, images, batch_size)
+    # re-estimating BatchNorm outright needs every layer run; the other recoveries only need what follows a change
+    prefix: PrefixCache | None = None
+    if recovery.method == "bn":
+        reference = _logits(original, images, batch_size)
+    else:
+        firsts = [name for unit in units for name in (*unit.modules, *unit.members)]
+        prefix, reference = PrefixCache.build(original, images, firsts)
     reference_acc = _accuracy(reference, targets)
     scores = (
         DATA_AWARE[pruning.importance](original, images, targets, batch_size)
@@ -202,7 +232,12 @@ def _measure(
         seconds=0.0,
     )
     targets_cache: dict[str, torch.Tensor] = {}
-    reference_stats: BatchNormStats | None = None
+    # the original's BatchNorm statistics, once for every probe
+    batchnorm = (
+        batchnorm_input_stats(original, images, recovery.batch_size)
+        if recovery.method == "reconstruct" and _has_batchnorm(original)
+        else None
+    )
     steps, done = len(units) * len(ratios), 0
     for unit in units:
         measured = unit.model_copy(deep=True)
@@ -222,37 +257,12 @@ def _measure(
                 if not report.applied:
                     continue
                 consumers = report.consumers()
-                if recovery.method == "reconstruct":
-                    missing = [c for c in consumers if c not in targets_cache]
-                    if missing:
-                        targets_cache.update(
-                            capture(original, images, missing, outputs=True, max_rows=recovery.max_rows)
-                        )
-                refit_logits: list[torch.Tensor] = []
-                if recovery.method == "reconstruct" and not _has_batchnorm(model):
-                    reconstruct_(  # the refitting pass already gives the repaired model's logits
-                        model,
-                        original,
-                        images,
-                        consumers,
-                        ridge=recovery.ridge,
-                        max_rows=recovery.max_rows,
-                        targets=targets_cache,
-                        logits_out=refit_logits,
-                    )
-                else:
-                    if reference_stats is None and _has_batchnorm(original):  # the original's, once for every probe
-                        reference_stats = batchnorm_input_stats(original, images, recovery.batch_size)
-                    recover_(
-                        model,
-                        original,
-                        images,
-                        consumers,
-                        recovery,
-                        targets=targets_cache,
-                        reference_stats=reference_stats,
-                    )
-                logits = refit_logits[0].cpu() if refit_logits else _logits(model, images, batch_size)
+                with contextlib.ExitStack() as replay:
+                    if prefix is not None:  # the probe and the original run only what follows the first change
+                        first = prefix.first_change(model)
+                        replay.enter_context(prefix.skip(model, first))
+                        replay.enter_context(prefix.skip(original, first))
+                    logits = _probe(model, original, images, consumers, recovery, targets_cache, batchnorm, batch_size)
                 kl, agreement = _kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = list(dict.fromkeys([*unit.modules, *unit.members, *consumers]))
