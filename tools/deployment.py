@@ -63,6 +63,9 @@ SYNTHETIC_SAMPLES = 32
 #: A candidate built from another source than the best model (a round with more headroom, the unpruned original)
 #: is deployed only when it is at least this much faster than the best model's fastest within budget.
 ALTERNATIVE_MARGIN = 0.05
+#: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
+#: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
+INT8_MARGIN = 0.10
 
 
 def candidate_backends(choice: str) -> list[str]:
@@ -82,7 +85,8 @@ def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
     """The accuracy budget split from the original's deployment table (``original``: :func:`deploy` of the original,
     every int8 at full precision). The chosen candidate's int8 loss is kept for int8 (at least 0, at most half the
     budget); when every int8 candidate ran over the budget, half of it (mixed precision will need room); when a
-    float runtime is chosen, or the accuracy is unknown, nothing."""
+    float runtime is chosen, when the int8 chosen is less than :data:`INT8_MARGIN` faster than the fastest float
+    runtime, or when the accuracy is unknown, nothing."""
 
     def is_int8(c: DeployCandidate) -> bool:
         return c.precision.startswith("int8")
@@ -90,7 +94,27 @@ def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
     half = round(total_points / 2, 4)
     chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)
     ran = [c for c in original.candidates if c.ran and is_int8(c) and c.accuracy_drop_points is not None]
-    if chosen is not None and is_int8(chosen) and chosen.accuracy_drop_points is not None:
+    floats = [
+        c.latency_s
+        for c in original.candidates
+        if c.ran and not is_int8(c) and c.source is None and c.within_budget and c.latency_s is not None
+    ]
+    fastest_float = min(floats, default=None)
+    measured: str | None = None
+    if (
+        chosen is not None
+        and is_int8(chosen)
+        and chosen.latency_s is not None
+        and fastest_float is not None
+        and chosen.latency_s > fastest_float * (1 - INT8_MARGIN)
+    ):  # int8 that is not really faster than float here is not worth pruning room
+        reserve = 0.0
+        why = (
+            f"{chosen.backend} of the original, the fastest, runs at {1e3 * chosen.latency_s:.2f} ms, within "
+            f"{100 * INT8_MARGIN:.0f} % of the fastest float runtime ({1e3 * fastest_float:.2f} ms): int8 is not worth "
+            "pruning room on this CPU"
+        )
+    elif chosen is not None and is_int8(chosen) and chosen.accuracy_drop_points is not None:
         reserve = min(max(chosen.accuracy_drop_points, 0.0), half)
         paired = chosen.paired
         interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
@@ -100,7 +124,7 @@ def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
             f"{chosen.backend} of the original, the fastest within budget, {change} points (drop{interval}) on the "
             "evaluation images"
         )
-        measured: str | None = chosen.backend
+        measured = chosen.backend
     elif ran and not any(c.within_budget for c in ran):
         reserve, measured = half, None
         why = "every int8 deployment of the original is over the budget: half is kept for mixed-precision int8"

@@ -156,6 +156,9 @@ class SensitivityUnit(BaseModel):
         description="A coupled group's Conv2d/Linear layers whose output channels are pruned with modules[0].",
     )
     size: int = Field(description="Heads (head) or output channels (structured) of the unit.")
+    step: int = Field(
+        default=0, description="Kept counts are rounded to a multiple of this (0: any count); see reachable_ratio."
+    )
     params: int = Field(default=0, description="Parameters of the unit's layers and their consumers.")
     points: list[SensitivityPoint] = Field(default_factory=list)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from agents.planning.base import PlanningContext, PlanResult
 from agents.planning.quantization import quantization_plan
-from tools.compression.units import UNIT_KINDS, unit_kind, unit_pattern
+from tools.compression.units import UNIT_KINDS, reachable_ratio, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
     LayerProfile,
@@ -90,6 +90,20 @@ def _interpolate(points: list[tuple[float, float]], ratio: float) -> float | Non
     return None
 
 
+def _next_reachable(unit: SensitivityUnit, current: float, step: float) -> float | None:
+    """The first ratio of ``unit`` past ``current`` in the direction of ``step`` (in steps of ``step``) that removes a
+    different count; None when there is none within [0, 1]."""
+    ratio = current
+    for _ in range(int(1 / abs(step)) + 1):
+        ratio = round(ratio + step, 4)
+        if not 0.0 <= ratio <= 1.0:
+            return None
+        reached = reachable_ratio(unit, ratio)
+        if reached != round(current, 4):
+            return reached
+    return None
+
+
 def unit_damage(unit: SensitivityUnit) -> list[tuple[float, float]]:
     """(ratio, damage) of a unit's measurements, damage = 1 - agreement + KL, made non-decreasing."""
     out: list[tuple[float, float]] = []
@@ -116,7 +130,7 @@ def allocate(
             (p.ratio, p.params_saved / max(1, total_params) + p.macs_saved / max(1, total_macs)) for p in unit.points
         ]
         choices = []
-        for ratio in ALLOCATION_RATIOS:
+        for ratio in sorted({reachable_ratio(unit, r) for r in ALLOCATION_RATIOS} - {0.0}):
             if ratio > max_ratio + 1e-9:
                 continue
             d, v = _interpolate(damage, ratio), _interpolate(saved, ratio)
@@ -404,8 +418,8 @@ class RulesPlanner:
         for step in (0.1, -0.1) if good else (-0.1, 0.1):
             for unit in sorted(sens.units, key=lambda u: damage_after(u, step), reverse=step < 0):
                 current = base.get(unit.pattern, 0.0)
-                ratio = round(current + step, 4)
-                if ratio > ctx.max_ratio + 1e-9 or ratio < 0 or (step < 0 and current <= 0):
+                ratio = _next_reachable(unit, current, step)
+                if ratio is None or ratio > ctx.max_ratio + 1e-9 or ratio < 0 or (step < 0 and current <= 0):
                     continue
                 ratios = {p: r for p, r in {**base, unit.pattern: ratio}.items() if r > 0}
                 if not ratios or {p: round(r, 4) for p, r in sorted(ratios.items())} in seen:

@@ -166,8 +166,7 @@ def _row(backend: str, precision: str, drop: float | None, within: bool, **extra
         accuracy_drop_points=drop,
         within_budget=within,
         paired=paired,
-        latency_s=0.001,
-        **extra,  # type: ignore[arg-type]
+        **{"latency_s": 0.001, **extra},  # type: ignore[arg-type]
     )
 
 
@@ -198,7 +197,7 @@ def _control_stub() -> AccuracyControl:
 
 def test_the_budget_keeps_what_the_originals_int8_loses() -> None:
     rows = [
-        _row("torch", "fp32", 0.0, True),
+        _row("torch", "fp32", 0.0, True, latency_s=0.002),
         _row("onnxruntime-static", "int8 static (QDQ)", 0.3, True),
         _row("openvino-int8", "int8 static (NNCF)", 1.6, False),
     ]
@@ -217,6 +216,9 @@ def test_the_budget_keeps_what_the_originals_int8_loses() -> None:
     assert split.int8_reserve_points == 0.5 and "mixed-precision" in split.why
     floats = [rows[0]]
     assert split_budget(DeployChoice(chosen="torch", why="", candidates=floats), 1.0).int8_reserve_points == 0.0
+    barely = [_row("openvino", "fp32", 0.0, True, latency_s=0.00105), rows[1]]  # int8 5 % faster than float
+    split = split_budget(DeployChoice(chosen="onnxruntime-static", why="", candidates=barely), 1.0)
+    assert split.int8_reserve_points == 0.0 and "not worth pruning room" in split.why
 
 
 def test_the_rules_plan_keeps_dominant_blocks_float() -> None:

@@ -248,14 +248,17 @@ def test_keep_at_least_one_channel(x: torch.Tensor) -> None:
 
 
 def test_round_to(x: torch.Tensor) -> None:
-    model = ResidualCNN(hidden=30)
+    model = ResidualCNN(hidden=64)
     report = apply_pruning(model, [rec("conv1", 0.3)], x, PruningConfig(round_to=8))
     check_runs(model, x, report)
-    assert model.conv1.out_channels == 24  # 30 - 9 = 21, rounded to a multiple of 8
-    small = ResidualCNN(hidden=30)
+    assert model.conv1.out_channels == 48  # 64 - 19 = 45, rounded to a multiple of 8
+    small = ResidualCNN(hidden=64)
     report = apply_pruning(small, [rec("conv1", 0.99)], x, PruningConfig(round_to=8))
     assert small.conv1.out_channels == 8  # at least round_to channels are kept
-    assert apply_pruning(ResidualCNN(), [rec("conv1", 0.5)], x, PruningConfig(round_to=64)).applied == []
+    narrow = ResidualCNN(hidden=16)  # 16 channels: rounded to 2 (an eighth), not 8, so 0.3 is not half
+    report = apply_pruning(narrow, [rec("conv1", 0.3)], x, PruningConfig(round_to=8))
+    check_runs(narrow, x, report)
+    assert narrow.conv1.out_channels == 12  # 16 - 5 = 11, rounded to a multiple of 2
 
 
 def test_regex_matching_nothing(x: torch.Tensor) -> None:

@@ -50,7 +50,7 @@ def _unit(name: str, kind: str, damage: list[float], saved: int) -> SensitivityU
         pattern=f"^{name}$",
         pruning_type=kind,  # type: ignore[arg-type]
         modules=[name],
-        size=8,
+        size=100,  # every ratio of the grid is reachable
         points=[
             SensitivityPoint(ratio=r, params_saved=int(saved * r), agreement=1 - d, kl=0.0)
             for r, d in zip((0.3, 0.6, 0.9), damage, strict=True)

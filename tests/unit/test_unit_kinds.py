@@ -187,3 +187,41 @@ def test_a_pruned_padding_shortcut_exports_to_onnx_and_runs_the_same(tmp_path: P
     x = _images(4)
     with torch.no_grad():
         assert torch.allclose(deployed(x), model(x), atol=1e-4)
+
+
+def test_ratios_are_what_rounding_leaves_and_narrow_layers_keep_fine_steps() -> None:
+    from agents.planning.rules import _next_reachable
+    from tools.compression.channels import channel_step
+    from tools.compression.recipes import PruningConfig
+    from tools.compression.units import reachable_ratio, unit_step
+    from tools.schemas import SensitivityUnit
+
+    assert (channel_step(16, 8), channel_step(32, 8), channel_step(64, 8), channel_step(512, 8)) == (2, 4, 8, 8)
+    assert channel_step(64, 0) == 0
+    config = PruningConfig(round_to=8, head_round_to=8)
+    narrow = SensitivityUnit(pattern="^a$", pruning_type="structured", kind="channels", modules=["a"], size=16)
+    narrow.step = unit_step(narrow, config)
+    assert narrow.step == 2
+    assert [reachable_ratio(narrow, r) for r in (0.05, 0.1, 0.3, 0.9)] == [0.0, 0.125, 0.25, 0.875]
+    assert _next_reachable(narrow, 0.0, 0.1) == 0.125 and _next_reachable(narrow, 0.125, -0.1) == 0.0
+    heads = SensitivityUnit(pattern="^h$", pruning_type="head", kind="heads", modules=["h"], size=3)
+    heads.step = unit_step(heads, config)
+    assert [reachable_ratio(heads, r) for r in (0.1, 0.3, 0.9)] == [0.0, 0.3333, 0.6667]  # whole heads, one kept
+    width = SensitivityUnit(pattern="^w$", pruning_type="head_dim", kind="head_width", modules=["w"], size=16)
+    width.step = unit_step(width, config)
+    assert [reachable_ratio(width, r) for r in (0.2, 0.3)] == [0.0, 0.5]  # widths stay multiples of 8
+
+
+def test_the_sensitivity_profile_measures_reachable_ratios_once() -> None:
+    from tools.compression.recipes import PruningConfig
+
+    torch.manual_seed(0)
+    model = resnet20().eval()
+    images = torch.randn(8, 3, 32, 32)
+    units = [
+        u for u in prunable_units(prunable_layers(model, images[:1]).model_dump()) if u.modules == ["layer1.0.conv1"]
+    ]
+    profile = measure_sensitivity(model, images, units, ratios=(0.1, 0.2, 0.3, 0.9), pruning=PruningConfig(round_to=8))
+    (unit,) = profile.units
+    assert unit.size == 16 and unit.step == 2
+    assert [p.ratio for p in unit.points] == [0.125, 0.25, 0.875]  # 0.2 and 0.3 remove the same 4 channels

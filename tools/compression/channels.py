@@ -300,6 +300,19 @@ def _group_consumers(ctx: PruningContext, group: Any) -> list[str]:
     ]
 
 
+#: A layer's kept channel count is rounded to ``round_to`` only down to this many steps across its width.
+MIN_STEPS = 8
+
+
+def channel_step(n: int, round_to: int | None) -> int:
+    """What kept channel counts of an ``n``-channel layer are rounded to: ``round_to`` (the counts int8 kernels run
+    fastest), but no coarser than ``n / MIN_STEPS``, so that a narrow layer (16 channels: 2, not 8) can still be
+    pruned by small ratios and not only by half."""
+    if not round_to:
+        return 0
+    return max(1, min(round_to, n // MIN_STEPS))
+
+
 def _prune_one(
     ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any
 ) -> tuple[int, int, set[nn.Module], list[str]] | str:
@@ -312,9 +325,9 @@ def _prune_one(
     if issue:
         return issue
     n = _out_channels(module)
-    if round_to and n <= round_to:
-        return f"{n} output channels, not more than round_to={round_to}"
-    keep = kept_count(n, ratio, round_to)
+    if n <= 1:
+        return f"{n} output channel"
+    keep = kept_count(n, ratio, channel_step(n, round_to))
     n_prune = n - keep
     if n_prune <= 0:
         return f"ratio {ratio} removes no channel of {n}"
@@ -396,4 +409,12 @@ def apply_structured(
     return applied, skipped
 
 
-__all__ = ["PruningContext", "apply_structured", "channel_issue", "new_context", "prunable_names"]
+__all__ = [
+    "MIN_STEPS",
+    "PruningContext",
+    "apply_structured",
+    "channel_issue",
+    "channel_step",
+    "new_context",
+    "prunable_names",
+]

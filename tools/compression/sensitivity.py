@@ -43,6 +43,7 @@ from tools.compression.recovery import (
     batchnorm_input_stats,
     recover_,
 )
+from tools.compression.units import reachable_ratio, unit_step
 from tools.schemas import (
     LayerProfile,
     PruningRecommendation,
@@ -242,8 +243,13 @@ def _measure(
     for unit in units:
         measured = unit.model_copy(deep=True)
         measured.size = _module_size(original, unit.modules[0], unit.pruning_type, unit.size)
+        measured.step = unit_step(measured, pruning)
         try:
-            for ratio in ratios:
+            for requested in ratios:
+                ratio = reachable_ratio(measured, requested)  # what rounding leaves of the ratio
+                if ratio <= 0 or any(p.ratio == ratio for p in measured.points):
+                    done += 1
+                    continue
                 model = copy.deepcopy(original)
                 rec = PruningRecommendation(
                     layer=unit.pattern,
@@ -291,7 +297,7 @@ def _measure(
                 if progress is not None:
                     progress(done, steps)
                 if 1.0 - agreement > STOP_DAMAGE:  # larger ratios of this unit can only be worse
-                    done += len([r for r in ratios if r > ratio])
+                    done += len([r for r in ratios if r > requested])
                     break
         except Exception as exc:  # one unit that cannot be probed must not cost the others
             logger.warning("sensitivity of %s failed: %s", unit.pattern, one_line(exc))

@@ -15,6 +15,11 @@ ratio removes (for justifications and prompts):
                      made a selection convolution first)
 
 A new kind is one :class:`UnitKind` with a ``find`` function and one line of :data:`UNIT_KINDS`.
+
+A ratio is not always what pruning removes: kept counts are whole heads, or channel counts rounded to ``round_to``
+(:func:`tools.compression.channels.channel_step`). :func:`unit_step` gives a unit's rounding under a pruning config,
+:func:`reachable_ratio` what a requested ratio really removes; the sensitivity profile measures, and the planners
+allocate, reachable ratios only.
 """
 
 from __future__ import annotations
@@ -24,9 +29,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tools.compression.channels import channel_step
+from tools.compression.heads import kept_count
+from tools.compression.recipes import PruningConfig
 from tools.schemas import LayerProfile, PruningType, SensitivityUnit
 
-__all__ = ["UNIT_KINDS", "UnitKind", "prunable_units", "unit_kind", "unit_pattern"]
+__all__ = [
+    "UNIT_KINDS",
+    "UnitKind",
+    "prunable_units",
+    "reachable_ratio",
+    "unit_kind",
+    "unit_pattern",
+    "unit_step",
+]
 
 
 def unit_pattern(name: str) -> str:
@@ -122,3 +138,21 @@ def unit_kind(unit: SensitivityUnit) -> UnitKind:
 def prunable_units(prunable: dict[str, Any], layers: Sequence[LayerProfile] = ()) -> list[SensitivityUnit]:
     """Every unit of ``prunable`` (``ops.prunable``'s record), kind by kind in :data:`UNIT_KINDS` order."""
     return [unit for kind in UNIT_KINDS.values() for unit in kind.find(prunable, layers)]
+
+
+def unit_step(unit: SensitivityUnit, config: PruningConfig) -> int:
+    """What ``unit``'s kept count is rounded to under ``config`` (its ``size`` known): whole heads (0), head widths to
+    ``head_round_to``, channels to :func:`~tools.compression.channels.channel_step`."""
+    pruning_type = unit_kind(unit).pruning_type
+    if pruning_type == "head":
+        return 0
+    if pruning_type == "head_dim":
+        return config.head_round_to
+    return channel_step(unit.size, config.round_to)
+
+
+def reachable_ratio(unit: SensitivityUnit, ratio: float) -> float:
+    """The share of ``unit`` (``size`` and ``step`` set) that pruning at ``ratio`` really removes (4 decimals)."""
+    if unit.size <= 0:
+        return round(ratio, 4)
+    return round(1.0 - kept_count(unit.size, ratio, unit.step) / unit.size, 4)
