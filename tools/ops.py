@@ -278,6 +278,12 @@ def int8_sensitivity(
 # --- pruning and quantization -----------------------------------------------------------------------
 
 
+def _artifact_key(original_dir: Path) -> str:
+    """The saved original, as a key that changes when it is saved again."""
+    meta = original_dir / "artifact.json"
+    return f"{original_dir.resolve()}@{meta.stat().st_mtime_ns if meta.is_file() else 0}"
+
+
 def prune(
     original_dir: Path,
     plan: OptimizationPlan,
@@ -304,6 +310,7 @@ def prune(
     """
     from tools.compression.pruning import apply_pruning
     from tools.compression.recovery import recover_
+    from tools.compression.reference import reference_passes
 
     config = config or PruningConfig()
     recovery = recovery or RecoveryConfig(method="none")
@@ -325,10 +332,16 @@ def prune(
     if stale is not None:
         logger.warning("rebuilding the pruned model: %s", stale)
     images = calibration.images if calibration is not None else None
-    original = load_original(original_dir).model.eval()
-    model = load_original(original_dir).model.eval()
-    torch.manual_seed(config.seed)
     targets = calibration.targets if calibration is not None else None
+    model = load_original(original_dir).model.eval()
+    # the original's passes over the calibration images, shared by every round of the run
+    reference = (
+        reference_passes(_artifact_key(original_dir), lambda: load_original(original_dir).model, images, targets)
+        if images is not None
+        else None
+    )
+    original = reference.original if reference is not None else load_original(original_dir).model.eval()
+    torch.manual_seed(config.seed)
     report = apply_pruning(
         model,
         plan.pruning_recommendations,
@@ -336,8 +349,13 @@ def prune(
         config,
         calibration=images,
         calibration_targets=targets,
+        channel_scores=reference.channel_scores(config.importance) if reference is not None else None,
     )
-    repaired = recover_(model, original, images, report.consumers(), recovery)
+    consumers = report.consumers()
+    rows, stats = None, None
+    if reference is not None and recovery.method == "reconstruct":
+        rows, stats = reference.outputs(consumers, recovery.max_rows), reference.batchnorm_stats()
+    repaired = recover_(model, original, images, consumers, recovery, targets=rows, reference_stats=stats)
     tuned: dict[str, Any] | None = None
     if finetune is not None and finetune.steps > 0 and report.applied:
         from tools.compression.distill import distill_

@@ -31,18 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tools.compression.calibration import capture, chunks
+from tools.compression.calibration import chunks
 from tools.compression.forward import forward_logits, one_line
-from tools.compression.importance import DATA_AWARE
 from tools.compression.prefix import PrefixCache
 from tools.compression.pruning import apply_pruning, count_params
 from tools.compression.recipes import PruningConfig
 from tools.compression.recovery import (
-    BatchNormStats,
     RecoveryConfig,
-    batchnorm_input_stats,
     recover_,
 )
+from tools.compression.reference import ReferencePasses
 from tools.compression.units import reachable_ratio, unit_step
 from tools.schemas import (
     LayerProfile,
@@ -112,10 +110,6 @@ def deterministic_torch(seed: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 def _kl_agreement(reference: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
     ref_log = F.log_softmax(reference.float(), -1)
     log = F.log_softmax(logits.float(), -1)
@@ -139,27 +133,18 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | Non
 
 
 def _probe(
-    model: nn.Module,
-    original: nn.Module,
-    images: torch.Tensor,
-    consumers: list[str],
-    recovery: RecoveryConfig,
-    targets_cache: dict[str, torch.Tensor],
-    reference_stats: BatchNormStats | None,
-    batch_size: int,
+    model: nn.Module, passes: ReferencePasses, consumers: list[str], recovery: RecoveryConfig, batch_size: int
 ) -> torch.Tensor:
-    """Repair the pruned ``model`` with ``recovery`` and return its logits on ``images``."""
+    """Repair the pruned ``model`` with ``recovery`` against the original of ``passes``; its logits on the images."""
+    rows, stats = None, None
     if recovery.method == "reconstruct":
-        missing = [c for c in consumers if c not in targets_cache]
-        if missing:
-            targets_cache.update(capture(original, images, missing, outputs=True, max_rows=recovery.max_rows))
+        rows, stats = passes.outputs(consumers, recovery.max_rows), passes.batchnorm_stats()
+    images = passes.images
     repaired: list[torch.Tensor] = []  # reconstruction's pass gives the repaired model's logits
-    recover_(model, original, images, consumers, recovery, targets_cache, reference_stats, logits_out=repaired)
-    return (
-        repaired[0].cpu()
-        if repaired
-        else _logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size)
-    )
+    recover_(model, passes.original, images, consumers, recovery, rows, stats, logits_out=repaired)
+    if repaired:
+        return repaired[0].cpu()
+    return _logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size)
 
 
 def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> int:
@@ -218,11 +203,8 @@ def _measure(
         firsts = [name for unit in units for name in (*unit.modules, *unit.members)]
         prefix, reference = PrefixCache.build(original, images, firsts)
     reference_acc = _accuracy(reference, targets)
-    scores = (
-        DATA_AWARE[pruning.importance](original, images, targets, batch_size)
-        if pruning.importance in DATA_AWARE
-        else None
-    )
+    passes = ReferencePasses(original, images, targets, batch_size)
+    scores = passes.channel_scores(pruning.importance)
     by_layer = {lp.name: lp for lp in layers}
     total_params = count_params(original)
     result = SensitivityProfile(
@@ -231,13 +213,6 @@ def _measure(
         recovery=recovery.method,
         ratios=ratios,
         seconds=0.0,
-    )
-    targets_cache: dict[str, torch.Tensor] = {}
-    # the original's BatchNorm statistics, once for every probe
-    batchnorm = (
-        batchnorm_input_stats(original, images, recovery.batch_size)
-        if recovery.method == "reconstruct" and _has_batchnorm(original)
-        else None
     )
     steps, done = len(units) * len(ratios), 0
     for unit in units:
@@ -268,7 +243,7 @@ def _measure(
                         first = prefix.first_change(model)
                         replay.enter_context(prefix.skip(model, first))
                         replay.enter_context(prefix.skip(original, first))
-                    logits = _probe(model, original, images, consumers, recovery, targets_cache, batchnorm, batch_size)
+                    logits = _probe(model, passes, consumers, recovery, batch_size)
                 kl, agreement = _kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = list(dict.fromkeys([*unit.modules, *unit.members, *consumers]))
