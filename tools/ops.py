@@ -245,16 +245,17 @@ def sensitivity(
 
 
 def int8_sensitivity(
-    original_dir: Path, shape: InputShape, out_dir: Path, spec: EvalSpec, int8_cpu: str = "auto", samples: int = 128
+    original_dir: Path, shape: InputShape, out_dir: Path, spec: EvalSpec, int8_cpu: str = "auto", samples: int = 0
 ) -> Int8Sensitivity | None:
     """Per-block int8 sensitivity of the original (``int8_sensitivity.json``, also put into ``profile.json``): ONNX
     Runtime static int8 of one block at a time, on this CPU with the int8 settings of ``int8_cpu``'s kind, against
-    the float model on ``samples`` calibration images (:func:`tools.deploy.onnxruntime.mixed.measure_int8_sensitivity`).
+    the float model on ``samples`` calibration images (0: :func:`int8_samples`;
+    :func:`tools.deploy.onnxruntime.mixed.measure_int8_sensitivity`).
     None without calibration images or without ONNX Runtime."""
     import tempfile
 
     from tools.deploy.cpu import int8_settings
-    from tools.deploy.onnxruntime.mixed import StaticInt8Build, measure_int8_sensitivity
+    from tools.deploy.onnxruntime.mixed import StaticInt8Build, int8_samples, measure_int8_sensitivity
     from tools.deploy.registry import available
 
     target = out_dir / "int8_sensitivity.json"
@@ -266,7 +267,10 @@ def int8_sensitivity(
     model = load_original(original_dir).model.eval()
     with tempfile.TemporaryDirectory(prefix=".int8-sensitivity-", dir=out_dir) as work:
         build = StaticInt8Build(model, example_input(shape), calibration.images, Path(work), int8_settings(int8_cpu))
-        result = measure_int8_sensitivity(build, calibration.images[:samples])
+        profile_file = out_dir / "profile.json"
+        macs = ModelProfile.model_validate(read_json(profile_file)).total_macs if profile_file.is_file() else 0
+        count = samples or int8_samples(macs, len(build.groups), int(calibration.images.shape[0]))
+        result = measure_int8_sensitivity(build, calibration.images[:count])
     atomic_write_json(target, result.model_dump())
     profile_file = out_dir / "profile.json"
     if profile_file.is_file():

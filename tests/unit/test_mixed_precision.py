@@ -247,3 +247,12 @@ def test_the_rules_plan_keeps_dominant_blocks_float() -> None:
     calm = measured.model_copy(update={"full_flips_pct": 0.2})
     assert [r.dtype for r in quantization_plan(profile.model_copy(update={"int8_sensitivity": calm}), 0.3)] == ["qint8"]
     assert [r.layer for r in quantization_plan(ctx.profile, 0.3)] == ["all"], "nothing measured: every layer int8"
+
+
+def test_the_int8_sensitivity_sample_count_follows_the_model_size() -> None:
+    from tools.deploy.onnxruntime.mixed import int8_samples
+
+    assert int8_samples(40_000_000, 12, 256) == 128  # a CIFAR model: every image it may use
+    assert int8_samples(300_000_000, 21, 256) == 43  # a 224-px MobileNetV2
+    assert int8_samples(17_500_000_000, 14, 256) == 32  # ViT-B/16: the floor
+    assert int8_samples(300_000_000, 21, 20) == 20 and int8_samples(0, 3, 50) == 50
