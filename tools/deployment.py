@@ -13,16 +13,21 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+from torch import nn
 
 from tools import ops
+from tools.artifacts.io import load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import BackendNotApplicable
 from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import int8_settings
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
+from tools.models.base import example_input, logits_of
 from tools.schemas import AccuracyBudget, InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.text import first_line
 
@@ -66,6 +71,8 @@ ALTERNATIVE_MARGIN = 0.05
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
 INT8_MARGIN = 0.10
+#: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
+MIN_LINEAR_SHARE = 0.05
 
 
 def candidate_backends(choice: str) -> list[str]:
@@ -246,6 +253,49 @@ def _measure(
         return candidate
 
 
+def mac_shares(model: nn.Module, example: torch.Tensor) -> dict[type[nn.Module], float]:
+    """The share of ``model``'s Conv2d and Linear MACs on ``example`` (one image) each of the two types does."""
+    macs: dict[type[nn.Module], int] = {nn.Conv2d: 0, nn.Linear: 0}
+
+    def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        if not isinstance(out, torch.Tensor):
+            return
+        if isinstance(module, nn.Conv2d):
+            per_output = module.in_channels // module.groups * int(np.prod(module.kernel_size))
+            macs[nn.Conv2d] += out.numel() * per_output
+        elif isinstance(module, nn.Linear):
+            macs[nn.Linear] += out.numel() * module.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    try:
+        with torch.no_grad():
+            logits_of(model.eval()(example))
+    finally:
+        for h in handles:
+            h.remove()
+    total = sum(macs.values())
+    return {kind: count / total for kind, count in macs.items()} if total else {}
+
+
+def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputShape) -> list[DeployCandidate]:
+    """Rows for the backends that quantize only Linear layers (dynamic int8) of a model whose Linear layers do less
+    than :data:`MIN_LINEAR_SHARE` of its MACs (a CNN's classifier): no faster than float, not built."""
+    linear_only = [b for b in backends if b in BACKENDS and tuple(BACKENDS[b].layer_kinds) == (nn.Linear,)]
+    if not linear_only:
+        return []
+    share = mac_shares(load_module(source_dir), example_input(shape)).get(nn.Linear, 1.0)
+    if share >= MIN_LINEAR_SHARE:
+        return []
+    why = (
+        f"not built: it quantizes only Linear layers, which do {100 * share:.1f} % of this model's MACs "
+        "(no faster than float)"
+    )
+    return [
+        DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
+        for b in linear_only
+    ]
+
+
 def _time(
     candidates: list[DeployCandidate], original_dir: Path, shape: InputShape, repeats: int, seed: int
 ) -> float | None:
@@ -363,7 +413,9 @@ def deploy(
         prebuilt=prebuilt,
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
-    candidates = [measure(b, source_dir, out_root / b) for b in full]
+    pointless = [] if forced else _linear_only_pointless(full, source_dir, shape)
+    full = [b for b in full if b not in {c.backend for c in pointless}]
+    candidates = [measure(b, source_dir, out_root / b) for b in full] + pointless
     mixed, skipped = _mixed([b for b in backends if b not in full], candidates, judge, always=forced)
     candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
     original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)

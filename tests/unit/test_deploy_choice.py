@@ -173,7 +173,7 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
 
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
-    with caplog.at_level(logging.INFO, logger="tools.deployment"):
+    def fused_row(forced: bool) -> Any:
         choice = deploy(
             original,
             original,
@@ -185,8 +185,28 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
             within_budget=lambda drop, paired: True,
             baseline_accuracy=None,
             repeats=3,
+            forced=forced,
         )
-    fused = next(c for c in choice.candidates if c.backend == "onnxruntime-fused")
+        return next(c for c in choice.candidates if c.backend == "onnxruntime-fused")
+
+    # measured choice: a backend of Linear layers only is not even built for a CNN
+    assert "only Linear layers" in (fused_row(forced=False).skipped or "")
+    with caplog.at_level(logging.INFO, logger="tools.deployment"):
+        fused = fused_row(forced=True)  # asked for: it is tried, and says why it cannot run
     assert fused.error and "no attention module that can be fused" in fused.error
     records = [r for r in caplog.records if "onnxruntime-fused" in r.getMessage()]
     assert records and all(r.levelno == logging.INFO for r in records)
+
+
+def test_linear_only_int8_is_left_out_where_linear_layers_do_little() -> None:
+    import torch
+    from torch import nn
+
+    from tests.helpers import tiny_vit
+    from tools.deployment import MIN_LINEAR_SHARE, mac_shares
+    from tools.zoo.cifar_resnet import resnet20
+
+    cnn = mac_shares(resnet20(), torch.randn(1, 3, 32, 32))
+    assert cnn[nn.Linear] < MIN_LINEAR_SHARE < cnn[nn.Conv2d]  # a CNN: the classifier only
+    vit = mac_shares(tiny_vit(), torch.randn(1, 3, 16, 16))
+    assert vit[nn.Linear] > 0.5 and abs(sum(vit.values()) - 1.0) < 1e-9
