@@ -173,6 +173,7 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
 
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
+
     def fused_row(forced: bool) -> Any:
         choice = deploy(
             original,
