@@ -40,3 +40,22 @@ def test_each_pass_of_the_original_is_made_once_and_kept_for_the_same_images() -
     assert reference_passes("resnet20@1", load, images[:4]) is not first  # other images: new passes
     assert reference_passes("resnet20@2", load, images) is not first  # the original saved again: new passes
     assert first.channel_scores("l2") is None  # not data-aware
+
+
+def test_the_batchnorm_statistics_come_with_the_first_capture() -> None:
+    torch.manual_seed(0)
+    model = resnet20().eval()
+    passes_made = [0]
+    model.register_forward_pre_hook(lambda *_: passes_made.__setitem__(0, passes_made[0] + 1))
+    images = torch.randn(6, 3, 32, 32)
+    passes = reference_passes("resnet20@3", lambda: model, images)
+    passes.outputs(["layer1.0.conv2"], 256)
+    assert passes_made[0] == 1
+    stats = passes.batchnorm_stats()
+    assert passes_made[0] == 1, "gathered in the capture's pass"
+    assert stats is not None and len(stats) == 19
+    from tools.compression.recovery import batchnorm_input_stats
+
+    for name, (mean, var) in batchnorm_input_stats(model, images).items():
+        torch.testing.assert_close(stats[name][0], mean)
+        torch.testing.assert_close(stats[name][1], var)

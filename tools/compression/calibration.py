@@ -99,10 +99,12 @@ def capture(
     *,
     outputs: bool = False,
     max_rows: int = DEFAULT_MAX_ROWS,
+    pre_hooks: dict[nn.Module, Callable[..., None]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Input rows (or output rows with ``outputs``) of the named modules on one forward pass of ``batch``."""
+    """Input rows (or output rows with ``outputs``) of the named modules on one forward pass of ``batch``;
+    ``pre_hooks`` (forward pre-hooks by module) run in the same pass."""
     found: dict[str, torch.Tensor] = {}
-    handles = []
+    handles = [module.register_forward_pre_hook(hook) for module, hook in (pre_hooks or {}).items()]
     for name in dict.fromkeys(names):
         module = model.get_submodule(name)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -47,6 +47,7 @@ __all__ = [
     "RecoveryConfig",
     "RecoveryReport",
     "batchnorm_input_stats",
+    "batchnorm_stats_hooks",
     "recalibrate_batchnorm_",
     "reconstruct_",
     "recover_",
@@ -156,9 +157,16 @@ def _shift_(
 
 def batchnorm_input_stats(model: nn.Module, batch: torch.Tensor, batch_size: int = 64) -> BatchNormStats:
     """Per BatchNorm (by name): mean and variance of its input channels over ``batch``, in eval mode."""
+    stats, hooks = batchnorm_stats_hooks(model)
+    run_with_pre_hooks(model, batch, hooks, batch_size)
+    return stats()
+
+
+def batchnorm_stats_hooks(model: nn.Module) -> tuple[Callable[[], BatchNormStats], dict[nn.Module, Any]]:
+    """Forward pre-hooks that gather :func:`batchnorm_input_stats` on whatever passes the caller runs, and the
+    function that gives the statistics after them."""
     sums: dict[str, list[Any]] = {}
-    run_with_pre_hooks(model, batch, _batchnorm_hooks(model, sums), batch_size)
-    return _stats_of(sums)
+    return lambda: _stats_of(sums), _batchnorm_hooks(model, sums)
 
 
 def recalibrate_batchnorm_(

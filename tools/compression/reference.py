@@ -4,7 +4,8 @@ Pruning a copy of the original and repairing it reads three things of the origin
 data-aware importance scores (:data:`tools.compression.importance.DATA_AWARE`), the input statistics of every
 BatchNorm (the reference of the differential correction) and the output rows of the layers that recovery refits.
 Each is a forward pass of the original; for a 224-px model on a few hundred images, each costs as much as the
-refitting pass itself. :class:`ReferencePasses` computes each once, on first use, and keeps it: the rounds of a run
+refitting pass itself. :class:`ReferencePasses` computes each once, on first use (the BatchNorm statistics in the
+first pass that captures output rows, when that comes first), and keeps it: the rounds of a run
 all prune the same original on the same images, so after the first round a prune costs one pass (the refit) plus one
 for consumers never refitted before. :func:`reference_passes` keeps the latest one per process, keyed by the model
 and a fingerprint of the images.
@@ -20,7 +21,7 @@ from torch import nn
 
 from tools.compression.calibration import capture
 from tools.compression.importance import DATA_AWARE
-from tools.compression.recovery import BatchNormStats, batchnorm_input_stats
+from tools.compression.recovery import BatchNormStats, batchnorm_input_stats, batchnorm_stats_hooks
 
 __all__ = ["ReferencePasses", "reference_passes"]
 
@@ -56,12 +57,19 @@ class ReferencePasses:
         return self._batchnorm
 
     def outputs(self, names: Iterable[str], max_rows: int) -> dict[str, torch.Tensor]:
-        """The output rows of the named layers (as recovery's targets), the missing ones in one pass."""
+        """The output rows of the named layers (as recovery's targets), the missing ones in one pass (which also
+        gathers the BatchNorm statistics if they are not there yet: a caller that runs it with modules replayed,
+        :class:`~tools.compression.prefix.PrefixCache`, asks for :meth:`batchnorm_stats` first)."""
         wanted = list(dict.fromkeys(names))
         missing = [n for n in wanted if (n, max_rows) not in self._outputs]
         if missing:
-            found = capture(self.original, self.images, missing, outputs=True, max_rows=max_rows)
+            stats, hooks = batchnorm_stats_hooks(self.original)
+            gather = self._batchnorm is None and bool(hooks)  # the BatchNorm statistics in the same pass
+            extra = hooks if gather else None
+            found = capture(self.original, self.images, missing, outputs=True, max_rows=max_rows, pre_hooks=extra)
             self._outputs.update({(n, max_rows): rows for n, rows in found.items()})
+            if gather:
+                self._batchnorm = stats()
         return {n: self._outputs[(n, max_rows)] for n in wanted if (n, max_rows) in self._outputs}
 
 

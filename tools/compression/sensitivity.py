@@ -205,6 +205,8 @@ def _measure(
     reference_acc = _accuracy(reference, targets)
     passes = ReferencePasses(original, images, targets, batch_size)
     scores = passes.channel_scores(pruning.importance)
+    if recovery.method == "reconstruct":
+        passes.batchnorm_stats()  # on the whole model, before any probe replays a part of it
     by_layer = {lp.name: lp for lp in layers}
     total_params = count_params(original)
     result = SensitivityProfile(
