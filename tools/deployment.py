@@ -13,9 +13,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -27,7 +25,8 @@ from tools.deploy.choice import DeployCandidate, DeployChoice, available_backend
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import int8_settings
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
-from tools.models.base import example_input, logits_of
+from tools.models.base import example_input
+from tools.profiling.static import weight_layer_macs
 from tools.schemas import AccuracyBudget, InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.text import first_line
 
@@ -254,25 +253,8 @@ def _measure(
 
 
 def mac_shares(model: nn.Module, example: torch.Tensor) -> dict[type[nn.Module], float]:
-    """The share of ``model``'s Conv2d and Linear MACs on ``example`` (one image) each of the two types does."""
-    macs: dict[type[nn.Module], int] = {nn.Conv2d: 0, nn.Linear: 0}
-
-    def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-        if not isinstance(out, torch.Tensor):
-            return
-        if isinstance(module, nn.Conv2d):
-            per_output = module.in_channels // module.groups * int(np.prod(module.kernel_size))
-            macs[nn.Conv2d] += out.numel() * per_output
-        elif isinstance(module, nn.Linear):
-            macs[nn.Linear] += out.numel() * module.in_features
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
-    try:
-        with torch.no_grad():
-            logits_of(model.eval()(example))
-    finally:
-        for h in handles:
-            h.remove()
+    """The share of ``model``'s Conv2d and Linear MACs on ``example`` each of the two types does."""
+    macs = weight_layer_macs(model, example)
     total = sum(macs.values())
     return {kind: count / total for kind, count in macs.items()} if total else {}
 

@@ -43,7 +43,7 @@ from tools.profiling.modules import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StaticDetails", "static_details", "static_profile"]
+__all__ = ["StaticDetails", "static_details", "static_profile", "weight_layer_macs"]
 
 _MATMUL_NAMES = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm"})
 # Operations ptflops' pytorch backend already counts through its patched torch.* functions.
@@ -290,3 +290,26 @@ def static_profile(model: nn.Module, input_shape: tuple[int, int, int]) -> tuple
     details = static_details(model, tuple(input_shape))
     per_layer = {name: (details.macs.get(name, 0), details.params.get(name, 0)) for name in details.layer_names()}
     return details.total_macs, details.total_params, per_layer
+
+
+def weight_layer_macs(model: nn.Module, example: torch.Tensor) -> dict[type[nn.Module], int]:
+    """MACs of ``model``'s Conv2d and of its Linear layers on ``example`` (one forward pass, no grad): a quick count
+    by forward hooks, for decisions that need the split or the size, not ptflops' per-layer profile."""
+    macs: dict[type[nn.Module], int] = {nn.Conv2d: 0, nn.Linear: 0}
+
+    def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        if not isinstance(out, torch.Tensor):
+            return
+        if isinstance(module, nn.Conv2d):
+            macs[nn.Conv2d] += out.numel() * (module.in_channels // module.groups) * math.prod(module.kernel_size)
+        elif isinstance(module, nn.Linear):
+            macs[nn.Linear] += out.numel() * module.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    try:
+        with torch.no_grad():
+            model.eval()(example)
+    finally:
+        for h in handles:
+            h.remove()
+    return macs

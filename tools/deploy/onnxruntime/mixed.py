@@ -31,6 +31,7 @@ from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend
 from tools.deploy.onnxruntime.export import export_onnx, preprocess_onnx
 from tools.deploy.onnxruntime.quantize import static_quantize_onnx
 from tools.deploy.onnxruntime.session import OrtModel
+from tools.profiling.static import weight_layer_macs
 from tools.schemas import Int8GroupDamage, Int8Sensitivity
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,9 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
         with tempfile.TemporaryDirectory(prefix=".onnx-mixed-", dir=out_dir) as work:
             build = StaticInt8Build(float_model, example, calibration, Path(work), settings)
             planned = [name for name in build.nodes if name not in report.layers]  # the plan's float32 layers
-            ranking = measure_int8_sensitivity(build, calibration[: min(len(calibration), 128)])
+            macs = sum(weight_layer_macs(float_model, example[:1]).values())
+            count = int8_samples(macs, len(build.groups), len(calibration))
+            ranking = measure_int8_sensitivity(build, calibration[:count])
             kept, trail = self._control(build, accuracy_control, planned, [g.group for g in ranking.groups], target)
         why = dict.fromkeys(planned, "the plan keeps it in float")
         damage = {layer: g for g in ranking.groups for layer in g.layers}
