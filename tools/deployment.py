@@ -313,6 +313,26 @@ def _faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[
     ]
 
 
+def _not_faster_than_float(row: DeployCandidate, candidates: list[DeployCandidate]) -> str | None:
+    """Why building ``row``'s mixed-precision version is pointless: ``row`` (full int8, timed) is less than
+    :data:`INT8_MARGIN` faster than the fastest float candidate within budget, so keeping layers of it in float
+    cannot make it worth deploying. None when it is faster, or when there is no timing to tell."""
+    floats = [
+        c
+        for c in candidates
+        if c.ran and c.within_budget and c.latency_s is not None and not c.precision.startswith("int8")
+    ]
+    if row.latency_s is None or not floats:
+        return None
+    fastest = min(floats, key=lambda c: c.latency_s or 0.0)
+    if fastest.latency_s is None or row.latency_s < fastest.latency_s * (1 - INT8_MARGIN):
+        return None
+    return (
+        f"not built: full int8 ({row.backend}, {1e3 * row.latency_s:.2f} ms) is not {100 * INT8_MARGIN:.0f} % faster "
+        f"than {fastest.key} ({1e3 * fastest.latency_s:.2f} ms), so no mixed precision of it can be worth it"
+    )
+
+
 def _mixed(
     backends: list[str],
     candidates: list[DeployCandidate],
@@ -335,6 +355,8 @@ def _mixed(
             why = f"{full} was not built"
         elif row.within_budget:
             why = f"not needed: full int8 ({full}) is within the accuracy budget"
+        elif (slow := _not_faster_than_float(row, candidates)) is not None:
+            why = slow
         if why is None and control() is None:
             why = "needs a labelled dataset to control accuracy"
         if why is None:
@@ -398,7 +420,10 @@ def deploy(
     pointless = [] if forced else _linear_only_pointless(full, source_dir, shape)
     full = [b for b in full if b not in {c.backend for c in pointless}]
     candidates = [measure(b, source_dir, out_root / b) for b in full] + pointless
-    mixed, skipped = _mixed([b for b in backends if b not in full], candidates, judge, always=forced)
+    mixed_backends = [b for b in backends if b not in full and b not in {c.backend for c in pointless}]
+    if mixed_backends and not forced:  # whether full int8 is faster than float decides whether mixed is worth it
+        _time(candidates, original_dir, shape, repeats, spec.seed)
+    mixed, skipped = _mixed(mixed_backends, candidates, judge, always=forced)
     candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
     original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)

@@ -187,6 +187,11 @@ def test_mixed_candidates_are_built_only_when_full_int8_is_over_budget() -> None
     build, skipped = _mixed(["onnxruntime-static-mixed"], over, lambda: None)
     assert build == [] and "labelled dataset" in (skipped[0].skipped or "")
     assert _mixed(["onnxruntime-static-mixed"], within, control, always=True)[0] == ["onnxruntime-static-mixed"]
+    fast_float = [*over, _row("onnxruntime-fp32", "fp32", 0.0, True, latency_s=0.00105)]  # int8 only 5 % faster
+    build, skipped = _mixed(["onnxruntime-static-mixed"], fast_float, control)
+    assert build == [] and "no mixed precision of it can be worth it" in (skipped[0].skipped or "")
+    slow_float = [*over, _row("onnxruntime-fp32", "fp32", 0.0, True, latency_s=0.002)]
+    assert _mixed(["onnxruntime-static-mixed"], slow_float, control)[0] == ["onnxruntime-static-mixed"]
 
 
 def _control_stub() -> AccuracyControl:
