@@ -268,10 +268,7 @@ def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputSh
     share = mac_shares(load_module(source_dir), example_input(shape)).get(nn.Linear, 1.0)
     if share >= MIN_LINEAR_SHARE:
         return []
-    why = (
-        f"not built: it quantizes only Linear layers, which do {100 * share:.1f} % of this model's MACs "
-        "(no faster than float)"
-    )
+    why = f"it quantizes only Linear layers, which do {100 * share:.2g} % of this model's MACs (no faster than float)"
     return [
         DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
         for b in linear_only
@@ -328,7 +325,7 @@ def _not_faster_than_float(row: DeployCandidate, candidates: list[DeployCandidat
     if fastest.latency_s is None or row.latency_s < fastest.latency_s * (1 - INT8_MARGIN):
         return None
     return (
-        f"not built: full int8 ({row.backend}, {1e3 * row.latency_s:.2f} ms) is not {100 * INT8_MARGIN:.0f} % faster "
+        f"full int8 ({row.backend}, {1e3 * row.latency_s:.2f} ms) is not {100 * INT8_MARGIN:.0f} % faster "
         f"than {fastest.key} ({1e3 * fastest.latency_s:.2f} ms), so no mixed precision of it can be worth it"
     )
 

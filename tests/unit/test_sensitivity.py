@@ -134,8 +134,11 @@ def test_rules_planner_allocates_and_searches_the_damage_budget() -> None:
     )
 
 
-@pytest.mark.parametrize(("used_points", "growth"), [(None, 2), (0.9, 2), (0.45, 2), (0.3, 3), (0.2, 5), (0.05, 8)])
-def test_a_budget_that_held_grows_by_the_headroom_its_round_left(used_points: float | None, growth: int) -> None:
+@pytest.mark.parametrize(
+    ("used_points", "growth"),
+    [(None, 2), (0.9, 1.25), (0.7, 1.4286), (0.45, 2), (0.3, 3), (0.2, 5), (0.05, 8)],
+)
+def test_a_budget_that_held_grows_by_the_headroom_its_round_left(used_points: float | None, growth: float) -> None:
     planner = RulesPlanner()
     first = planner.analyze(_ctx())
     held = _record(0, first.planner_state, True, 2000).model_copy(update={"budget_drop_points": used_points})
