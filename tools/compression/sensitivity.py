@@ -8,10 +8,12 @@ the run's recovery, and compared with the original on the calibration images: to
 the softmax outputs, and, where labels exist, the accuracy drop. Next to it: the parameters it removes, and
 the MACs and latency of the unit's layers (profiled) times the ratio.
 
-The cost is one pruning (a dependency-graph trace for channel units), one recovery (one forward pass, which also
-gives the logits of models without BatchNorm and the BatchNorm statistics of the others) and, for BatchNorm models,
-one forward pass over the calibration images per (unit, ratio); the original's activations (importance statistics,
-reconstruction targets, BatchNorm statistics, logits) are computed once.
+The cost is one pruning (a dependency-graph trace for channel units) and one forward pass of what follows the
+unit's first change (:class:`~tools.compression.prefix.PrefixCache` replays what runs before it from the original's
+outputs): reconstruction refits the consumers and corrects the BatchNorms in that pass, whose logits are the repaired
+probe's. The original's activations (importance statistics, reconstruction targets, BatchNorm statistics,
+logits, the replayed outputs) are computed once (:class:`~tools.compression.reference.ReferencePasses`). Requested
+ratios are probed at what rounding leaves of them (:func:`~tools.compression.units.reachable_ratio`), each once.
 
 The profile is deterministic: the calibration images are a seeded part of the data, their number
 (:func:`auto_samples`) follows from the model's MACs, never from a timing, every probe starts from the same
