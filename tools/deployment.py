@@ -298,6 +298,35 @@ def _eligible(candidates: list[DeployCandidate]) -> list[DeployCandidate]:
     return [c for c in candidates if c.source is None or not usable(c) or (c.latency_s or 0.0) <= limit]
 
 
+def _unconfirmed_alternative(
+    eligible: list[DeployCandidate], chosen: str, shape: InputShape, repeats: int, seed: int
+) -> str | None:
+    """When the candidate deployed for ``chosen`` comes from another model than the best one, time it again with the
+    best model's fastest within budget, the two alone, interleaved, with ``repeats``: why it does not stay (no longer
+    :data:`ALTERNATIVE_MARGIN` faster), or None when it does (or when it is the best model's own)."""
+
+    def usable(c: DeployCandidate) -> bool:
+        return c.ran and c.within_budget and c.latency_s is not None and c.artifact is not None
+
+    winners = [c for c in eligible if c.backend == chosen and usable(c)]
+    mains = [c for c in eligible if c.source is None and usable(c) and c.backend != FLOAT]
+    if not winners or not mains:
+        return None
+    winner = min(winners, key=lambda c: c.latency_s or 0.0)
+    main = min(mains, key=lambda c: c.latency_s or 0.0)
+    if winner.source is None:
+        return None
+    times = ops.compare_latency(
+        {"alternative": Path(str(winner.artifact)), "best": Path(str(main.artifact))}, shape, repeats=repeats, seed=seed
+    )
+    if times["alternative"] <= (1.0 - ALTERNATIVE_MARGIN) * times["best"]:
+        return None
+    return (
+        f"{winner.key} timed {1e3 * times['alternative']:.2f} ms against {main.key}'s {1e3 * times['best']:.2f} ms "
+        f"when the two were timed again alone: not {100 * ALTERNATIVE_MARGIN:.0f} % faster, so the best model deploys"
+    )
+
+
 def _faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[str]:
     """Backends that ran faster than the chosen candidate (all, when none is within budget) but were over the
     accuracy budget."""
@@ -431,6 +460,10 @@ def deploy(
             candidates += [measure(b, other, out_root / f"alt-{i}" / b, source=str(other)) for b in retry]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
         chosen, why = choose(_eligible(candidates), original_latency)
+        doubt = _unconfirmed_alternative(_eligible(candidates), chosen, shape, 3 * repeats, spec.seed)
+        if doubt:  # the margin was timing noise: the best model deploys
+            chosen, why = choose([c for c in candidates if c.source is None], original_latency)
+            why = f"{why}; {doubt}"
     if forced and backends[-1] != chosen:
         wanted = next(c for c in candidates if c.backend == backends[-1])
         if wanted.ran:
