@@ -443,15 +443,17 @@ def deploy(
         prebuilt=prebuilt,
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
+    mixed_backends = [b for b in backends if b not in full]
     pointless = [] if forced else _linear_only_pointless(full, source_dir, shape)
-    full = [b for b in full if b not in {c.backend for c in pointless}]
-    candidates = [measure(b, source_dir, out_root / b) for b in full] + pointless
-    mixed_backends = [b for b in backends if b not in full and b not in {c.backend for c in pointless}]
-    if mixed_backends and not forced:  # whether full int8 is faster than float decides whether mixed is worth it
-        _time(candidates, original_dir, shape, repeats, spec.seed)
+    left_out = {c.backend for c in pointless}
+    candidates = [measure(b, source_dir, out_root / b) for b in full if b not in left_out] + pointless
+    timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
+    if timed:
+        original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     mixed, skipped = _mixed(mixed_backends, candidates, judge, always=forced)
     candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
-    original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
+    if mixed or not timed:  # timed again only when mixed candidates joined
+        original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)
     if alternatives and not forced:
         retry = list(dict.fromkeys([*_faster_over_budget(candidates, chosen), *([chosen] if chosen != FLOAT else [])]))

@@ -10,12 +10,17 @@ from tools.compression.reference import reference_passes
 from tools.zoo.cifar_resnet import resnet20
 
 
-def test_each_pass_of_the_original_is_made_once_and_kept_for_the_same_images() -> None:
+def _counted_resnet() -> tuple[nn.Module, list[int], torch.Tensor]:
+    """A seeded ResNet-20 that counts its forward passes, and six images."""
     torch.manual_seed(0)
     model = resnet20().eval()
     passes_made = [0]
     model.register_forward_pre_hook(lambda *_: passes_made.__setitem__(0, passes_made[0] + 1))
-    images = torch.randn(6, 3, 32, 32)
+    return model, passes_made, torch.randn(6, 3, 32, 32)
+
+
+def test_each_pass_of_the_original_is_made_once_and_kept_for_the_same_images() -> None:
+    model, passes_made, images = _counted_resnet()
     built: list[nn.Module] = []
 
     def load() -> nn.Module:
@@ -43,11 +48,7 @@ def test_each_pass_of_the_original_is_made_once_and_kept_for_the_same_images() -
 
 
 def test_the_batchnorm_statistics_come_with_the_first_capture() -> None:
-    torch.manual_seed(0)
-    model = resnet20().eval()
-    passes_made = [0]
-    model.register_forward_pre_hook(lambda *_: passes_made.__setitem__(0, passes_made[0] + 1))
-    images = torch.randn(6, 3, 32, 32)
+    model, passes_made, images = _counted_resnet()
     passes = reference_passes("resnet20@3", lambda: model, images)
     passes.outputs(["layer1.0.conv2"], 256)
     assert passes_made[0] == 1

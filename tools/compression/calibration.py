@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tools.compression.forward import forward_logits
+from tools.compression.forward import forward_logits, forward_with_hooks
 
 __all__ = [
     "DEFAULT_MAX_ROWS",
@@ -113,12 +113,7 @@ def capture(
                 found[name] = output_rows(mod, out, max_rows) if outputs else input_rows(mod, args[0], max_rows)
 
         handles.append(module.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            forward_logits(model.eval(), batch)
-    finally:
-        for h in handles:
-            h.remove()
+    forward_with_hooks(model, batch, handles)
     return found
 
 

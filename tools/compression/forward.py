@@ -32,6 +32,17 @@ def forward_logits(model: nn.Module, inputs: Any) -> torch.Tensor:
     return logits_of(call_model(model, inputs))
 
 
+def forward_with_hooks(model: nn.Module, inputs: Any, handles: list[Any]) -> torch.Tensor:
+    """``model``'s logits on ``inputs`` (eval mode, no grad) with the hooks of ``handles`` registered; the hooks are
+    removed afterwards, also when the forward pass fails."""
+    try:
+        with torch.no_grad():
+            return forward_logits(model.eval(), inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: first line of the message``, at most 300 characters."""
     text = str(exc).strip().splitlines()
@@ -74,6 +85,7 @@ __all__ = [
     "call_model",
     "check_forward",
     "forward_logits",
+    "forward_with_hooks",
     "one_line",
     "restore",
     "snapshot",

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tools.compression.forward import forward_logits
+from tools.compression.forward import forward_with_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +113,7 @@ class PrefixCache:
         for name, module in model.named_modules():
             handles.append(module.register_forward_pre_hook(pre(name)))
             handles.append(module.register_forward_hook(post(name)))
-        try:
-            with torch.no_grad():
-                forward_logits(model.eval(), example)
-        finally:
-            for h in handles:
-                h.remove()
+        forward_with_hooks(model, example, handles)
         first_call = {name: calls[0] for name, calls in events.items()}
         order = {
             name: (calls[0], calls[1])
@@ -156,12 +151,7 @@ class PrefixCache:
                 outputs[name] = _detached(output)
 
             handles.append(model.get_submodule(name).register_forward_hook(hook))
-        try:
-            with torch.no_grad():
-                logits = forward_logits(model.eval(), images).float()
-        finally:
-            for h in handles:
-                h.remove()
+        logits = forward_with_hooks(model, images, handles).float()
         logger.debug("prefix cache: %d module outputs, %.1f MB", len(outputs), per_image * images.shape[0] / 1e6)
         return cls(model, first_call, order, outputs, int(images.shape[0])), logits
 

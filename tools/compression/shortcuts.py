@@ -88,7 +88,7 @@ def _selection(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int
 def find_channel_shortcuts(model: nn.Module, example: Any) -> dict[str, tuple[int, int, int, list[int]]]:
     """Parameter-free leaf modules computing a channel selection with stride, found on one forward pass of
     ``example``: name -> (in_channels, out_channels, stride, index)."""
-    from tools.compression.forward import forward_logits
+    from tools.compression.forward import forward_with_hooks
 
     names = {m: n for n, m in model.named_modules()}
     leaves = [
@@ -103,12 +103,7 @@ def find_channel_shortcuts(model: nn.Module, example: Any) -> dict[str, tuple[in
             seen.setdefault(names[module], (args[0], out))
 
     handles = [m.register_forward_hook(hook) for m in leaves]
-    try:
-        with torch.no_grad():
-            forward_logits(model.eval(), example)
-    finally:
-        for h in handles:
-            h.remove()
+    forward_with_hooks(model, example, handles)
     found = {}
     for name, (x, y) in seen.items():
         selection = _selection(model.get_submodule(name), x, y)
