@@ -11,7 +11,7 @@ from langgraph.runtime import Runtime
 from agents.analysis import new_notes, planner_for, planning_context
 from agents.common import paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec
-from agents.planning.selection import best_round, within_budget
+from agents.planning.selection import kept_round, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -47,7 +47,9 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     rounds = list(state.get("rounds") or [])
     notes: list[str] = []
     while True:
-        best = best_round(rounds, ctx.selection)
+        best, why = kept_round(rounds, ctx.selection, pruning_budget(data, ctx))
+        if why and why not in notes:
+            notes.append(why)
         if best is None:
             baseline = {k: v for k, v in state["baseline"].items() if k != "data_parts"}
             pruned = {**baseline, "round": None, "within_budget": False, "accuracy_drop_points": 0.0}

@@ -26,7 +26,7 @@ from tools.deploy.choice import DeployChoice, is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
-    ALTERNATIVE_MARGIN,
+    ORIGINAL_MARGIN,
     accuracy_control,
     calibration_images,
     candidate_backends,
@@ -70,7 +70,7 @@ def _original_note(choice: DeployChoice, pruned_source: Path) -> str:
     )
     return (
         f"deployment: the unpruned original runs faster in {choice.chosen} than the pruned model ({round_name})"
-        f"{timing}, beyond the {ALTERNATIVE_MARGIN:.0%} margin a smaller model is kept by: the original is deployed "
+        f"{timing}, beyond the {ORIGINAL_MARGIN:.0%} margin a pruned model is kept by: the original is deployed "
         "(pruning does not pay in this runtime; the pruned model stays in RUN/models and the report)"
     )
 

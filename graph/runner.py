@@ -20,7 +20,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
-from agents.planning.selection import best_round
+from agents.common import pruning_budget
+from agents.planning.selection import kept_round
 from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
@@ -303,7 +304,7 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
     finished = [node for step in history[:-1] for node in step.next if not node.startswith("__")]
     values = snapshot.values or {}
     rounds = values.get("rounds") or []
-    best = best_round(rounds, ctx.selection)
+    best, _ = kept_round(rounds, ctx.selection, pruning_budget(values, ctx))
     return {
         "run_dir": str(run_dir),
         "thread_id": thread_id,

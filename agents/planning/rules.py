@@ -2,10 +2,11 @@
 
 With a sensitivity profile (``profile.sensitivity``, measured on the calibration images) it *allocates*
 per-unit ratios: every attention module's heads, the width of its heads, and every block-internal channel
-group is a unit with a measured damage at a few ratios (``1 - agreement + KL`` against the original, after
-recovery; linearly interpolated between the measured ratios) and a saving (its share of the model's parameters plus its
-share of MACs). Greedily, the step with the most saving per unit of damage is taken until the summed
-damage reaches the round's *damage budget*; heads and channels move independently. The rounds then
+group is a unit with a measured damage at a few ratios (against the original, after recovery: its KL divergence,
+which adds across units, and the share of images it changes, fitted to the KL over the profile:
+:mod:`agents.planning.damage`) and a saving (its share of the model's parameters plus its share of MACs).
+Greedily, the step with the most saving per unit of damage is taken until the predicted damage reaches the round's
+*damage budget* (a share of images changed); heads and channels move independently. The rounds then
 search the damage budget with real evaluations: grow it while the evaluated candidate stays within the
 accuracy budget (2x to 8x, by the headroom the candidate left), bisect once one does not. The saving uses
 parameters and MACs, not timed latency, so plans do not depend on timing noise.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.planning.base import PlanningContext, PlanResult
+from agents.planning.damage import DamageModel
 from agents.planning.quantization import quantization_plan
 from tools.compression.units import UNIT_KINDS, reachable_ratio, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
@@ -38,7 +40,7 @@ from tools.schemas import (
     SensitivityUnit,
 )
 
-__all__ = ["SEARCH_KEYS", "RulesPlanner", "allocate", "exact_pattern", "unit_damage"]
+__all__ = ["SEARCH_KEYS", "RulesPlanner", "allocate", "exact_pattern"]
 
 #: planner_state keys that carry the rules planner's search (a round whose state has one is its own).
 SEARCH_KEYS: tuple[str, ...] = ("damage_budget", "level")
@@ -106,28 +108,21 @@ def _next_reachable(unit: SensitivityUnit, current: float, step: float) -> float
     return None
 
 
-def unit_damage(unit: SensitivityUnit) -> list[tuple[float, float]]:
-    """(ratio, damage) of a unit's measurements, damage = 1 - agreement + KL, made non-decreasing."""
-    out: list[tuple[float, float]] = []
-    worst = 0.0
-    for point in sorted(unit.points, key=lambda p: p.ratio):
-        worst = max(worst, (1.0 - point.agreement) + point.kl)
-        out.append((point.ratio, worst))
-    return out
-
-
 def allocate(
     sensitivity: SensitivityProfile, total_params: int, total_macs: int, damage_budget: float, max_ratio: float
 ) -> tuple[dict[str, float], float]:
-    """Per-unit ratios (by pattern) whose summed predicted damage stays within ``damage_budget``.
+    """Per-unit ratios (by pattern) whose predicted damage together stays within ``damage_budget`` (a share of images
+    that change class).
 
-    Greedy by saving per damage: at each step every unit may move from its ratio to any larger allowed one;
-    the move with the best marginal saving per marginal damage (free moves first, by saving) is taken.
-    Returns (ratio by unit pattern, predicted damage).
+    Costs and the budget are the damage model's (:class:`~agents.planning.damage.DamageModel`: KL divergences that
+    add, fitted to the flips). Greedy by saving per cost: at each step every unit may move from its ratio to any
+    larger allowed one; the move with the best marginal saving per marginal cost (free moves first, by saving) is
+    taken. Returns (ratio by unit pattern, predicted damage).
     """
-    options: dict[str, list[tuple[float, float, float]]] = {}  # pattern -> [(ratio, damage, saving)]
+    model = DamageModel.fit(sensitivity)
+    budget = model.cost_of(damage_budget)
+    options: dict[str, list[tuple[float, float, float]]] = {}  # pattern -> [(ratio, cost, saving)]
     for unit in sensitivity.units:
-        damage = unit_damage(unit)
         saved = [
             (p.ratio, p.params_saved / max(1, total_params) + p.macs_saved / max(1, total_macs)) for p in unit.points
         ]
@@ -135,7 +130,7 @@ def allocate(
         for ratio in sorted({reachable_ratio(unit, r) for r in ALLOCATION_RATIOS} - {0.0}):
             if ratio > max_ratio + 1e-9:
                 continue
-            d, v = _interpolate(damage, ratio), _interpolate(saved, ratio)
+            d, v = model.cost(unit, ratio), _interpolate(saved, ratio)
             if d is not None and v is not None:
                 choices.append((ratio, d, v))
         if choices:
@@ -148,10 +143,10 @@ def allocate(
             _, d0, v0 = chosen[pattern]
             for option in choices:
                 ratio, d, v = option
-                if ratio <= chosen[pattern][0] or v <= v0 or spent + (d - d0) > damage_budget + 1e-12:
+                if ratio <= chosen[pattern][0] or v <= v0 or spent + (d - d0) > budget * (1 + 1e-9) + 1e-12:
                     continue
                 gain, cost = v - v0, max(d - d0, 0.0)
-                key = (gain / max(cost, 1e-6), gain)
+                key = (gain / max(cost, 1e-9), gain)
                 if best is None or key > best[:2]:
                     best = (*key, pattern, option)
         if best is None:
@@ -159,7 +154,7 @@ def allocate(
         pattern, option = best[2], best[3]
         spent += max(option[1] - chosen[pattern][1], 0.0)
         chosen[pattern] = option
-    return {p: c[0] for p, c in chosen.items() if c[0] > 0}, spent
+    return {p: c[0] for p, c in chosen.items() if c[0] > 0}, model.flips(spent)
 
 
 @dataclass(frozen=True)
@@ -300,7 +295,8 @@ class RulesPlanner:
         sens = ctx.profile.sensitivity
         assert sens is not None
         units = {u.pattern: u for u in sens.units}
-        predicted = sum(_interpolate(unit_damage(units[p]), r) or 0.0 for p, r in ratios.items())
+        model = DamageModel.fit(sens)
+        predicted = model.flips(sum(model.cost(units[p], r) or 0.0 for p, r in ratios.items()))
         groups: dict[tuple[str, float], list[SensitivityUnit]] = {}
         for pattern, ratio in ratios.items():
             groups.setdefault((unit_kind(units[pattern]).name, ratio), []).append(units[pattern])
@@ -417,10 +413,12 @@ class RulesPlanner:
         base_round = min(good, key=lambda r: r.params) if good else rounds[-1]
         base = {str(k): float(v) for k, v in base_round.planner_state["allocation"].items()}
         budget = float(base_round.planner_state.get("damage_budget", 0.0))
+        model = DamageModel.fit(sens)
 
         def damage_after(unit: SensitivityUnit, step: float) -> float:
             ratio = min(ctx.max_ratio, max(0.0, base.get(unit.pattern, 0.0) + step))
-            return _interpolate(unit_damage(unit), ratio) or 1.0
+            cost = model.cost(unit, ratio)
+            return float("inf") if cost is None else cost
 
         for step in (0.1, -0.1) if good else (-0.1, 0.1):
             for unit in sorted(sens.units, key=lambda u: damage_after(u, step), reverse=step < 0):

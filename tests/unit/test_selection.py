@@ -236,3 +236,37 @@ def test_a_round_that_fails_the_budget_on_the_holdout_gives_way_to_the_next(monk
     assert out["pruned"]["round"] is None and "on both the evaluation and the holdout images" in out["notes"][-1]
     without = select_best_model(_state(rounds), Runtime(context=Context(max_accuracy_drop=1.0)))  # type: ignore[arg-type]
     assert without["pruned"]["round"] == 1  # no holdout: the evaluation subset alone decides
+
+
+# ------------------------------------------------------------------------------------------ kept_round
+
+
+def _scored(i: int, drop: float, se: float, params: int, ok: bool = True) -> dict[str, Any]:
+    r = _round(i, 0.80 - drop / 100, params, ok=ok)
+    r["accuracy_drop_points"] = drop
+    r["metrics"]["paired"] = _paired(delta=-drop, half_width=se * Z95)
+    return r
+
+
+def test_the_kept_round_passes_the_budget_test_for_the_number_of_rounds_it_was_chosen_from() -> None:
+    from agents.planning.selection import kept_round, selection_z
+
+    assert selection_z(1) == pytest.approx(1.0)
+    assert selection_z(4) == pytest.approx(1.75, abs=0.01) and selection_z(6) == pytest.approx(1.94, abs=0.01)
+    # ResNet-56's run: round 2 passed alone (0.54 + 0.37 <= 1) and lost 1.74 points on unseen images; round 1 holds
+    rounds = [
+        _scored(0, 0.28, 0.21, 800),
+        _scored(1, 0.43, 0.29, 720),
+        _scored(2, 0.54, 0.37, 680),
+        _scored(3, 1.77, 0.42, 630, ok=False),
+    ]
+    assert best_round(rounds, "accuracy")["round"] == 2
+    kept, why = kept_round(rounds, "accuracy", 1.0)
+    assert kept is not None and kept["round"] == 1
+    assert "round 2 passed the budget test alone" in why and "best of 4 rounds" in why
+    assert kept_round(rounds[:1], "accuracy", 1.0) == (rounds[0], "")  # one round: the test alone
+    # none passes the stricter test: the within-budget round with the smallest drop + one standard error
+    loose = [_scored(0, 0.60, 0.35, 800), _scored(1, 0.55, 0.40, 700), _scored(2, 2.0, 0.4, 600, ok=False)]
+    kept, why = kept_round(loose, "accuracy", 1.0)
+    assert kept is not None and kept["round"] == 0 and "round 0 is kept" in why
+    assert kept_round([_scored(0, 2.0, 0.4, 600, ok=False)], "accuracy", 1.0) == (None, "")

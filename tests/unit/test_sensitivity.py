@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agents.planning.base import PlanningContext, RoundRecord
-from agents.planning.rules import RulesPlanner, allocate, unit_damage
+from agents.planning.damage import DamageModel
+from agents.planning.rules import RulesPlanner, allocate
 from tests.unit.test_pruning import vit
 from tools.compression.pruning import prunable_layers
 from tools.compression.sensitivity import measure_sensitivity
@@ -81,7 +82,7 @@ def test_allocation_takes_cheap_savings_first_and_respects_the_budget() -> None:
     assert spent <= 0.005 + 1e-9
     wide, _ = allocate(sens, total_params=3000, total_macs=1, damage_budget=0.1, max_ratio=0.6)
     assert max(wide.values()) <= 0.6 and "^costly.fc1$" in wide
-    damage = unit_damage(sens.units[1])
+    damage = DamageModel.fit(sens).curve(sens.units[1])  # no KL measured: costs are the flip shares themselves
     assert [r for r, _ in damage] == [0.3, 0.6, 0.9]
     assert [round(d, 6) for _, d in damage] == [0.05, 0.2, 0.5]
 
@@ -163,4 +164,6 @@ def test_calibration_evaluation_and_holdout_are_disjoint() -> None:
     assert sum(len(s) for s in sets.values()) == len(set().union(*sets.values()))
     small = split_indices(40, {"calibration": 30, "evaluation": 50}, seed=3)
     assert len(small["calibration"]) == 20 and len(small["evaluation"]) == 20  # evaluation keeps half
+    scarce = split_indices(500, {"calibration": 256, "evaluation": 2000}, seed=3)
+    assert len(scarce["calibration"]) == 125 and len(scarce["evaluation"]) == 375  # evaluation decides: it keeps 3/4
     assert split_indices(100, {"calibration": 30, "evaluation": 50}, seed=3)["evaluation"] == parts["evaluation"]
