@@ -59,15 +59,15 @@ if command -v qemu-x86_64 >/dev/null; then  # the no-VNNI builds' accuracy where
         "$OUT/resnet-nv" --data "$HALVES/b" 2>/dev/null | tee "$OUT/unseen_half-no-vnni-emulated.txt"
 fi
 
-# A dense plain-PyTorch model: CIFAR ResNet-20 from a factory and a checkpoint, 5 rounds.
+# The plain-PyTorch CIFAR ResNets from a factory and a checkpoint, 3 rounds (issue 20's setting).
 run resnet20 --model tools.zoo.cifar_resnet:resnet20 --weights "$SHARED/models/cifar10-resnet20.th" \
     --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck --image-size 32 \
-    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 5
+    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
 python benchmarks/unseen_half.py "$OUT/resnet20" --data "$HALVES/b" --rounds \
     --json "$OUT/unseen_half-resnet20.json" | tee "$OUT/unseen_half-resnet20.txt"
 run resnet56 --model tools.zoo.cifar_resnet:resnet56 --weights "$SHARED/models/cifar10-resnet56.th" \
     --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck --image-size 32 \
-    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 5
+    --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3
 python benchmarks/runtimes_vs_original.py "$OUT/resnet20" "$OUT/resnet56" --data "$HALVES/b" \
     --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
     --json "$OUT/runtimes_vs_original-resnets.json" | tee "$OUT/runtimes_vs_original-resnets.txt"

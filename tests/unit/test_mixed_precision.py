@@ -224,6 +224,17 @@ def test_the_budget_keeps_what_the_originals_int8_loses() -> None:
     barely = [_row("openvino", "fp32", 0.0, True, latency_s=0.00105), rows[1]]  # int8 5 % faster than float
     split = split_budget(DeployChoice(chosen="onnxruntime-static", why="", candidates=barely), 1.0)
     assert split.int8_reserve_points == 0.0 and "not worth pruning room" in split.why
+    as_fast = [  # another int8 within 10 % of the fastest loses nothing: nothing is kept back
+        _row("torch", "fp32", 0.0, True, latency_s=0.004),
+        _row("openvino-int8", "int8 static (NNCF)", 0.36, True, latency_s=0.0034),
+        _row("onnxruntime-static", "int8 static (QDQ)", -0.25, True, latency_s=0.0036),
+    ]
+    split = split_budget(DeployChoice(chosen="openvino-int8", why="", candidates=as_fast), 1.0)
+    assert split.int8_reserve_points == 0.0 and split.measured_with == "onnxruntime-static"
+    assert "least damaging int8" in split.why
+    slower = [*as_fast[:2], _row("onnxruntime-static", "int8 static (QDQ)", -0.25, True, latency_s=0.0039)]
+    split = split_budget(DeployChoice(chosen="openvino-int8", why="", candidates=slower), 1.0)
+    assert split.int8_reserve_points == 0.36, "an int8 more than 10 % slower does not set the reserve"
 
 
 def test_the_rules_plan_keeps_dominant_blocks_float() -> None:
