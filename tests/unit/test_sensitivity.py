@@ -137,7 +137,7 @@ def test_rules_planner_allocates_and_searches_the_damage_budget() -> None:
 
 @pytest.mark.parametrize(
     ("used_points", "growth"),
-    [(None, 2), (0.9, 1.25), (0.7, 1.4286), (0.45, 2), (0.3, 3), (0.2, 5), (0.05, 8)],
+    [(None, 2), (0.9, 1.25), (0.7, 1.4286), (0.45, 2), (0.3, 3), (0.2, 4), (0.05, 4), (0.0, 4)],
 )
 def test_a_budget_that_held_grows_by_the_headroom_its_round_left(used_points: float | None, growth: float) -> None:
     planner = RulesPlanner()
