@@ -46,10 +46,10 @@ __all__ = ["SEARCH_KEYS", "RulesPlanner", "allocate", "exact_pattern"]
 SEARCH_KEYS: tuple[str, ...] = ("damage_budget", "level")
 
 #: Ratios the allocation may choose (those above the run's highest ratio are left out).
+ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: The least and the most a damage budget that held is grown by (see ``RulesPlanner._growth``).
 MIN_GROWTH = 1.25
 MAX_GROWTH = 4
-ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 TRANSFORMER_FAMILIES = {"vit", "deit", "swin", "transformer"}
 
