@@ -40,6 +40,7 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
         batch_size=ctx.batch_size,
         device=ctx.device,
         progress=ctx.progress,
+        stop_beyond_points=ctx.max_accuracy_drop,  # sequential: a candidate clearly over the budget stops early
     )
 
 

@@ -128,7 +128,12 @@ class _ModelBench:
             "profile_summary": report.profile,  # its MACs decide an automatic evaluation size
         }
         self.eval_spec = eval_spec(data, self.run_ctx).model_copy(
-            update={"batch_size": self.ctx.batch_size, "device": self.ctx.device, "progress": self.ctx.progress}
+            update={
+                "batch_size": self.ctx.batch_size,
+                "device": self.ctx.device,
+                "progress": self.ctx.progress,
+                "stop_beyond_points": None,  # a benchmark measures every method on every image
+            }
         )
         if report.baseline is None or report.pruned is None:
             raise RunError(f"the agent's run in {self.run_dir} has no original or pruned model to compare")

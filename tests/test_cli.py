@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,12 @@ def test_run_writes_report_and_prints_summary(
         "--no-progress",
     ]
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    printed = capsys.readouterr()
+    out = printed.out
     assert "baseline" in out and "quantized" in out
+    # every evaluation stage says how many images it judged and at what rate
+    assert re.search(r"done evaluate_baseline .* original, 30 images, \d+ img/s", printed.err)
+    assert re.search(r"done evaluate_model .* round 0: accuracy .*, 30 images, \d+ img/s", printed.err)
     report = json.loads((run_dir / "report.json").read_text())
     assert len(report["rounds"]) == 2
     settings = json.loads((run_dir / "settings.json").read_text())

@@ -30,11 +30,7 @@ from tools.artifacts.io import (
 )
 from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.config import QuantizationConfig
-from tools.models.base import (
-    example_input,
-    logits_of,
-    resolve_device,
-)
+from tools.models.base import example_input, logits_of, resolve_device
 from tools.models.input_shape import ImageHints, resolve_loaded_shape
 from tools.models.sources import acquire_model
 from tools.run_data import (
@@ -63,7 +59,7 @@ from tools.store.files import atomic_write_json, read_json
 if TYPE_CHECKING:
     from tools.compression.distill import DistillConfig
     from tools.deploy.accuracy import AccuracyControl
-    from tools.evaluation.paired import ImagePredictions, PartAccuracy
+    from tools.evaluation.paired import ImagePredictions, PartAccuracy, StopRule
 
 logger = logging.getLogger(__name__)
 
@@ -487,9 +483,11 @@ def predictions_on(
     part: str = "evaluation",
     desc: str = "evaluate",
     model: Callable[[torch.Tensor], Any] | None = None,
+    stop: StopRule | None = None,
 ) -> ImagePredictions | None:
     """Per-image top-1 predictions of an artifact on a part of the data, kept beside it (``paired.predictions_for``);
-    None without a dataset, or for an untrained model. ``model``: the artifact already loaded on its device."""
+    None without a dataset, or for an untrained model. ``model``: the artifact already loaded on its device; ``stop``:
+    sequential evaluation's rule (``paired.stop_when_over``)."""
     from tools.evaluation.paired import predictions_for
 
     if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
@@ -498,7 +496,9 @@ def predictions_on(
     device = str(resolve_device("cpu" if quantized else spec.device))
     load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
     data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
-    return predictions_for(artifact_dir, part, data, spec.model_dump(), preprocess, load, device=device, desc=desc)
+    return predictions_for(
+        artifact_dir, part, data, spec.model_dump(), preprocess, load, device=device, desc=desc, stop=stop
+    )
 
 
 def evaluate_accuracy_on(
@@ -511,12 +511,15 @@ def evaluate_accuracy_on(
     model: Callable[[torch.Tensor], Any] | None = None,
 ) -> PartAccuracy | None:
     """An artifact's accuracy on a part of the data, paired with the original's on the same images (not for the
-    original itself); None without a dataset or for an untrained model. An empty part raises ``DatasetError``."""
-    from tools.evaluation.paired import PartAccuracy, pair
+    original itself); None without a dataset or for an untrained model. An empty part raises ``DatasetError``.
+    On the evaluation part, with ``spec.stop_beyond_points``, a candidate clearly over it sees the first images only."""
+    from tools.evaluation.paired import PartAccuracy, pair, stop_when_over
 
-    candidate = predictions_on(artifact_dir, original_dir, shape, spec, part, desc or part, model)
     itself = artifact_dir.resolve() == original_dir.resolve()
-    reference = candidate if itself else predictions_on(original_dir, original_dir, shape, spec, part, "original")
+    reference = None if itself else predictions_on(original_dir, original_dir, shape, spec, part, "original")
+    stop = stop_when_over(reference, spec.stop_beyond_points if part == "evaluation" else None)
+    candidate = predictions_on(artifact_dir, original_dir, shape, spec, part, desc or part, model, stop)
+    reference = candidate if itself else reference
     if candidate is None or reference is None:
         return None
     return PartAccuracy.of(part, candidate, reference, None if itself else pair(reference, candidate))

@@ -75,6 +75,11 @@ class EvalSpec(BaseModel):
     batch_size: int = 32
     device: str = "cpu"
     progress: bool = True
+    stop_beyond_points: float | None = Field(
+        default=None,
+        description="Sequential evaluation: stop a candidate's evaluation at a look once it clearly loses more than "
+        "this many points (the accuracy budget); None: every candidate sees every image.",
+    )
 
     def sizes(self) -> dict[str, int]:
         """Rows of each part besides evaluation (see ``tools.evaluation.datasets.split_indices``)."""

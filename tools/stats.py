@@ -18,12 +18,15 @@ from tools.schemas import PairedAccuracy
 
 __all__ = [
     "ASSUMED_CHANGE_RATE",
+    "SEQUENTIAL_Z",
     "Z95",
     "budget_drop_points",
+    "clearly_over_budget",
     "images_needed",
     "paired_accuracy",
     "resolution_note",
     "resolution_points",
+    "sequential_looks",
     "standard_error_points",
     "within_budget",
 ]
@@ -36,6 +39,14 @@ _FULL_RANGE = 100.0
 #: candidate is measured, to size the evaluation: 5 % is what the pruned rounds of the shared CIFAR models measured
 #: around a 1-point budget (agreement 93-96 %, correctness changed on 4-6 % of the images).
 ASSUMED_CHANGE_RATE = 0.05
+#: Sequential evaluation: a candidate is looked at after these shares of the evaluation images (each look at least
+#: ``SEQUENTIAL_MIN_IMAGES``), and its evaluation stops there when even the optimistic end of a ``SEQUENTIAL_Z``
+#: standard-error interval loses more than the budget (:func:`clearly_over_budget`). Three looks at 3 standard
+#: errors stop a candidate whose true drop is within the budget with probability below 0.4 %, so the test at the
+#: end, on every image, decides every candidate that could pass it.
+SEQUENTIAL_LOOKS = (0.125, 0.25, 0.5)
+SEQUENTIAL_MIN_IMAGES = 100
+SEQUENTIAL_Z = 3.0
 
 
 def resolution_points(images: int, change_rate: float = ASSUMED_CHANGE_RATE) -> float:
@@ -62,6 +73,19 @@ def resolution_note(images: int, budget_points: float) -> str | None:
         "test, drop + one standard error, only on that many), so pruned and int8 candidates will mostly be refused: "
         "give more images or raise --max-accuracy-drop"
     )
+
+
+def sequential_looks(total: int) -> list[int]:
+    """The image counts after which a candidate's evaluation on ``total`` images may stop (none for small parts)."""
+    return sorted({int(total * share) for share in SEQUENTIAL_LOOKS if int(total * share) >= SEQUENTIAL_MIN_IMAGES})
+
+
+def clearly_over_budget(paired: PairedAccuracy, budget_points: float, z: float = SEQUENTIAL_Z) -> bool:
+    """True when the candidate loses more than ``budget_points`` even at the optimistic end of its ``z``-standard-
+    error interval: more images would not bring it within the budget (sequential evaluation's stop)."""
+    if paired.samples < 2:
+        return False
+    return paired.delta_points + z * standard_error_points(paired) < -budget_points
 
 
 def paired_accuracy(

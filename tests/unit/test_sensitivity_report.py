@@ -46,7 +46,7 @@ def sensitivity(with_accuracy: bool = True) -> SensitivityProfile:
             params=4000,
             points=[_point(0.25, 1000, 0.91, 0.08, drop(6.25)), _point(0.5, 1000, 0.80, 0.2, drop(12.5))],
         ),
-        SensitivityUnit(  # 0.01 / 1000; nothing pruned at 0.25 (2 heads)
+        SensitivityUnit(  # 0.01 / 1000; 0.25 of 2 heads rounds to 1 head: measured at 0.5
             pattern=HEAD1,
             pruning_type="head",
             modules=["vit.layers.1.attention"],
@@ -101,7 +101,9 @@ def test_ranking_is_kl_per_parameter_saved_at_the_middle_ratio() -> None:
     sens = sensitivity()
     assert middle_ratio(sens) == 0.5
     assert [u.pattern for u in ranked_units(sens)] == [FC1, HEAD1, ODD, HEAD0]
-    assert point_at(sens.units[1], 0.25) is None and point_at(sens.units[1], 0.5) is not None
+    # the point measured for a requested ratio is at what rounding leaves of it (1 of 2 heads for 25 %)
+    assert point_at(sens.units[1], 0.25) is point_at(sens.units[1], 0.5) is sens.units[1].points[0]
+    assert point_at(sens.units[1], 0.1) is None, "0.1 of 2 heads removes none: nothing measured"
     # a unit that removed nothing at the middle ratio is ranked by its nearest measured ratio
     lone = SensitivityUnit(
         pattern="^late$", pruning_type="structured", modules=["late"], size=2, points=[_point(0.75, 10, 0.5, 9.0)]
@@ -127,7 +129,7 @@ def test_markdown_table_rows_in_rank_order_with_values() -> None:
     assert fc1[3] == "5.0% / 99.8% / 0.0010 / +0.00"
     assert fc1[4] == "10.0% / 99.6% / 0.0040 / +0.25"
     assert fc1[5].rstrip(" |") == "15.0% / 95.0% / 0.0500 / -1.50"
-    assert rows[1].split(" | ")[3] == "-"  # HEAD1 removed nothing at 25 %
+    assert rows[1].split(" | ")[3] == "(at 50%) 5.0% / 99.0% / 0.0100 / -0.50"  # 25 % of 2 heads is 1 head
     assert "trace failed <here>" in text
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -73,7 +73,7 @@ def iter_logits(
     device: str | torch.device = "cpu",
     progress: bool = True,
     desc: str = "predict",
-) -> Iterator[torch.Tensor]:
+) -> Generator[torch.Tensor, None, None]:
     """Logits (on CPU, float) of ``images`` in batches of ``batch_size``, under ``torch.inference_mode``.
 
     The model must already be on ``device``; the preprocessed batches are moved there.

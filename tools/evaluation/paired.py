@@ -13,13 +13,17 @@ and lost.
 that says which model and which images they are; :func:`load_predictions` / :func:`save_predictions`
 keep them next to the artifact (``<artifact_dir>.predictions.<part>.json``), so that the original is
 run once per part and every candidate is paired with it.
+
+Sequential evaluation: :func:`stop_when_over` gives the rule that ends a candidate's evaluation at a look
+(:func:`tools.stats.sequential_looks`) once it is clearly over the accuracy budget; such predictions cover the
+first images only (``stopped_early``) and are paired with the original's on those same images.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ from tools.evaluation.accuracy import iter_logits
 from tools.evaluation.datasets import EvalDataset
 from tools.evaluation.labels import LabelMatch
 from tools.schemas import PairedAccuracy
-from tools.stats import Z95, paired_accuracy, standard_error_points
+from tools.stats import Z95, clearly_over_budget, paired_accuracy, sequential_looks, standard_error_points
 from tools.store.files import META_FILE, atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ __all__ = [
     "Z95",
     "ImagePredictions",
     "PartAccuracy",
+    "StopRule",
     "load_predictions",
     "pair",
     "paired_accuracy",
@@ -47,7 +52,11 @@ __all__ = [
     "predictions_path",
     "save_predictions",
     "standard_error_points",
+    "stop_when_over",
 ]
+
+#: A sequential evaluation's stopping rule: given the predictions and correctness so far, whether to stop.
+StopRule = Callable[[list[int], list[int]], bool]
 
 
 class PartAccuracy(BaseModel):
@@ -90,6 +99,10 @@ class ImagePredictions(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)
     predictions: list[int]
     correct: list[int]
+    stopped_early: bool = Field(
+        default=False,
+        description="Evaluation stopped at a look, clearly over the accuracy budget: the first images only.",
+    )
 
     @field_validator("key", "spec")
     @classmethod
@@ -114,7 +127,22 @@ def pair(reference: ImagePredictions, candidate: ImagePredictions) -> PairedAccu
     """:func:`paired_accuracy` of two models' predictions on the same images (refused otherwise)."""
     if reference.images_key() != candidate.images_key():
         raise ValueError("the two models were evaluated on different images: they cannot be paired")
-    return paired_accuracy(reference.correct, candidate.correct, reference.predictions, candidate.predictions)
+    n = candidate.samples if candidate.stopped_early else reference.samples  # a stopped one: its first images
+    return paired_accuracy(reference.correct[:n], candidate.correct, reference.predictions[:n], candidate.predictions)
+
+
+def stop_when_over(reference: ImagePredictions | None, budget_points: float | None) -> StopRule | None:
+    """The rule that stops a candidate's evaluation once it is clearly over ``budget_points`` against ``reference``
+    (the original's predictions on the same images; :func:`tools.stats.clearly_over_budget`); None without either."""
+    if reference is None or budget_points is None:
+        return None
+
+    def over(predictions: list[int], correct: list[int]) -> bool:
+        n = len(correct)
+        paired = paired_accuracy(reference.correct[:n], correct, reference.predictions[:n], predictions)
+        return clearly_over_budget(paired, budget_points)
+
+    return over
 
 
 def predict_part(
@@ -127,21 +155,32 @@ def predict_part(
     device: str = "cpu",
     progress: bool = True,
     desc: str = "evaluate",
+    stop: StopRule | None = None,
 ) -> tuple[list[int], list[int]]:
     """Top-1 predictions and their correctness for the images of matched classes, in dataset order.
 
     The same rule as :func:`tools.evaluation.accuracy.evaluate_accuracy`: the argmax over all model
-    classes, correct when it is the model class the image's dataset class was matched to.
+    classes, correct when it is the model class the image's dataset class was matched to. ``stop`` is asked at
+    each look of :func:`tools.stats.sequential_looks` (the first batch end past it); True ends the evaluation there.
     """
     keep = [i for i, label in enumerate(dataset.labels) if label in match.mapping]
     images = [dataset.images[i] for i in keep]
     targets = [match.mapping[dataset.labels[i]] for i in keep]
+    looks: Sequence[int] = sequential_looks(len(images)) if stop is not None else ()
     predictions: list[int] = []
-    for logits in iter_logits(
-        model, preprocess, images, batch_size=batch_size, device=device, progress=progress, desc=desc
-    ):
+    correct: list[int] = []
+    batches = iter_logits(model, preprocess, images, batch_size=batch_size, device=device, progress=progress, desc=desc)
+    for logits in batches:
+        seen = len(predictions)
         predictions.extend(int(p) for p in logits.argmax(dim=-1))
-    correct = [int(match.counts_as(p) == t) for p, t in zip(predictions, targets, strict=True)]
+        correct.extend(
+            int(match.counts_as(p) == t)
+            for p, t in zip(predictions[seen:], targets[seen : len(predictions)], strict=True)
+        )
+        if stop is not None and any(seen < look <= len(predictions) for look in looks) and stop(predictions, correct):
+            batches.close()
+            logger.info("%s: clearly over the accuracy budget after %d of %d images", desc, len(correct), len(images))
+            break
     if correct:
         logger.info("%s: accuracy %.4f on %d samples", desc, sum(correct) / len(correct), len(correct))
     return predictions, correct
@@ -181,9 +220,12 @@ def predictions_for(
     *,
     device: str = "cpu",
     desc: str = "evaluate",
+    stop: StopRule | None = None,
 ) -> ImagePredictions:
     """An artifact's predictions on ``data`` (the rows of ``part``), from its predictions file when that was
     written for the same artifact files, rows and label mapping; else run (``load()`` gives the model) and saved.
+    ``stop``: sequential evaluation's rule (:func:`stop_when_over`); predictions it stopped are reused only by a
+    caller that also evaluates sequentially.
 
     ``spec``: the ``EvalSpec`` fields (``dataset``, ``label_match``, what chose the rows, ``batch_size``,
     ``progress``); those that choose the images are kept with the predictions.
@@ -192,15 +234,16 @@ def predictions_for(
     key = prediction_key(artifact_dir, str(spec.get("dataset")), part, data, mapping)
     path = predictions_path(artifact_dir, part)
     cached = load_predictions(path, key)
-    if cached is not None:
+    if cached is not None and (stop is not None or not cached.stopped_early):
         return cached
     match = LabelMatch.model_validate(spec.get("label_match"))
     batch_size, progress = int(spec.get("batch_size", 32)), bool(spec.get("progress", False))
     preds, correct = predict_part(
-        load(), preprocess, data, match, batch_size=batch_size, device=device, progress=progress, desc=desc
+        load(), preprocess, data, match, batch_size=batch_size, device=device, progress=progress, desc=desc, stop=stop
     )
+    stopped = len(preds) < sum(1 for label in data.labels if label in match.mapping)
     shown = {k: v for k, v in spec.items() if k not in ("label_match", "batch_size", "device", "progress")}
-    result = ImagePredictions(key=key, spec=shown, predictions=preds, correct=correct)
+    result = ImagePredictions(key=key, spec=shown, predictions=preds, correct=correct, stopped_early=stopped)
     save_predictions(path, result)
     return result
 

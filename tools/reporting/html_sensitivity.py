@@ -44,7 +44,10 @@ def _cells(point: SensitivityPoint | None, total: float | None, accuracy: bool) 
     cells = [_saved(point, total), f"{100 * point.agreement:.1f}%", kl_text(point.kl)]
     if accuracy:
         cells.append(delta_html(point.accuracy_drop_points))
-    latency = f"saves {1000 * point.latency_saved_s:.3f} ms, {point.macs_saved:,} MACs (profiled)"
+    latency = (
+        f"{ratio_label(round(point.ratio, 3))} pruned (what rounding leaves of the ratio): "
+        f"saves {1000 * point.latency_saved_s:.3f} ms, {point.macs_saved:,} MACs (profiled)"
+    )
     return [f'<td class="num" title="{esc(latency)}">{c}</td>' for c in cells]
 
 

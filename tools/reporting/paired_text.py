@@ -83,3 +83,18 @@ def holdout_text(report: RunReport) -> str | None:
 
 def _signed(points: float) -> str:
     return f"{round(points, 2) + 0.0:+.2f}"
+
+
+def stopped_text(rows: list[tuple[str, PairedAccuracy | dict[str, Any] | None]], images: int) -> str | None:
+    """One line naming the candidates sequential evaluation stopped (fewer than ``images`` paired), None if none."""
+    stopped = [
+        f"{name} after {p.samples:,}"
+        for name, raw in rows
+        if raw is not None and (p := PairedAccuracy.model_validate(raw)).samples < images
+    ]
+    if not stopped or images <= 0:
+        return None
+    return (
+        f"Stopped early (sequential evaluation): {', '.join(stopped)} of {images:,} images, clearly over the "
+        "accuracy budget (even the optimistic end of a 3-standard-error interval lost more)."
+    )

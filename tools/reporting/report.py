@@ -25,7 +25,7 @@ from tools.reporting.format import (
 )
 from tools.reporting.html_parts import shape_text
 from tools.reporting.int8_view import markdown_lines as int8_lines
-from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text
+from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text, stopped_text
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
 from tools.schemas import Int8Sensitivity, PairedAccuracy, RunReport, SensitivityProfile
 
@@ -209,7 +209,10 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
                 f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | "
                 f"{recovery_text(r.prune_report)} | {plan} |"
             )
-    lines += _deployment_lines(report.deployment)
+    full = report.baseline.samples if report.baseline else 0
+    stopped = stopped_text([(f"round {r.round}", r.metrics.paired) for r in report.rounds], full)
+    lines += ["", stopped] if stopped else []
+    lines += _deployment_lines(report.deployment, full)
     lines += int8_lines(report)
     lines += speedup_lines(report.speedup)
     lines += _planner_decisions(report)
@@ -234,8 +237,9 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
-    """The runtime table: every runtime and precision measured for deployment, and the one chosen."""
+def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0) -> list[str]:
+    """The runtime table: every runtime and precision measured for deployment, and the one chosen; ``images``: the
+    evaluation images a candidate not stopped early is judged on."""
     if not deployment:
         return []
     lines = [
@@ -262,6 +266,8 @@ def _deployment_lines(deployment: dict[str, Any] | None) -> list[str]:
             f"{throughput} | {memory} | {accuracy_pct(c.get('accuracy'))} | "
             f"{change_ci(c.get('accuracy_drop_points'), paired)} | {'yes' if c.get('within_budget') else 'NO'} |"
         )
+    stopped = stopped_text([(candidate_label(c), c.get("paired")) for c in deployment.get("candidates") or []], images)
+    lines += ["", stopped] if stopped else []
     original = deployment.get("original_latency_s")
     if original:
         lines += ["", f"The original FP32 PyTorch model in the same comparison: {millis(original)}."]

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tools.compression.units import reachable_ratio
 from tools.reporting.format import drop_as_change
 from tools.schemas import SensitivityPoint, SensitivityProfile, SensitivityUnit
 
@@ -59,8 +60,13 @@ def middle_ratio(profile: SensitivityProfile) -> float | None:
 
 
 def point_at(unit: SensitivityUnit, ratio: float) -> SensitivityPoint | None:
-    """The unit's point at ``ratio``, or ``None`` when it was not measured there (nothing was pruned)."""
-    return next((p for p in unit.points if abs(p.ratio - ratio) < 1e-9), None)
+    """The unit's point measured for the requested ``ratio``: at the ratio itself, or at what rounding leaves of it
+    (:func:`~tools.compression.units.reachable_ratio`: whole heads, channel counts rounded), the point's own ratio
+    saying which; ``None`` when nothing was pruned there."""
+    reached = reachable_ratio(unit, ratio)
+    return next((p for p in unit.points if abs(p.ratio - ratio) < 1e-9), None) or next(
+        (p for p in unit.points if abs(p.ratio - reached) < 1e-4), None
+    )
 
 
 def _nearest(unit: SensitivityUnit, ratio: float | None) -> SensitivityPoint | None:
@@ -107,13 +113,14 @@ def _share(saved: int, total_params: int | None) -> str:
     return f"{saved:,}"
 
 
-def _cell(point: SensitivityPoint | None, total_params: int | None, accuracy: bool) -> str:
+def _cell(point: SensitivityPoint | None, ratio: float, total_params: int | None, accuracy: bool) -> str:
     if point is None:
         return "-"
     parts = [_share(point.params_saved, total_params), f"{100 * point.agreement:.1f}%", kl_text(point.kl)]
     if accuracy:
         parts.append(drop_as_change(point.accuracy_drop_points))
-    return " / ".join(parts)
+    reached = "" if abs(point.ratio - ratio) < 1e-4 else f"(at {ratio_label(round(point.ratio, 3))}) "
+    return reached + " / ".join(parts)
 
 
 def markdown_lines(profile: SensitivityProfile, total_params: int | None = None) -> list[str]:
@@ -139,7 +146,7 @@ def markdown_lines(profile: SensitivityProfile, total_params: int | None = None)
         "|---|---|---|" + "---|" * len(ratios),
     ]
     for unit in ranked_units(profile):
-        cells = [_cell(point_at(unit, r), total_params, accuracy) for r in ratios]
+        cells = [_cell(point_at(unit, r), r, total_params, accuracy) for r in ratios]
         pattern = unit.pattern.replace("|", "\\|")
         lines.append(f"| `{pattern}` | {unit.pruning_type} | {unit.size} | " + " | ".join(cells) + " |")
     if profile.skipped:
