@@ -5,6 +5,8 @@ Each takes the :class:`~tools.schemas.RunReport` and returns its ``<section>``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tools.deploy.choice import is_chosen
 from tools.deploy.choice import label as candidate_label
 from tools.reporting.format import recovery_text
@@ -20,7 +22,7 @@ from tools.reporting.html_parts import (
     short,
     table,
 )
-from tools.reporting.paired_text import agreement, delta_ci_html
+from tools.reporting.paired_text import agreement, delta_ci_html, stopped_text
 from tools.schemas import PairedAccuracy, PruningRecommendation, QuantizationRecommendation, RoundResult, RunReport
 
 
@@ -119,7 +121,14 @@ def rounds(report: RunReport) -> str:
         '<p class="muted small">Every round prunes an intact copy of the original. Round latencies are measured as '
         "each round is evaluated.</p>"
     )
-    return section("rounds", "Pruning rounds", table(headers, rows) + note)
+    stopped = _stopped(report, [(f"round {r.round}", r.metrics.paired) for r in report.rounds])
+    return section("rounds", "Pruning rounds", table(headers, rows) + note + stopped)
+
+
+def _stopped(report: RunReport, rows: list[tuple[str, Any]]) -> str:
+    """The paragraph naming the candidates sequential evaluation stopped early (empty when none was)."""
+    text = stopped_text(rows, report.baseline.samples if report.baseline else 0)
+    return f'<p class="muted small">{esc(text)}</p>' if text else ""
 
 
 def planner(report: RunReport) -> str:
@@ -214,6 +223,7 @@ def deployment(report: RunReport) -> str:
         if original
         else ""
     )
+    note += _stopped(report, [(candidate_label(c), c.get("paired")) for c in choice.get("candidates") or []])
     return section(
         "deployment", "Deployment: runtimes measured side by side", why + table(headers, rows) + note + _speedup(report)
     )
