@@ -93,8 +93,10 @@ def test_a_candidate_clearly_over_the_budget_stops_at_the_first_look(
     assert not near.stopped_early and near.samples == IMAGES
     assert paired.pair(reference, near).delta_points == pytest.approx(-1.0)
 
-    # stopped predictions are reused by a sequential caller only: a full evaluation runs every image again
+    # stopped predictions are reused by a rule that stops them too; a full evaluation runs every image again
     assert _predictions(tmp_path, "broken", 5, paired.stop_when_over(reference, 1.0)).samples == 100
+    # a looser budget (25 points) would not have stopped it: evaluated to the end
+    assert _predictions(tmp_path, "broken", 5, paired.stop_when_over(reference, 25.0)).samples == IMAGES
     full = _predictions(tmp_path, "broken", 5, None)
     assert not full.stopped_early and full.samples == IMAGES
     assert paired.stop_when_over(reference, None) is None and paired.stop_when_over(None, 1.0) is None

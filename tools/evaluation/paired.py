@@ -225,7 +225,7 @@ def predictions_for(
     """An artifact's predictions on ``data`` (the rows of ``part``), from its predictions file when that was
     written for the same artifact files, rows and label mapping; else run (``load()`` gives the model) and saved.
     ``stop``: sequential evaluation's rule (:func:`stop_when_over`); predictions it stopped are reused only by a
-    caller that also evaluates sequentially.
+    caller whose rule stops them too.
 
     ``spec``: the ``EvalSpec`` fields (``dataset``, ``label_match``, what chose the rows, ``batch_size``,
     ``progress``); those that choose the images are kept with the predictions.
@@ -234,8 +234,10 @@ def predictions_for(
     key = prediction_key(artifact_dir, str(spec.get("dataset")), part, data, mapping)
     path = predictions_path(artifact_dir, part)
     cached = load_predictions(path, key)
-    if cached is not None and (stop is not None or not cached.stopped_early):
-        return cached
+    if cached is not None and (
+        not cached.stopped_early or (stop is not None and stop(cached.predictions, cached.correct))
+    ):
+        return cached  # stopped predictions serve only a rule that stops them too (the same budget or a tighter one)
     match = LabelMatch.model_validate(spec.get("label_match"))
     batch_size, progress = int(spec.get("batch_size", 32)), bool(spec.get("progress", False))
     preds, correct = predict_part(
