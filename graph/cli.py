@@ -313,7 +313,7 @@ class _Progress:
             extra += "" if r["within_budget"] else "  (over budget)"
         elif node == "evaluate_baseline" and update.get("baseline"):
             extra = "  original" + _rate(update["baseline"], seconds)
-        print(f"  done {node:<20} {now - self.last:6.1f}s{extra}", file=sys.stderr, flush=True)
+        print(f"  done {node:<20} {seconds:6.1f}s{extra}", file=sys.stderr, flush=True)
         self.last = now
 
 

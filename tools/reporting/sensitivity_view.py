@@ -63,10 +63,8 @@ def point_at(unit: SensitivityUnit, ratio: float) -> SensitivityPoint | None:
     """The unit's point measured for the requested ``ratio``: at the ratio itself, or at what rounding leaves of it
     (:func:`~tools.compression.units.reachable_ratio`: whole heads, channel counts rounded), the point's own ratio
     saying which; ``None`` when nothing was pruned there."""
-    reached = reachable_ratio(unit, ratio)
-    return next((p for p in unit.points if abs(p.ratio - ratio) < 1e-9), None) or next(
-        (p for p in unit.points if abs(p.ratio - reached) < 1e-4), None
-    )
+    wanted = (ratio, reachable_ratio(unit, ratio))
+    return next((p for p in unit.points if any(abs(p.ratio - r) < 1e-4 for r in wanted)), None)
 
 
 def _nearest(unit: SensitivityUnit, ratio: float | None) -> SensitivityPoint | None:
