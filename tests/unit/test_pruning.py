@@ -255,10 +255,14 @@ def test_round_to(x: torch.Tensor) -> None:
     small = ResidualCNN(hidden=64)
     report = apply_pruning(small, [rec("conv1", 0.99)], x, PruningConfig(round_to=8))
     assert small.conv1.out_channels == 8  # at least round_to channels are kept
-    narrow = ResidualCNN(hidden=16)  # 16 channels: rounded to 2 (an eighth), not 8, so 0.3 is not half
+    two_blocks = ResidualCNN(hidden=16)  # 16 channels: 16 - 5 = 11 rounds to one block of 8 (12 runs as 16)
+    report = apply_pruning(two_blocks, [rec("conv1", 0.3)], x, PruningConfig(round_to=8))
+    check_runs(two_blocks, x, report)
+    assert two_blocks.conv1.out_channels == 8
+    narrow = ResidualCNN(hidden=12)  # narrower than two blocks: steps of an eighth (1), so 0.3 is not everything
     report = apply_pruning(narrow, [rec("conv1", 0.3)], x, PruningConfig(round_to=8))
     check_runs(narrow, x, report)
-    assert narrow.conv1.out_channels == 12  # 16 - 5 = 11, rounded to a multiple of 2
+    assert narrow.conv1.out_channels == 8  # 12 - 4
 
 
 def test_regex_matching_nothing(x: torch.Tensor) -> None:

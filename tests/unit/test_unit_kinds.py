@@ -75,6 +75,12 @@ def _images(n: int = 32, size: int = 32) -> torch.Tensor:
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
 
 
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """Models are built before :func:`_trained_like` runs: seed their random initialisation, whatever ran before."""
+    torch.manual_seed(0)
+
+
 def _trained_like(model: nn.Module) -> nn.Module:
     """Random weights with BatchNorm statistics of real inputs, so the outputs depend on every channel."""
     torch.manual_seed(0)
@@ -189,21 +195,27 @@ def test_a_pruned_padding_shortcut_exports_to_onnx_and_runs_the_same(tmp_path: P
         assert torch.allclose(deployed(x), model(x), atol=1e-4)
 
 
-def test_ratios_are_what_rounding_leaves_and_narrow_layers_keep_fine_steps() -> None:
+def test_ratios_are_what_rounding_leaves_in_whole_channel_blocks_and_only_narrow_layers_keep_fine_steps() -> None:
     from agents.planning.rules import _next_reachable
     from tools.compression.channels import channel_step
     from tools.compression.recipes import PruningConfig
     from tools.compression.units import reachable_ratio, unit_step
     from tools.schemas import SensitivityUnit
 
-    assert (channel_step(16, 8), channel_step(32, 8), channel_step(64, 8), channel_step(512, 8)) == (2, 4, 8, 8)
+    # a CPU kernel computes channels in blocks of 8: 28 of 32 channels runs as 32, so counts stay whole blocks
+    assert (channel_step(16, 8), channel_step(32, 8), channel_step(36, 8), channel_step(512, 8)) == (8, 8, 8, 8)
+    assert (channel_step(12, 8), channel_step(8, 8), channel_step(4, 8)) == (1, 1, 1)  # narrower than two blocks
     assert channel_step(64, 0) == 0
     config = PruningConfig(round_to=8, head_round_to=8)
-    narrow = SensitivityUnit(pattern="^a$", pruning_type="structured", kind="channels", modules=["a"], size=16)
+    unit16 = SensitivityUnit(pattern="^a$", pruning_type="structured", kind="channels", modules=["a"], size=16)
+    unit16.step = unit_step(unit16, config)
+    assert unit16.step == 8
+    assert [reachable_ratio(unit16, r) for r in (0.1, 0.3, 0.9)] == [0.0, 0.5, 0.5]
+    narrow = SensitivityUnit(pattern="^b$", pruning_type="structured", kind="channels", modules=["b"], size=12)
     narrow.step = unit_step(narrow, config)
-    assert narrow.step == 2
-    assert [reachable_ratio(narrow, r) for r in (0.05, 0.1, 0.3, 0.9)] == [0.0, 0.125, 0.25, 0.875]
-    assert _next_reachable(narrow, 0.0, 0.1) == 0.125 and _next_reachable(narrow, 0.125, -0.1) == 0.0
+    assert narrow.step == 1
+    assert [reachable_ratio(narrow, r) for r in (0.02, 0.1, 0.3, 0.9)] == [0.0, 0.0833, 0.3333, 0.9167]
+    assert _next_reachable(narrow, 0.0, 0.1) == 0.0833 and _next_reachable(narrow, 0.3333, -0.1) == 0.25
     heads = SensitivityUnit(pattern="^h$", pruning_type="head", kind="heads", modules=["h"], size=3)
     heads.step = unit_step(heads, config)
     assert [reachable_ratio(heads, r) for r in (0.1, 0.3, 0.9)] == [0.0, 0.3333, 0.6667]  # whole heads, one kept
@@ -221,7 +233,7 @@ def test_the_sensitivity_profile_measures_reachable_ratios_once() -> None:
     units = [
         u for u in prunable_units(prunable_layers(model, images[:1]).model_dump()) if u.modules == ["layer1.0.conv1"]
     ]
-    profile = measure_sensitivity(model, images, units, ratios=(0.1, 0.2, 0.3, 0.9), pruning=PruningConfig(round_to=8))
+    profile = measure_sensitivity(model, images, units, ratios=(0.1, 0.2, 0.3, 0.9), pruning=PruningConfig(round_to=4))
     (unit,) = profile.units
-    assert unit.size == 16 and unit.step == 2
-    assert [p.ratio for p in unit.points] == [0.125, 0.25, 0.875]  # 0.2 and 0.3 remove the same 4 channels
+    assert unit.size == 16 and unit.step == 4
+    assert [p.ratio for p in unit.points] == [0.25, 0.75]  # 0.1 removes nothing; 0.2 and 0.3 the same 4 channels
