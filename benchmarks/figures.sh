@@ -72,6 +72,9 @@ python benchmarks/runtimes_vs_original.py "$OUT/resnet20" "$OUT/resnet56" --data
     --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" \
     --json "$OUT/runtimes_vs_original-resnets.json" | tee "$OUT/runtimes_vs_original-resnets.txt"
 
+# What a pruned convolution's channel count buys (--round-to): one stage of ResNet-56 narrowed to each width.
+python benchmarks/channel_blocks.py --threads 1 | tee "$OUT/channel_blocks.txt"
+
 # ViT-B/16 and ResNet-101 with random weights, nothing pruned: the deployed original vs what each runtime gives
 # (latency and memory; no data, so static int8 is calibrated on 32 synthetic inputs).
 for model in vit-b16 resnet-101; do
