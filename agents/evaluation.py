@@ -10,7 +10,7 @@ from langgraph.runtime import Runtime
 
 from agents.common import paths, pruning_budget, settings, shape_of
 from agents.planning.selection import accuracy_drop_points, within_budget
-from graph.context import Context
+from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
@@ -21,8 +21,21 @@ from tools.store.files import atomic_write_json
 logger = logging.getLogger(__name__)
 
 
+def finetune_samples(state: dict[str, Any], ctx: Context) -> int:
+    """Unlabelled images asked for distillation: the settings', or with automatic steps (``--finetune-steps
+    auto``), 4,096 where the model's MACs allow distillation at all (none before the profile)."""
+    if ctx.finetune_steps != AUTO_STEPS:
+        return ctx.finetune_samples
+    from tools.compression.distill import AUTO_DISTILL_IMAGES, auto_distill_steps
+
+    if not auto_distill_steps((state.get("profile_summary") or {}).get("total_macs")):
+        return 0
+    return ctx.finetune_samples or AUTO_DISTILL_IMAGES[1]
+
+
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
     """The run's data: its disjoint calibration, evaluation, holdout and finetune parts, and how to batch it."""
+    finetune = finetune_samples(state, ctx)
     return ops.EvalSpec(
         dataset=state.get("dataset"),
         split=state.get("dataset_split"),
@@ -30,12 +43,12 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
         samples=ctx.eval_samples
         or ops.auto_eval_samples(
             (state.get("profile_summary") or {}).get("total_macs"),
-            other_parts=ctx.holdout_samples > 0 or ctx.finetune_samples > 0,
+            other_parts=ctx.holdout_samples > 0 or finetune > 0,
             budget_points=ctx.max_accuracy_drop,
         ),
         calibration_samples=ctx.calibration_samples,
         holdout_samples=ctx.holdout_samples,
-        finetune_samples=ctx.finetune_samples,
+        finetune_samples=finetune,
         seed=ctx.seed,
         batch_size=ctx.batch_size,
         device=ctx.device,

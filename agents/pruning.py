@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
 from agents.evaluation import eval_spec
 from agents.planning.base import PlanResult
-from graph.context import Context
+from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
+
+if TYPE_CHECKING:
+    import torch
+
+    from tools.compression.distill import DistillConfig
 
 
 def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -24,12 +29,7 @@ def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     artifact = run.round(index) / "model"
     spec = eval_spec(data, ctx)
     calibration = ops.calibration_batch(run.original, shape_of(data), spec)
-    finetune = finetune_images = None
-    if ctx.finetune_steps > 0:
-        from tools.compression.distill import DistillConfig
-
-        finetune = DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed)
-        finetune_images = ops.finetune_batch(run.original, shape_of(data), spec)
+    finetune, finetune_images, notes = _distillation(data, ctx, spec, index)
     report = ops.prune(
         run.original,
         plan,
@@ -42,7 +42,7 @@ def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         finetune_images=finetune_images,
     )
     skipped = [f"{s['target']} ({s['reason']})" for s in report.get("skipped", [])]
-    notes = [f"round {index}: skipped " + "; ".join(skipped)] if skipped else []
+    notes += [f"round {index}: skipped " + "; ".join(skipped)] if skipped else []
     if report.get("rebuilt"):  # a model left from an earlier plan or settings is never paired with this plan
         notes.append(f"round {index}: {report['rebuilt']}: rebuilt the pruned model for the current plan")
     pending = {
@@ -54,3 +54,47 @@ def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "artifact": str(artifact),
     }
     return {"pending_round": pending, "notes": notes}
+
+
+def _distillation(
+    data: dict[str, Any], ctx: Context, spec: ops.EvalSpec, index: int
+) -> tuple[DistillConfig | None, torch.Tensor | None, list[str]]:
+    """The round's distillation config and images (None, None when it is off), and, in round 0 with automatic
+    steps, a note saying what was decided and why."""
+    from tools.compression.distill import (
+        AUTO_DISTILL_IMAGES,
+        AUTO_DISTILL_SECONDS,
+        AUTO_DISTILL_STEPS,
+        DistillConfig,
+        auto_distill_config,
+    )
+
+    config: DistillConfig | None
+
+    auto = ctx.finetune_steps == AUTO_STEPS
+    if auto:
+        config = auto_distill_config(
+            (data.get("profile_summary") or {}).get("total_macs"), device=ctx.device, seed=ctx.seed
+        )
+    else:
+        config = (
+            DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed) if ctx.finetune_steps else None
+        )
+    images = ops.finetune_batch(paths(data).original, shape_of(data), spec) if config is not None else None
+    available = 0 if images is None else len(images)
+    why = ""
+    if auto and config is None:
+        why = f"its {AUTO_DISTILL_STEPS[0]} steps would take more than {AUTO_DISTILL_SECONDS[1]:.0f} s a round"
+    elif auto and available < AUTO_DISTILL_IMAGES[0]:
+        why = f"{available} unlabelled images are left for it beside evaluation, it needs {AUTO_DISTILL_IMAGES[0]:,}"
+    notes = []
+    if auto and index == 0:
+        notes.append(
+            f"distillation: off ({why}; --finetune-steps N turns it on)"
+            if why
+            else f"distillation: automatic, {config.steps if config else 0} steps after each prune on {available:,} "
+            "unlabelled images"
+        )
+    if config is None or images is None or why:
+        return None, None, notes
+    return config, images, notes

@@ -141,7 +141,7 @@ class _ModelBench:
         agent = {
             "importance": self.run_ctx.importance,
             "recovery": self._recovery_of(report),
-            "finetune_steps": self.run_ctx.finetune_steps,
+            "finetune_steps": _distilled_steps(report),
         }
         named: tuple[tuple[str, Metrics | None, dict[str, Any]], ...] = (
             ("original", report.baseline, {}),
@@ -400,3 +400,12 @@ def run_bench(
     }
     write_bench_outputs(result, out_dir)
     return result
+
+
+def _distilled_steps(report: RunReport) -> int:
+    """Distillation steps the agent's kept round went through (0: none, or no round kept)."""
+    kept = report.pruned.round if report.pruned is not None else None
+    for record in report.rounds:
+        if record.round == kept:
+            return int(((record.prune_report or {}).get("finetune") or {}).get("steps") or 0)
+    return 0

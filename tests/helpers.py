@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -76,3 +76,24 @@ def planning_context(model: nn.Module, size: int, max_accuracy_drop: float = 1.0
         max_accuracy_drop=max_accuracy_drop,
         max_ratio=0.6,
     )
+
+
+def digits_vit_report(run_dir: Path, **settings: Any) -> dict[str, Any]:
+    """A full run of the bundled digits ViT on the digits, unquantized, with a budget every round meets (50 points),
+    and its report.json; ``settings`` add to (or replace) those of the run's Context."""
+    import json
+
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from graph import Context, build_graph
+    from tools.models.builtin import DEMO_MODELS
+
+    if not (DEMO_MODELS["digits-vit"] / "model.safetensors").is_file():
+        raise AssertionError("the demo model is missing: run scripts/train_demo_models.py")
+    base: dict[str, Any] = {"max_accuracy_drop": 50.0, "latency_repeats": 2, "quantize": False, "progress": False}
+    ctx = Context(run_dir=str(run_dir), **{**base, **settings})
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+    graph.invoke({"model": "digits-vit", "dataset": "digits"}, config, context=ctx, durability="sync")
+    report: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
+    return report

@@ -66,6 +66,7 @@ def test_run_writes_report_and_prints_summary(
         (["run", "--model", "./missing-dir", "--dataset", "digits"], "not found"),
         (["run", "--model", "vit-b16", "--iterations", "-1"], "--iterations must be 0 or more"),
         (["run", "--model", "vit-b16", "--eval-samples", "-1"], "--eval-samples must be 0 (automatic) or more"),
+        (["run", "--model", "vit-b16", "--finetune-steps", "-2"], "--finetune-steps must be auto or 0 or more"),
     ],
 )
 def test_bad_input_gives_one_line(

@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.checkpoint.memory import InMemorySaver
 
-from graph import Context, build_graph
 from graph.cli import _summary
+from tests.helpers import digits_vit_report
 from tools.evaluation.paired import predictions_path
-from tools.models.builtin import DEMO_MODELS
 
 #: A budget every round meets, so that the kept model is a pruned one and its holdout figures are paired.
 BUDGET_POINTS = 50.0
@@ -20,26 +18,15 @@ BUDGET_POINTS = 50.0
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if not (DEMO_MODELS["digits-vit"] / "model.safetensors").is_file():
-        pytest.fail("the demo model is missing: run scripts/train_demo_models.py")
-    run_dir = tmp_path_factory.mktemp("holdout") / "run"
-    ctx = Context(
-        run_dir=str(run_dir),
+    return digits_vit_report(
+        tmp_path_factory.mktemp("holdout") / "run",
         iterations=1,
         eval_samples=120,
         calibration_samples=64,
         holdout_samples=150,
         max_accuracy_drop=BUDGET_POINTS,
         batch_size=60,
-        latency_repeats=2,
-        quantize=False,
-        progress=False,
     )
-    graph = build_graph().compile(checkpointer=InMemorySaver())
-    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
-    graph.invoke({"model": "digits-vit", "dataset": "digits"}, config, context=ctx, durability="sync")
-    data: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
-    return data
 
 
 def test_report_states_the_data_split(report: dict[str, Any]) -> None:

@@ -1,0 +1,77 @@
+"""Automatic distillation (``--finetune-steps auto``): steps from the model's MACs, images from what the
+data leaves beside evaluation, and the run's first note saying what was decided."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graph import Context
+from graph.cli import build_parser
+from graph.context import AUTO_STEPS
+from tests.helpers import digits_vit_report
+from tools.compression import distill
+from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_STEPS, auto_distill_steps
+
+
+def test_steps_follow_the_macs_between_the_bounds() -> None:
+    low, high = AUTO_DISTILL_STEPS
+    assert auto_distill_steps(None) == 0 and auto_distill_steps(0) == 0  # no profile: nothing to size it by
+    assert auto_distill_steps(10**6) == high  # a tiny model: the cap
+    assert auto_distill_steps(127_881_866) == low  # CIFAR ResNet-56: the floor (about 490 s), never fewer
+    assert low < auto_distill_steps(20_000_000) < high  # in between: about 150 s
+    assert auto_distill_steps(20_000_000) > auto_distill_steps(30_000_000)  # more MACs, fewer steps
+    assert auto_distill_steps(253_000_000) == 0  # CIFAR ResNet-110: its 300 steps would take over the limit
+    assert auto_distill_steps(319_373_642) == 0  # a 224-px MobileNetV2
+
+
+def test_auto_parses_from_the_command_line_and_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PROFILING_AGENT_FINETUNE_STEPS", raising=False)
+    assert Context().finetune_steps == 0  # off unless asked for
+    args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--finetune-steps", "auto"])
+    assert args.finetune_steps == AUTO_STEPS
+    assert (
+        build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--finetune-steps", "7"]).finetune_steps
+        == 7
+    )
+    monkeypatch.setenv("PROFILING_AGENT_FINETUNE_STEPS", "AUTO")
+    assert Context().finetune_steps == AUTO_STEPS
+    monkeypatch.setenv("PROFILING_AGENT_FINETUNE_STEPS", "0")
+    assert Context().finetune_steps == 0
+
+
+def _run(run_dir: Path, eval_samples: int) -> dict[str, Any]:
+    return digits_vit_report(
+        run_dir,
+        iterations=0,
+        eval_samples=eval_samples,
+        calibration_samples=64,
+        finetune_steps=AUTO_STEPS,
+        batch_size=100,
+    )
+
+
+def test_a_cheap_model_with_images_to_spare_is_distilled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distill, "AUTO_DISTILL_IMAGES", (200, 4096))  # the digits' test split has 540 images
+    monkeypatch.setattr(distill, "AUTO_DISTILL_STEPS", (10, 60))  # a tiny model would take the 1,000-step cap
+    report = _run(tmp_path / "run", eval_samples=200)
+    steps = auto_distill_steps(report["profile"]["total_macs"])
+    assert steps > 0
+    parts = report["baseline"]["data_parts"]
+    assert parts["finetune"] == parts["total"] - 64 - 200 > 0  # every image neither calibration nor evaluation
+    tuned = report["rounds"][0]["prune_report"]["finetune"]
+    assert tuned["steps"] == steps and tuned["samples"] == 64 + parts["finetune"]
+    assert tuned["loss_last"] < tuned["loss_first"]
+    assert f"distillation: automatic, {steps} steps after each prune on {tuned['samples']}" in report["notes"][0]
+
+
+def test_too_few_images_beside_evaluation_turn_it_off_and_say_so(tmp_path: Path) -> None:
+    report = _run(tmp_path / "run", eval_samples=200)
+    assert not (report["rounds"][0]["prune_report"].get("finetune") or {}).get("steps")
+    left = 64 + report["baseline"]["data_parts"]["finetune"]
+    note = f"{left} unlabelled images are left for it beside evaluation, it needs {AUTO_DISTILL_IMAGES[0]:,}"
+    assert any(n.startswith("distillation: off") and note in n for n in report["notes"])
