@@ -108,4 +108,22 @@ if [[ "${DISTILL:-0}" == 1 ]]; then
     python benchmarks/unseen_half.py "$OUT/vit" "$OUT/vit-kd" --data "$HALVES/b" --rounds \
         --json "$OUT/unseen_half-distill.json" | tee "$OUT/unseen_half-distill.txt"
 fi
+
+# Automatic distillation (AUTO_KD=1): the five CIFAR models again with --finetune-steps auto, every round on the
+# unseen half, and the deployed models' speed (README, "distillation sized by the model's cost"). About 1.5 hours.
+if [[ "${AUTO_KD:-0}" == 1 ]]; then
+    run vit-auto --model "$SHARED/models/cifar10-vit-tiny" --iterations 5 --finetune-steps auto
+    run swin-auto --model "$SHARED/models/cifar10-swin-tiny" --iterations 5 --finetune-steps auto
+    run resnet-auto --model "$SHARED/models/cifar10-resnet-tiny" --iterations 5 --finetune-steps auto
+    for depth in 20 56; do
+        run "resnet$depth-auto" --model "tools.zoo.cifar_resnet:resnet$depth" \
+            --weights "$SHARED/models/cifar10-resnet$depth.th" --labels airplane,automobile,bird,cat,deer,dog,frog,horse,ship,truck \
+            --image-size 32 --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 --iterations 3 --finetune-steps auto
+    done
+    python benchmarks/unseen_half.py "$OUT"/{vit,swin,resnet,resnet20,resnet56}-auto --data "$HALVES/b" --rounds \
+        --json "$OUT/unseen_half-auto-kd.json" | tee "$OUT/unseen_half-auto-kd.txt"
+    python benchmarks/runtimes_vs_original.py "$OUT/swin-auto" "$OUT/resnet-auto" --data "$HALVES/b" \
+        --calibration "$HALVES/a" --threads 1 --out "$OUT/runtimes-vs-original" --json "$OUT/runtimes-auto-kd.json" \
+        | tee "$OUT/runtimes-auto-kd.txt"
+fi
 echo "figures: $OUT/*.txt (and .json)"
