@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langgraph.runtime import Runtime
 
@@ -18,19 +18,31 @@ from tools.schemas import Metrics, RoundResult
 from tools.stats import resolution_note
 from tools.store.files import atomic_write_json
 
+if TYPE_CHECKING:
+    from tools.compression.distill import DistillConfig
+
 logger = logging.getLogger(__name__)
 
 
+def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
+    """The run's distillation recipe (None: off): the settings' steps, or with ``--finetune-steps auto`` what the
+    model's MACs allow (``tools.compression.distill.auto_distill_config``; none before the profile)."""
+    from tools.compression.distill import DistillConfig, auto_distill_config
+
+    if ctx.finetune_steps == AUTO_STEPS:
+        macs = (state.get("profile_summary") or {}).get("total_macs")
+        return auto_distill_config(macs, device=ctx.device, seed=ctx.seed)
+    return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed) if ctx.finetune_steps else None
+
+
 def finetune_samples(state: dict[str, Any], ctx: Context) -> int:
-    """Unlabelled images asked for distillation: the settings', or with automatic steps (``--finetune-steps
-    auto``), 4,096 where the model's MACs allow distillation at all (none before the profile)."""
+    """Unlabelled images asked for distillation: the settings', or with automatic steps up to 4,096 where the
+    model is distilled at all."""
     if ctx.finetune_steps != AUTO_STEPS:
         return ctx.finetune_samples
-    from tools.compression.distill import AUTO_DISTILL_IMAGES, auto_distill_steps
+    from tools.compression.distill import AUTO_DISTILL_IMAGES
 
-    if not auto_distill_steps((state.get("profile_summary") or {}).get("total_macs")):
-        return 0
-    return ctx.finetune_samples or AUTO_DISTILL_IMAGES[1]
+    return (ctx.finetune_samples or AUTO_DISTILL_IMAGES[1]) if distill_config(state, ctx) else 0
 
 
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
-from agents.evaluation import eval_spec
+from agents.evaluation import distill_config, eval_spec
 from agents.planning.base import PlanResult
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
@@ -59,42 +59,20 @@ def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
 def _distillation(
     data: dict[str, Any], ctx: Context, spec: ops.EvalSpec, index: int
 ) -> tuple[DistillConfig | None, torch.Tensor | None, list[str]]:
-    """The round's distillation config and images (None, None when it is off), and, in round 0 with automatic
+    """The round's distillation recipe and images (None, None when it is off), and, in round 0 with automatic
     steps, a note saying what was decided and why."""
-    from tools.compression.distill import (
-        AUTO_DISTILL_IMAGES,
-        AUTO_DISTILL_SECONDS,
-        AUTO_DISTILL_STEPS,
-        DistillConfig,
-        auto_distill_config,
-    )
+    from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_SECONDS, AUTO_DISTILL_STEPS
 
-    config: DistillConfig | None
-
-    auto = ctx.finetune_steps == AUTO_STEPS
-    if auto:
-        config = auto_distill_config(
-            (data.get("profile_summary") or {}).get("total_macs"), device=ctx.device, seed=ctx.seed
-        )
-    else:
-        config = (
-            DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed) if ctx.finetune_steps else None
-        )
+    config = distill_config(data, ctx)
     images = ops.finetune_batch(paths(data).original, shape_of(data), spec) if config is not None else None
+    if ctx.finetune_steps != AUTO_STEPS:
+        return config, images, []
     available = 0 if images is None else len(images)
-    why = ""
-    if auto and config is None:
+    if config is None:
         why = f"its {AUTO_DISTILL_STEPS[0]} steps would take more than {AUTO_DISTILL_SECONDS[1]:.0f} s a round"
-    elif auto and available < AUTO_DISTILL_IMAGES[0]:
+    elif available < AUTO_DISTILL_IMAGES[0]:
         why = f"{available} unlabelled images are left for it beside evaluation, it needs {AUTO_DISTILL_IMAGES[0]:,}"
-    notes = []
-    if auto and index == 0:
-        notes.append(
-            f"distillation: off ({why}; --finetune-steps N turns it on)"
-            if why
-            else f"distillation: automatic, {config.steps if config else 0} steps after each prune on {available:,} "
-            "unlabelled images"
-        )
-    if config is None or images is None or why:
-        return None, None, notes
-    return config, images, notes
+    else:
+        done = f"distillation: automatic, {config.steps} steps after each prune on {available:,} unlabelled images"
+        return config, images, [done] if index == 0 else []
+    return None, None, [f"distillation: off ({why}; --finetune-steps N turns it on)"] if index == 0 else []
