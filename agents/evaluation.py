@@ -55,7 +55,7 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
         samples=ctx.eval_samples
         or ops.auto_eval_samples(
             (state.get("profile_summary") or {}).get("total_macs"),
-            other_parts=ctx.holdout_samples > 0 or finetune > 0,
+            other_parts=ctx.holdout_samples > 0,  # distillation images share the rest (split_indices)
             budget_points=ctx.max_accuracy_drop,
         ),
         calibration_samples=ctx.calibration_samples,

@@ -77,7 +77,7 @@ def calibration_images(run: RunInfo, calibration: str | None) -> tuple[torch.Ten
         samples=int(ctx.get("eval_samples", 500))
         or ops.auto_eval_samples(
             run.report.profile.get("total_macs"),
-            other_parts=bool(ctx.get("holdout_samples") or ctx.get("finetune_samples")),
+            other_parts=bool(ctx.get("holdout_samples")),
         ),
         calibration_samples=int(ctx.get("calibration_samples", 256)),
         holdout_samples=int(ctx.get("holdout_samples", 0)),

@@ -50,8 +50,9 @@ AUTO_EVAL_SECONDS = 10.0
 def auto_eval_samples(macs: int | None, *, other_parts: bool = False, budget_points: float = 1.0) -> int:
     """Evaluation images for a model of ``macs`` per image and an accuracy budget of ``budget_points`` (see
     :data:`AUTO_EVAL_SAMPLES`): at least what the budget test needs; small models get more, so that selection
-    resolves smaller differences. With ``other_parts`` (holdout or fine-tuning rows wanted, which come after
-    evaluation in the split), what the budget needs, at least the floor."""
+    resolves smaller differences. With ``other_parts`` (holdout rows wanted, which come after evaluation in the
+    split), what the budget needs, at least the floor (distillation rows share what is left with evaluation:
+    ``tools.evaluation.datasets.split_indices``)."""
     from tools.compression.sensitivity import ASSUMED_MACS_PER_SECOND
 
     low, high = AUTO_EVAL_SAMPLES

@@ -167,3 +167,13 @@ def test_calibration_evaluation_and_holdout_are_disjoint() -> None:
     scarce = split_indices(500, {"calibration": 256, "evaluation": 2000}, seed=3)
     assert len(scarce["calibration"]) == 125 and len(scarce["evaluation"]) == 375  # evaluation decides: it keeps 3/4
     assert split_indices(100, {"calibration": 30, "evaluation": 50}, seed=3)["evaluation"] == parts["evaluation"]
+
+
+def test_distillation_images_leave_evaluation_the_larger_share() -> None:
+    sizes = {"calibration": 256, "evaluation": 5000, "finetune": 4096}
+    parts = split_indices(5000, sizes, seed=3)
+    assert [len(parts[k]) for k in ("calibration", "evaluation", "finetune")] == [256, 3320, 1424]
+    assert len(set().union(*map(set, parts.values()))) == 5000
+    # evaluation asked for less than the rest: finetune keeps what it leaves; everything fits: nothing changes
+    assert len(split_indices(5000, {**sizes, "evaluation": 2000}, seed=3)["finetune"]) == 2744
+    assert len(split_indices(20000, sizes, seed=3)["evaluation"]) == 5000

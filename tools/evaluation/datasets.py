@@ -12,6 +12,7 @@ grey padding) and comes back as 'RGB', or 'L' when it is single-channel.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,6 +297,10 @@ PARTS: tuple[str, ...] = ("calibration", "evaluation", "holdout", "finetune")
 #: importance, the sensitivity probes and the least-squares refits of a 224-px model need at the least.
 MIN_CALIBRATION = 64
 
+#: The share of the rows calibration and holdout leave that finetune (distillation) images keep at most when
+#: evaluation wants more than the rest (see :func:`split_indices`).
+FINETUNE_SHARE = 0.3
+
 
 def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, list[int]]:
     """Disjoint seeded parts of ``total`` rows: each part of :data:`PARTS` takes the next ``sizes[part]`` rows
@@ -306,11 +311,22 @@ def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, lis
     decides every candidate, keeps the rest: 500 images split 125 / 375 (half-and-half resolved 250 images, about
     +-2.7 points at 95 %, 375 about +-2.2), and the later parts get what is left. ``finetune`` holds only the rows
     beyond the others (distillation adds the calibration rows itself).
+
+    When evaluation and finetune do not both fit in what calibration and holdout leave, finetune keeps at most
+    :data:`FINETUNE_SHARE` of it (or what evaluation leaves, if more) and evaluation the rest: the paired test on
+    the evaluation images decides every candidate, while distillation gains little from more than about 1,500
+    images (measured: CIFAR ResNet-20, 14 % fewer parameters, 300 steps: 256 images -0.80 points, 512 -0.66,
+    1,000 -1.06, 1,500 +0.06, 3,000 -0.14 on 5,000 other images). 5,000 rows with 256 calibration, 5,000
+    evaluation and 4,096 finetune asked for split 256 / 3,320 / 1,424.
     """
     permutation = [int(i) for i in np.random.default_rng(seed).permutation(total)]
     wanted = {part: max(0, int(sizes.get(part, 0))) for part in PARTS}
     if wanted["evaluation"] and wanted["calibration"] + wanted["evaluation"] > total:
         wanted["calibration"] = min(wanted["calibration"], max(total // 4, min(MIN_CALIBRATION, total // 2)))
+    left = max(0, total - wanted["calibration"] - wanted["holdout"])
+    if wanted["evaluation"] and wanted["finetune"] and wanted["evaluation"] + wanted["finetune"] > left:
+        wanted["finetune"] = min(wanted["finetune"], max(left - wanted["evaluation"], math.ceil(FINETUNE_SHARE * left)))
+        wanted["evaluation"] = min(wanted["evaluation"], left - wanted["finetune"])
     parts: dict[str, list[int]] = {}
     start = 0
     for part in PARTS:
