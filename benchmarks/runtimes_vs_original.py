@@ -5,9 +5,10 @@
 For each finished run, in one process at batch 1 and ``--threads`` (default 1) threads:
 
 - builds, from the run's saved original, ONNX Runtime's dynamic int8 and OpenVINO's int8 (NNCF, calibrated)
-  of the original (the baselines of issue 10), and the original in the deployed runtime at FP32 and at the
-  deployed precision (``tools.ops.quantize``, into ``--out``; static int8 is calibrated on the run's own
-  calibration images, taken from ``--calibration``, by default the run's dataset);
+  of the original (the baselines of issue 10), its OpenVINO IR run with OpenVINO's default precision too (bf16 on
+  CPUs with AMX-BF16 or AVX512-BF16: what a user gets there from OpenVINO without asking), and the original in the
+  deployed runtime at FP32 and at the deployed precision (``tools.ops.quantize``, into ``--out``; static int8 is
+  calibrated on the run's own calibration images, taken from ``--calibration``, by default the run's dataset);
 - times them with the original FP32 PyTorch model, the best pruned model and the deployed model, interleaved
   in a seeded random order after warm-up (``tools.evaluation.cost.compare_latencies``, medians);
 - evaluates each on every image of ``--data`` (images the run never saw), paired with the original;
@@ -49,6 +50,9 @@ BASELINES = {
 }
 #: NNCF's int8 of the original with NNCF's defaults, one call (``nncf.quantize(model, dataset)``).
 NNCF_DEFAULTS = "OpenVINO int8 (NNCF defaults) of the original"
+#: The original's IR compiled with OpenVINO's own defaults (``core.compile_model(xml, "CPU")``, no precision hint):
+#: bf16 on CPUs that compute it natively (AMX-BF16, AVX512-BF16), FP32 elsewhere.
+OPENVINO_DEFAULT = "OpenVINO default precision of the original"
 #: Every nn.Linear / MatMul / Gemm to int8: what each runtime's quantizer does to a whole model.
 ALL_LAYERS = [QuantizationRecommendation(layer="all", dtype="qint8")]
 
@@ -161,6 +165,9 @@ def models_of(run: RunInfo, out: Path, images: torch.Tensor) -> tuple[list[Timed
             missing[label] = f"{backend}: {built}"
         else:
             models.append(Timed(label, built, backend))
+    openvino_fp32 = next((m for m in models if m.label == BASELINES["openvino"]), None)
+    if openvino_fp32 is not None:  # the same IR; its own key (the file, not the directory): timed apart
+        models.append(Timed(OPENVINO_DEFAULT, openvino_fp32.artifact / "model.xml", "openvino"))
     defaults = build_nncf_defaults(run, out, images)
     if isinstance(defaults, str):
         missing[NNCF_DEFAULTS] = f"nncf.quantize: {defaults}"
@@ -175,17 +182,20 @@ def load_timed(m: Timed) -> Any:
     ``tools.deploy.onnxruntime.session.OrtModel``); NNCF's defaults as an OpenVINO IR."""
     if m.label == BASELINES["onnxruntime"]:
         return OrtModel(m.artifact / "model.onnx", threads=torch.get_num_threads())
-    if m.label == NNCF_DEFAULTS:
-        from tools.deploy.openvino.model import OpenVinoModel
+    from tools.deploy.openvino.model import OpenVinoModel
 
+    if m.label == NNCF_DEFAULTS:
         return OpenVinoModel(m.artifact / "model.xml", threads=torch.get_num_threads())
+    if m.label == OPENVINO_DEFAULT:
+        return OpenVinoModel(m.artifact, threads=torch.get_num_threads(), precision=None)
     return load_compressed(m.artifact)
 
 
 def alternatives(times: dict[str, float], key: dict[str, str], deployed_s: float) -> dict[str, Any]:
     """The deployed model against what a user gets from each runtime for the original: the faster FP32 runtime
     (ONNX Runtime, OpenVINO), ONNX Runtime's dynamic int8, OpenVINO's int8 (the faster of the tool's build and
-    NNCF's defaults), and the fastest of them all (ratios > 1: the deployed model is faster)."""
+    NNCF's defaults), OpenVINO with its default precision (bf16 where the CPU computes it), and the fastest of them
+    all (ratios > 1: the deployed model is faster)."""
 
     def fastest(labels: list[str]) -> tuple[str, float] | None:
         found = [(label, times[key[label]]) for label in labels if label in key]
@@ -195,7 +205,8 @@ def alternatives(times: dict[str, float], key: dict[str, str], deployed_s: float
         "fp32_runtime": [BASELINES["onnxruntime-fp32"], BASELINES["openvino"]],
         "ort_dynamic_int8": [BASELINES["onnxruntime"]],
         "openvino_int8": [BASELINES["openvino-int8"], NNCF_DEFAULTS],
-        "any": [*BASELINES.values(), NNCF_DEFAULTS],
+        "openvino_default": [OPENVINO_DEFAULT],
+        "any": [*BASELINES.values(), NNCF_DEFAULTS, OPENVINO_DEFAULT],
     }
     out: dict[str, Any] = {}
     for name, labels in groups.items():

@@ -75,6 +75,8 @@ ORIGINAL_MARGIN = 0.15
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
 INT8_MARGIN = 0.10
+#: The precision label of the float candidates; every other one (int8, bf16) can cost accuracy.
+FP32 = "fp32"
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
 
@@ -108,14 +110,14 @@ def _least_damage_as_fast(chosen: DeployCandidate, int8: list[DeployCandidate]) 
 
 def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
     """The accuracy budget split from the original's deployment table (``original``: :func:`deploy` of the original,
-    every int8 at full precision). The chosen candidate's int8 loss (or that of an int8 nearly as fast that loses less:
-    :func:`_least_damage_as_fast`) is kept for int8 (at least 0, at most half the
-    budget); when every int8 candidate ran over the budget, half of it (mixed precision will need room); when a
-    float runtime is chosen, when the int8 chosen is less than :data:`INT8_MARGIN` faster than the fastest float
-    runtime, or when the accuracy is unknown, nothing."""
+    every int8 at full precision). "int8" here is every precision below FP32 (int8, bf16): the chosen candidate's
+    loss (or that of one nearly as fast that loses less: :func:`_least_damage_as_fast`) is kept for int8 (at least
+    0, at most half the budget); when every int8 candidate ran over the budget, half of it (mixed precision will need
+    room); when an FP32 runtime is chosen, when the int8 chosen is less than :data:`INT8_MARGIN` faster than the
+    fastest FP32 runtime, or when the accuracy is unknown, nothing."""
 
     def is_int8(c: DeployCandidate) -> bool:
-        return c.precision.startswith("int8")
+        return c.precision != FP32
 
     half = round(total_points / 2, 4)
     chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)

@@ -37,7 +37,39 @@ def test_detection_reads_this_cpu() -> None:
         # cpuid decides (an emulated CPU says what it emulates, whatever /proc/cpuinfo of the host says)
         assert ("avx512_vnni" in cpu.features) == bool(numpy_features.get("AVX512VNNI"))
         assert ("avx2" in cpu.features) == bool(numpy_features.get("AVX2"))
+        assert ("avx512_bf16" in cpu.features) == bool(numpy_features.get("AVX512BF16"))
         assert cpu.kind in ("vnni", "no-vnni")
+
+
+def test_cpuid_decodes_the_features_numpy_knows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpuid, run here, agrees with NumPy's table; where it cannot run, NumPy's table stands in."""
+    import tools.deploy.cpu as cpu_module
+
+    read = cpu_module._cpuid()
+    if platform.machine().lower() not in {"x86_64", "amd64"}:
+        assert read is None
+        return
+    assert read is not None, "cpuid runs on Linux x86-64"
+    found, brand = read
+    from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+
+    for name, numpy_name in cpu_module._NUMPY_NAMES.items():
+        assert (name in found) == bool(numpy_features.get(numpy_name)), name
+    assert brand.isprintable()
+    monkeypatch.setattr(cpu_module, "_cpuid", lambda: None)
+    cpu_module.detect_cpu.cache_clear()
+    try:
+        fallback = cpu_module.detect_cpu()
+    finally:
+        cpu_module.detect_cpu.cache_clear()
+    assert fallback.detected_by.startswith("cpuid (NumPy)")
+    assert fallback.vnni == detect_cpu().vnni
+
+
+def test_bf16_follows_the_features() -> None:
+    spr = CpuFeatures(model_name="Xeon", machine="x86_64", features=["avx2", "avx512bw", "amx_int8", "amx_bf16"])
+    assert spr.bf16 and not VNNI.bf16 and not AVX2_ONLY.bf16 and not ARM.bf16
+    assert "AMX-BF16" in spr.describe()
 
 
 def test_settings_per_kind() -> None:

@@ -161,3 +161,49 @@ def test_plans_say_what_each_backend_quantizes() -> None:
     assert set(int8.layers) == {n for n, m in model.named_modules() if type(m) in (nn.Linear, nn.Conv2d)}
     assert int8.int8 is not None and fp32.int8 is None, "int8 settings for the CPU kind, only where int8 runs"
     assert get_backend("openvino-int8").deployed_file == get_backend("openvino").deployed_file == "model.xml"
+
+
+def _saved_bf16(run: dict[str, Path], out: Path) -> Path:
+    model = load_module(run["original"])
+    save_quantized(
+        model,
+        out,
+        base_dir=run["original"],
+        recipe={"source": str(run["original"])},
+        report=plan_quantization(model, ALL, backend="openvino-bf16"),
+        example_input=images(1),
+    )
+    return out
+
+
+def test_bf16_is_built_only_where_the_cpu_computes_bf16(
+    run: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import tools.deploy.openvino.backend as backend_module
+    from tools.deploy.base import BackendNotApplicable
+    from tools.deploy.cpu import CpuFeatures
+
+    no_bf16 = CpuFeatures(model_name="AMD EPYC-Milan (test)", machine="x86_64", features=["avx2"])
+    bf16 = CpuFeatures(model_name="Xeon (test)", machine="x86_64", features=["avx2", "avx512bw", "amx_bf16"])
+    monkeypatch.setattr(backend_module, "detect_cpu", lambda: no_bf16)
+    with pytest.raises(BackendNotApplicable, match="no AMX-BF16 or AVX512-BF16"):
+        _saved_bf16(run, tmp_path / "refused")
+    assert not is_complete(tmp_path / "refused")
+    monkeypatch.setattr(backend_module, "detect_cpu", lambda: bf16)
+    out = _saved_bf16(run, tmp_path / "bf16")
+    report = json.loads((out / "artifact.json").read_text())["quantization"]
+    assert report["backend"] == "openvino-bf16" and report["layers"] == {} and report["int8"] is None
+    assert any("bf16 built and validated on Xeon (test)" in note for note in report["notes"])
+    deployed = load_compressed(out)
+    assert isinstance(deployed, OpenVinoModel) and deployed.precision == "bf16"
+    x = images(8)
+    reference = logits(load_module(run["original"]), x)
+    out_bf16 = logits(deployed, x)
+    # bf16 keeps 8 bits of mantissa: within a few per cent of the largest logit, whatever the CPU computes it in
+    assert torch.allclose(out_bf16, reference, atol=0.05 * float(reference.abs().max()))
+    monkeypatch.setattr(backend_module, "detect_cpu", lambda: no_bf16)
+    with caplog.at_level("WARNING"):
+        load_compressed(out)
+        load_compressed(out)
+    named = [r.message for r in caplog.records if "computes no bf16 natively" in r.message]
+    assert len(named) == 1 and "FP32 here" in named[0] and "\n" not in named[0], "one line, once a process"

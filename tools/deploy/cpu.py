@@ -16,14 +16,22 @@ NNCF's default (first layer only) and full 8-bit weights with VNNI. A model buil
 accurately on every kind; one built for VNNI loses accuracy on CPUs without it, which :meth:`Int8Settings.warning`
 says in one line on load.
 
-:func:`detect_cpu` reads the features from ``cpuid`` (NumPy's dispatch table) and ``/proc/cpuinfo``;
-``PROFILING_AGENT_INT8_CPU`` (``vnni`` / ``no-vnni``) or ``--int8-cpu`` builds for another kind than the one found.
+:func:`detect_cpu` reads the features from ``cpuid`` itself (a few bytes of machine code run through ctypes; NumPy's
+dispatch table where executable memory is refused), kept only where ``/proc/cpuinfo`` also lists them (the kernel
+must enable AVX-512 and AMX state). ``cpuid`` is what an emulator answers: QEMU presenting an AVX2-only EPYC on an
+AMX host is read as the EPYC, where the host's ``/proc/cpuinfo`` still lists AMX. ``PROFILING_AGENT_INT8_CPU``
+(``vnni`` / ``no-vnni``) or ``--int8-cpu`` builds for another kind than the one found.
+
+The same features say whether the CPU computes **bf16** natively (AMX-BF16, AVX512-BF16): the ``openvino-bf16``
+backend runs there; elsewhere OpenVINO would silently run it in FP32.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
+import mmap
 import os
 import platform
 from pathlib import Path
@@ -39,17 +47,30 @@ INT8_TARGETS: tuple[str, ...] = ("auto", "vnni", "no-vnni")
 """What ``--int8-cpu`` takes: ``auto`` (this machine's kind) or a target."""
 ENV_TARGET = "PROFILING_AGENT_INT8_CPU"
 
-#: Feature name (as /proc/cpuinfo spells it) -> how reports name it; the int8-relevant ones, in order.
+#: Feature name (as /proc/cpuinfo spells it) -> how reports name it; the ones that decide the kernels, in order.
 FEATURES: dict[str, str] = {
     "avx2": "AVX2",
     "avx512bw": "AVX-512",
     "avx512_vnni": "AVX512-VNNI",
     "avx_vnni": "AVX-VNNI",
     "amx_int8": "AMX-INT8",
+    "avx512_bf16": "AVX512-BF16",
+    "amx_bf16": "AMX-BF16",
 }
 _VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-#: NumPy's cpuid-based names of the features it detects (AVX-VNNI and AMX it does not: /proc/cpuinfo says those).
-_NUMPY_NAMES = {"avx2": "AVX2", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI"}
+_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
+#: Where ``cpuid`` reports each feature: (leaf, subleaf, register 0-3 for EAX/EBX/ECX/EDX, bit).
+_CPUID_BITS: dict[str, tuple[int, int, int, int]] = {
+    "avx2": (7, 0, 1, 5),
+    "avx512bw": (7, 0, 1, 30),
+    "avx512_vnni": (7, 0, 2, 11),
+    "amx_bf16": (7, 0, 3, 22),
+    "amx_int8": (7, 0, 3, 25),
+    "avx_vnni": (7, 1, 0, 4),
+    "avx512_bf16": (7, 1, 0, 5),
+}
+#: NumPy's cpuid-based names of the features it detects (the fallback where ``cpuid`` cannot be run here).
+_NUMPY_NAMES = {"avx2": "AVX2", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI", "avx512_bf16": "AVX512BF16"}
 
 
 class CpuFeatures(BaseModel):
@@ -65,6 +86,12 @@ class CpuFeatures(BaseModel):
     def vnni(self) -> bool:
         """Whether int8 dot products sum into 32 bits (VNNI or AMX): nothing saturates."""
         return bool(_VNNI & set(self.features))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def bf16(self) -> bool:
+        """Whether the CPU computes bf16 natively (AMX-BF16 or AVX512-BF16)."""
+        return bool(_BF16 & set(self.features))
 
     @property
     def x86(self) -> bool:
@@ -109,6 +136,51 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return name, flags
 
 
+#: ``cpuid(leaf, subleaf, out)`` for the System V x86-64 calling convention (leaf in EDI, subleaf in ESI, ``out`` in
+#: RDX): push rbx; mov r8, rdx; mov eax, edi; mov ecx, esi; cpuid; mov [r8], eax; mov [r8+4], ebx;
+#: mov [r8+8], ecx; mov [r8+12], edx; pop rbx; ret.
+_CPUID_CODE = bytes.fromhex("53 4989d0 89f8 89f1 0fa2 418900 41895804 41894808 4189500c 5b c3".replace(" ", ""))
+
+
+def _cpuid() -> tuple[set[str], str] | None:
+    """The features of :data:`_CPUID_BITS` that ``cpuid`` reports, run here, and the CPU's brand string (None where it
+    cannot be run: not Linux or macOS on x86-64, or executable memory refused)."""
+    if platform.machine().lower() not in {"x86_64", "amd64"} or os.name != "posix":
+        return None
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        page.write(_CPUID_CODE)
+        registers = ctypes.c_uint32 * 4
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        call = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(registers))(address)
+
+        def cpuid(leaf: int, subleaf: int) -> tuple[int, ...]:
+            out = registers()
+            call(leaf, subleaf, ctypes.byref(out))
+            return tuple(out)
+
+        max_leaf = cpuid(0, 0)[0]
+        leaves = {(7, 0): cpuid(7, 0)} if max_leaf >= 7 else {}
+        if leaves and leaves[(7, 0)][0] >= 1:
+            leaves[(7, 1)] = cpuid(7, 1)
+        brand = b""
+        if cpuid(0x80000000, 0)[0] >= 0x80000004:
+            brand = b"".join(
+                v.to_bytes(4, "little") for leaf in (0x80000002, 0x80000003, 0x80000004) for v in cpuid(leaf, 0)
+            )
+        found = set()
+        for name, (leaf, subleaf, register, bit) in _CPUID_BITS.items():
+            values = leaves.get((leaf, subleaf))
+            if values is not None and values[register] >> bit & 1:
+                found.add(name)
+        return found, brand.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    finally:
+        page.close()
+
+
 def _numpy_features() -> dict[str, bool] | None:
     """NumPy's runtime dispatch table (from cpuid, so it sees the CPU an emulator presents), or None."""
     try:
@@ -123,18 +195,28 @@ def _numpy_features() -> dict[str, bool] | None:
 
 @functools.cache
 def detect_cpu() -> CpuFeatures:
-    """This machine's CPU: AVX2/AVX-512/VNNI from cpuid (NumPy), AVX-VNNI and AMX from /proc/cpuinfo."""
+    """This machine's CPU: the features ``cpuid`` reports that /proc/cpuinfo lists too (the kernel enabled them) and
+    ``cpuid``'s brand string; NumPy's cpuid table where ``cpuid`` cannot be run here; /proc/cpuinfo alone elsewhere."""
     name, flags = _cpuinfo()
     machine = platform.machine() or "unknown"
-    numpy_features = _numpy_features()
-    if numpy_features is not None and machine.lower() in {"x86_64", "amd64"}:
+    x86 = machine.lower() in {"x86_64", "amd64"}
+    read = _cpuid() if x86 else None
+    numpy_features = _numpy_features() if x86 and read is None else None
+    found: set[str]
+    if read is not None:
+        found, brand = read
+        name = brand or name  # an emulated CPU's own name, not the host's
+        detected_by = "cpuid" + (" and /proc/cpuinfo" if flags else "")
+    elif numpy_features is not None:
         found = {f for f, numpy_name in _NUMPY_NAMES.items() if numpy_features.get(numpy_name)}
         # what NumPy does not detect, /proc/cpuinfo says (only on a CPU that has AVX2 at all)
-        found |= {f for f in ("avx_vnni", "amx_int8") if f in flags and "avx2" in found}
-        detected_by = "cpuid (NumPy) and /proc/cpuinfo"
+        found |= {f for f in ("avx_vnni", "amx_int8", "amx_bf16") if f in flags and "avx2" in found}
+        detected_by = "cpuid (NumPy)" + (" and /proc/cpuinfo" if flags else "")
     else:
-        found = {f for f in FEATURES if f in flags}
-        detected_by = "/proc/cpuinfo" if flags else "nothing (no /proc/cpuinfo, no x86 NumPy)"
+        found = set(flags)
+        detected_by = "/proc/cpuinfo" if flags else "nothing (no cpuid, no /proc/cpuinfo)"
+    if flags:  # what the kernel has not enabled (AVX-512 or AMX state) does not run
+        found &= flags
     return CpuFeatures(
         model_name=name or platform.processor() or "unknown CPU",
         machine=machine,
