@@ -114,6 +114,8 @@ def test_artifact_round_trip(run: dict[str, Path], backend: str) -> None:
     meta = json.loads((out / "artifact.json").read_text())
     report = meta["quantization"]
     assert meta["kind"] == "quantized" and report["backend"] == backend
+    # what OpenVINO must compile it with elsewhere (its default is bf16 on CPUs with AMX)
+    assert report["runtime_properties"] == {"INFERENCE_PRECISION_HINT": "f32"}
     float_model = load_module(run["original"])
     deployed = load_compressed(out)
     assert isinstance(deployed, OpenVinoModel) and not isinstance(deployed, nn.Module)
@@ -193,6 +195,7 @@ def test_bf16_is_built_only_where_the_cpu_computes_bf16(
     out = _saved_bf16(run, tmp_path / "bf16")
     report = json.loads((out / "artifact.json").read_text())["quantization"]
     assert report["backend"] == "openvino-bf16" and report["layers"] == {} and report["int8"] is None
+    assert report["runtime_properties"] == {"INFERENCE_PRECISION_HINT": "bf16"}
     assert any("bf16 built and validated on Xeon (test)" in note for note in report["notes"])
     deployed = load_compressed(out)
     assert isinstance(deployed, OpenVinoModel) and deployed.precision == "bf16"

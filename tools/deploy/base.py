@@ -53,6 +53,11 @@ class QuantReport(BaseModel):
         description="The CPU kind the int8 arithmetic is built for, its settings, and the CPU it was built and "
         "validated on (None: a float or torch backend, whose int8 does not depend on the CPU kind).",
     )
+    runtime_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="The properties the runtime must compile the artifact with to compute what was validated "
+        "(OpenVINO: INFERENCE_PRECISION_HINT, whose default is bf16 on CPUs with AMX).",
+    )
 
 
 QuantizedModel = Callable[[torch.Tensor], Any]
