@@ -77,8 +77,9 @@ def _original_note(choice: DeployChoice, pruned_source: Path) -> str:
 
 def _headroom_note(pruned: dict[str, Any]) -> list[str]:
     return [
-        f"deployment: round {pruned['selected_round']}'s faster runtimes were over the accuracy budget; round "
-        f"{pruned['round']} (the most accuracy headroom) deploys faster within it, so it is the pruned model"
+        f"deployment: round {pruned['round']} (the most accuracy headroom) deploys faster within the accuracy budget "
+        f"than round {pruned['selected_round']} (faster runtimes of round {pruned['selected_round']} over the budget, "
+        "or the same runtime clearly slower), so it is the pruned model"
     ]
 
 

@@ -3,7 +3,8 @@
 CPU convolution kernels compute channels in blocks (oneDNN's and ONNX Runtime's blocked layouts: 8 channels on
 AVX2, 16 on AVX-512), so a count between two blocks runs as the next one. This script narrows every block-internal
 convolution of one stage of a CIFAR ResNet (random weights: latency only) to each width given and times the
-result against the unpruned net in OpenVINO FP32 and ONNX Runtime FP32, batch 1, interleaved in one process.
+result against the unpruned net in OpenVINO FP32 and ONNX Runtime FP32 (and OpenVINO bf16 where the CPU computes
+it natively), batch 1, interleaved in one process.
 It is the measurement behind ``--round-to`` (``tools.compression.channels.channel_step``)::
 
     python benchmarks/channel_blocks.py --threads 1                     # ResNet-56, the widths of the README
@@ -20,6 +21,7 @@ import torch
 from figure_common import machine_line
 from torch import nn
 
+from tools.deploy.cpu import detect_cpu
 from tools.deploy.onnxruntime.export import export_onnx
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.deploy.openvino.convert import export_openvino
@@ -57,23 +59,25 @@ def main() -> None:
         stage, width = (int(v) for v in item.split(":"))
         variants[f"stage {stage} inner at {width}"] = (stage, width)
     x = torch.randn(1, 3, 32, 32)
+    runtimes = ["OpenVINO FP32", "ONNX Runtime FP32", *(["OpenVINO bf16"] * detect_cpu().bf16)]
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (stage, width) in variants.items():
             model = narrowed(args.depth, stage, width)
             stem = Path(tmp) / name.replace(" ", "-")
-            models[f"{name}|openvino"] = OpenVinoModel(
-                export_openvino(model, x, stem.with_suffix(".xml")), threads=args.threads
-            )
+            xml = export_openvino(model, x, stem.with_suffix(".xml"))
+            models[f"{name}|OpenVINO FP32"] = OpenVinoModel(xml, threads=args.threads)
+            if "OpenVINO bf16" in runtimes:
+                models[f"{name}|OpenVINO bf16"] = OpenVinoModel(xml, threads=args.threads, precision="bf16")
             onnx = export_onnx(model, x, stem.with_suffix(".onnx"))
-            models[f"{name}|onnxruntime"] = OrtModel(onnx, threads=args.threads, fixed_batch=True)
+            models[f"{name}|ONNX Runtime FP32"] = OrtModel(onnx, threads=args.threads, fixed_batch=True)
         seconds = compare_latencies(models, x, warmup=10, repeats=args.repeats)
     print(f"CIFAR ResNet-{args.depth}, random weights, batch 1, {args.repeats} interleaved calls each")
-    print(f"  {'variant':28s} {'OpenVINO FP32':>16s} {'ONNX Runtime FP32':>20s}")
-    base = {rt: seconds[f"unpruned|{rt}"] for rt in ("openvino", "onnxruntime")}
+    print(f"  {'variant':28s}" + "".join(f" {rt:>20s}" for rt in runtimes))
+    base = {rt: seconds[f"unpruned|{rt}"] for rt in runtimes}
     for name in variants:
         cells = [f"{seconds[f'{name}|{rt}'] * 1e3:7.3f} ms {base[rt] / seconds[f'{name}|{rt}']:5.2f}x" for rt in base]
-        print(f"  {name:28s} {cells[0]:>16s} {cells[1]:>20s}")
+        print(f"  {name:28s}" + "".join(f" {cell:>20s}" for cell in cells))
 
 
 if __name__ == "__main__":

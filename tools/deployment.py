@@ -495,27 +495,25 @@ def deploy(
     if mixed or not timed:  # timed again only when mixed candidates joined
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)
+    pool = [c for c in candidates if c.source is None]  # the candidates the deployed one is taken from
     if alternatives and not forced:
         retry = list(dict.fromkeys([*_faster_over_budget(candidates, chosen), *([chosen] if chosen != FLOAT else [])]))
         for i, other in enumerate(alternatives):
             logger.info("deploy: building %s from %s too", ", ".join(retry), other)
             candidates += [measure(b, other, out_root / f"alt-{i}" / b, source=str(other)) for b in retry]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-        eligible = _eligible(candidates, original_dir)
-        chosen, why = choose(eligible, original_latency)
-        doubt = _unconfirmed_alternative(eligible, chosen, shape, 3 * repeats, spec.seed, original_dir)
+        pool = _eligible(candidates, original_dir)
+        chosen, why = choose(pool, original_latency)
+        doubt = _unconfirmed_alternative(pool, chosen, shape, 3 * repeats, spec.seed, original_dir)
         if doubt:  # the margin was timing noise: the best model deploys
-            chosen, why = choose([c for c in candidates if c.source is None], original_latency)
+            pool = [c for c in candidates if c.source is None]
+            chosen, why = choose(pool, original_latency)
             why = f"{why}; {doubt}"
     if forced and backends[-1] != chosen:
         wanted = next(c for c in candidates if c.backend == backends[-1])
         if wanted.ran:
             chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it ({why})"
-    usable = [
-        c
-        for c in _eligible(candidates, original_dir)
-        if c.backend == chosen and c.ran and c.within_budget and c.latency_s
-    ]
+    usable = [c for c in pool if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
     source = min(usable, key=lambda c: c.latency_s or 0.0).source if usable and not forced else None
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)
     return DeployChoice(

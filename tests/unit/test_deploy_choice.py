@@ -263,3 +263,54 @@ def test_another_source_stays_deployed_only_if_it_is_still_faster_when_timed_aga
         is None
     )
     assert len(timed) == calls, "the best model's own candidate is not timed again"
+
+
+def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch: Any, tmp_path: Path) -> None:
+    """A round with more headroom ran 10 % faster among all candidates, then only 2 % when timed again alone with the
+    best model's fastest of the same backend: the best model deploys, and the choice says it was built from it."""
+    import torch
+
+    from tools import deployment as deployment_module
+    from tools import ops
+
+    headroom = tmp_path / "rounds" / "round-00" / "model"
+    latency_ms = {None: 1.00, str(headroom): 0.90}
+
+    def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
+        return DeployCandidate(
+            backend=backend,
+            runtime="openvino",
+            precision="bf16",
+            source=source,
+            artifact=str(artifact_dir),
+            within_budget=True,
+            accuracy=0.8,
+        )
+
+    def time_all(candidates: list[DeployCandidate], *_: Any) -> float:
+        for c in candidates:
+            c.latency_s = latency_ms[c.source] / 1e3 if c.backend != FLOAT else 5e-3
+        return 6e-3
+
+    def again(artifacts: dict[str, Path], shape: Any, repeats: int = 20, seed: int = 0) -> dict[str, float]:
+        return {"alternative": 0.98e-3, "best": 1.00e-3}
+
+    monkeypatch.setattr(deployment_module, "_measure", measure)
+    monkeypatch.setattr(deployment_module, "_time", time_all)
+    monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
+    monkeypatch.setattr(ops, "compare_latency", again)
+    choice = deployment_module.deploy(
+        tmp_path / "best",
+        tmp_path / "original",
+        [],
+        tmp_path / "deploy",
+        InputShape(channels=3, height=8, width=8),
+        ops.EvalSpec(dataset=None, samples=10, progress=False),
+        backends=[FLOAT, "openvino-bf16"],
+        within_budget=lambda drop, paired: True,
+        baseline_accuracy=0.8,
+        repeats=3,
+        alternatives=[headroom],
+    )
+    assert choice.chosen == "openvino-bf16" and "timed again alone" in choice.why
+    assert choice.source is None, "the refuted alternative is not deployed after all"
