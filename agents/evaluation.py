@@ -137,6 +137,8 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     The same run times the original in the deployed runtime at FP32, so that the deployed model's speed-up
     over the original splits into runtime x precision x pruning (``speedup``, :class:`SpeedupFactors`).
     """
+    from tools.deploy.cpu import channel_block
+    from tools.deploy.registry import runtime_and_precision
     from tools.deploy.speedup import SpeedupFactors
 
     ctx = settings(runtime)
@@ -171,10 +173,13 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         smaller = pruned_params is not None and pruned_params < (entries["baseline"] or {}).get("params", 0)
         # a "pruned" model whose every step was skipped has the original's parameters: only timing noise differs
         if factors.pruned and smaller and factors.pruning_factor < 0.95:  # where the user sees it, not only a table
+            _, precision = runtime_and_precision(factors.backend)
+            block = channel_block(precision)
+            hint = f" (try --round-to {block} --head-round-to {block})" if block > ctx.round_to else ""
             update["notes"] = [
                 f"pruning made the deployed model slower in {factors.backend} ({1e3 * factors.runtime_original_s:.2f}"
                 f" ms unpruned, {1e3 * factors.deployed_s:.2f} ms pruned, batch 1, interleaved with the other "
-                "models): the pruned shapes may suit this runtime's kernels less (try --round-to 16 --head-round-to "
-                "16), or deploy RUN/models/quantized-original"
+                f"models): the pruned widths may not fill this CPU's {precision} kernel blocks{hint}, or deploy "
+                "RUN/models/quantized-original"
             ]
     return update

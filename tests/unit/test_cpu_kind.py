@@ -105,3 +105,12 @@ def test_an_int8_model_built_for_vnni_warns_where_vnni_is_missing() -> None:
     portable = int8_settings("no-vnni", VNNI)
     assert portable.warning(AVX2_ONLY, "x") is None, "7-bit weights hold on every x86 CPU"
     assert Int8Settings.model_validate(portable.model_dump()) == portable, "settings round-trip through JSON"
+
+
+def test_channel_blocks_follow_the_kernels_of_each_precision() -> None:
+    from tools.deploy.cpu import channel_block
+
+    spr = CpuFeatures(model_name="Xeon", machine="x86_64", features=["avx2", "avx512bw", "amx_int8", "amx_bf16"])
+    assert channel_block("bf16", spr) == 32, "AMX tiles: 24 of 32 channels ran slower than 32 in bf16"
+    assert channel_block("fp32", spr) == channel_block("fp32", VNNI) == 16
+    assert channel_block("fp32", AVX2_ONLY) == channel_block("bf16", AVX2_ONLY) == 8
