@@ -88,13 +88,22 @@ class OpenVinoBackend:
             raise QuantizationError(f"the {self.name} backend needs calibration images (calibration=, N x C x H x W)")
         if self.controlled and accuracy_control is None:
             raise BackendNotApplicable(f"{self.name} needs labelled validation images (a dataset) to control accuracy")
+        cpu = detect_cpu()
+        if self.inference_precision == "bf16" and not cpu.bf16:
+            raise BackendNotApplicable(
+                f"{cpu.model_name} computes no bf16 natively (no AMX-BF16 or AVX512-BF16): OpenVINO would run FP32"
+            )
         example = example_input if example_input is not None else calibration
         if example is None:
             raise QuantizationError(f"the {self.name} backend needs an example input to convert the model")
         xml = Path(out_dir) / self.deployed_file
         if not self.int8:
             deploy_openvino(float_model, xml, example_input=example[:1], int8=False)
-            return report.model_copy(update={"layers": {}, "runtime_properties": self.runtime_properties})
+            validated = [f"{self.precision} built and validated on {cpu.describe()}"] * (
+                self.inference_precision != "f32"
+            )
+            update = {"layers": {}, "notes": [*report.notes, *validated], "runtime_properties": self.runtime_properties}
+            return report.model_copy(update=update)
         settings = report.int8 or int8_settings()
         weighted = [name for name, m in float_model.named_modules() if type(m) in self.layer_kinds and name]
         keep_float = [name for name in weighted if name not in report.layers]
@@ -118,8 +127,15 @@ class OpenVinoBackend:
             notes.append(f"{self.name}: {len(kept)} of {len(weighted)} layer(s) in float: {shown}")
         notes += [f"{self.name}: {unnamed} more int8 node(s) the conversion left unnamed"] * bool(unnamed)
         layers: dict[str, QuantDType] = {name: "qint8" for name in int8}
-        update = {"layers": layers, "notes": notes, "int8": settings, "float_layers": kept}
-        return report.model_copy(update={**update, "runtime_properties": self.runtime_properties})
+        return report.model_copy(
+            update={
+                "layers": layers,
+                "notes": notes,
+                "int8": settings,
+                "float_layers": kept,
+                "runtime_properties": self.runtime_properties,
+            }
+        )
 
     @property
     def runtime_properties(self) -> dict[str, str]:
@@ -153,25 +169,6 @@ class OpenVinoBf16Backend(OpenVinoBackend):
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         return {}, ["the openvino-bf16 backend runs every float operation in bf16: no layer is int8"] if targets else []
-
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
-        cpu = detect_cpu()
-        if not cpu.bf16:
-            raise BackendNotApplicable(
-                f"{cpu.model_name} computes no bf16 natively (no AMX-BF16 or AVX512-BF16): OpenVINO would run FP32"
-            )
-        saved = super().save(float_model, report, out_dir, example_input=example_input, calibration=calibration)
-        return saved.model_copy(update={"notes": [*saved.notes, f"bf16 built and validated on {cpu.describe()}"]})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         cpu = detect_cpu()
