@@ -154,8 +154,7 @@ class OpenVinoBf16Backend(OpenVinoBackend):
     :attr:`tools.deploy.cpu.CpuFeatures.bf16`). That is what OpenVINO picks by itself on such a CPU when no
     precision is set, so it is also what a user gets from OpenVINO by default there. Elsewhere OpenVINO runs the
     hint in FP32 without a word: the backend does not apply there (nothing to gain), and an artifact built on a bf16
-    CPU and loaded on another runs in FP32 (as accurate, slower), which :func:`tools.artifacts.io.load_compressed`
-    says in one line.
+    CPU and loaded on another runs in FP32 (as accurate, slower), which :meth:`load` says in one line.
 
     Measured (``cifar10-*`` originals, 2,000 CIFAR-10 test images, Intel Xeon with AMX, 1 thread, batch 1):
     top-1 agreement with FP32 99.65-99.95 %; ViT-tiny 0.86 -> 0.59 ms, Swin-tiny 1.52 -> 1.22 ms, ResNet-tiny
