@@ -5,7 +5,8 @@ against what each runtime gives for the same original. Latency and memory only.
 
 In one process at batch 1: the original FP32 PyTorch model, the run's deployed model, ONNX Runtime FP32 and
 dynamic int8 (one session with the dynamic batch, as ONNX Runtime runs it by default), OpenVINO FP32, OpenVINO int8
-(the tool's NNCF build) and OpenVINO int8 with NNCF's defaults (``nncf.quantize(model, dataset)``), int8 calibrated
+(the tool's NNCF build), OpenVINO with its default precision (bf16 on CPUs with AMX-BF16 or AVX512-BF16) and
+OpenVINO int8 with NNCF's defaults (``nncf.quantize(model, dataset)``), int8 calibrated
 on 32 seeded synthetic inputs (what the run itself calibrates on without data), timed interleaved after warm-up;
 memory is the size of each model as saved for deployment. The first line names the CPU (VNNI or not).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 from figure_common import RunInfo, machine_line, read_run
-from runtimes_vs_original import NNCF_DEFAULTS, build_nncf_defaults
+from runtimes_vs_original import NNCF_DEFAULTS, OPENVINO_DEFAULT, build_nncf_defaults
 
 from tools import load_compressed, ops
 from tools.artifacts.io import deployed_files
@@ -58,11 +59,15 @@ def main() -> None:
     paths |= {name: out / backend for backend, name in builds.items()}
     models = {name: load_compressed(path) for name, path in paths.items()}
     models[builds["onnxruntime"]] = OrtModel(out / "onnxruntime" / "model.onnx", threads=args.threads)
+    from tools.deploy.openvino.model import OpenVinoModel
+
+    # the same IR with OpenVINO's own default precision (bf16 on CPUs with AMX-BF16 or AVX512-BF16)
+    default_xml = out / "openvino" / "model.xml"
+    models[OPENVINO_DEFAULT] = OpenVinoModel(default_xml, threads=args.threads, precision=None)
+    paths[OPENVINO_DEFAULT] = out / "openvino"
     run: RunInfo = read_run(args.run_dir)
     defaults = build_nncf_defaults(run, out, calibration)
     if not isinstance(defaults, str):
-        from tools.deploy.openvino.model import OpenVinoModel
-
         models[NNCF_DEFAULTS] = OpenVinoModel(defaults / "model.xml", threads=args.threads)
     times = compare_latencies(models, example_input(shape), warmup=3, repeats=args.repeats)
     base_mb = sum(file_size_mb(f) for f in deployed_files(original))

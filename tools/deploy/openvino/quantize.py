@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from tools.deploy.accuracy import AccuracyControl
-from tools.deploy.cpu import Int8Settings, OverflowFix, int8_settings
+from tools.deploy.cpu import Int8Settings, NncfPreset, OverflowFix, int8_settings
 from tools.deploy.openvino.convert import OpenVinoError, convert_openvino, save_openvino
 from tools.deploy.openvino.model import core
 from tools.text import first_line
@@ -72,14 +72,16 @@ def quantize_openvino(
     transformer: bool,
     subset_size: int | None = None,
     overflow_fix: OverflowFix | None = None,
+    preset: NncfPreset | None = None,
     ignored: Sequence[str] = (),
     accuracy_control: AccuracyControl | None = None,
 ) -> Any:
     """NNCF post-training int8 quantization of ``ov_model`` calibrated on ``calibration`` (N x C x H x W).
 
-    Attention models use NNCF's transformer model type (SmoothQuant, attention-aware patterns) and the
-    mixed preset (symmetric weights, asymmetric activations); others the performance preset (symmetric
-    both). ``subset_size``: calibration images used, at most :data:`MAX_SUBSET` (default: all, up to it).
+    Attention models use NNCF's transformer model type (SmoothQuant, attention-aware patterns); others none.
+    ``preset``: symmetric weights and activations (``performance``) or asymmetric activations (``mixed``); default:
+    what this CPU's kind takes for this kind of model (:meth:`tools.deploy.cpu.Int8Settings.nncf_preset`).
+    ``subset_size``: calibration images used, at most :data:`MAX_SUBSET` (default: all, up to it).
     ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what attention models need on CPUs without
     VNNI), the first one (NNCF's default) or none; default: what this CPU's kind needs for this kind of model
     (:meth:`tools.deploy.cpu.Int8Settings.nncf_overflow_fix`).
@@ -90,12 +92,12 @@ def quantize_openvino(
     import nncf
 
     overflow_fix = overflow_fix or int8_settings().nncf_overflow_fix(transformer)
+    chosen_preset = nncf.QuantizationPreset(preset or int8_settings().nncf_preset(transformer))
     items = calibration_items(calibration)
     subset = min(MAX_SUBSET, len(items), subset_size or len(items))
-    preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
     options: dict[str, Any] = {
         "model_type": nncf.ModelType.TRANSFORMER if transformer else None,
-        "preset": preset,
+        "preset": chosen_preset,
         "subset_size": subset,
         "ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
     }
@@ -113,7 +115,7 @@ def quantize_openvino(
         raise OpenVinoError(f"NNCF int8 quantization failed: {first_line(exc)}") from exc
     logger.info(
         "NNCF int8 quantization (%s preset, overflow fix %s%s) calibrated on %d images",
-        preset.value,
+        chosen_preset.value,
         overflow_fix,
         ", accuracy-controlled" if accuracy_control is not None else "",
         subset,
@@ -300,11 +302,11 @@ def deploy_openvino(
     accuracy_control: AccuracyControl | None = None,
 ) -> tuple[list[str], int]:
     """Convert ``float_model``, quantize it to int8 with NNCF when ``int8`` (calibrated on ``calibration``; the
-    transformer preset for attention models; ``settings``' overflow fix, default :func:`int8_settings`; the layers
-    ``keep_float`` names left in float; with ``accuracy_control``, NNCF's accuracy-controlled quantization keeps
-    more in float until its drop is within), and save it as IR at ``xml_path``. Returns
-    :func:`int8_weight_layers` of the saved model: the modules whose weights are int8, and how many int8
-    nodes could not be named (none and 0 for FP32)."""
+    transformer model type for attention models; ``settings``' overflow fix and preset, default
+    :func:`int8_settings`; the layers ``keep_float`` names left in float; with ``accuracy_control``, NNCF's
+    accuracy-controlled quantization keeps more in float until its drop is within), and save it as IR at
+    ``xml_path``. Returns :func:`int8_weight_layers` of the saved model: the modules whose weights are int8, and
+    how many int8 nodes could not be named (none and 0 for FP32)."""
     from tools.compression.heads import has_attention
 
     converted = convert_openvino(float_model, example_input)
@@ -313,11 +315,13 @@ def deploy_openvino(
             raise OpenVinoError("NNCF int8 quantization needs calibration images (N x C x H x W)")
         names = module_ops(converted, float_model, example_input) if keep_float else {}
         ignored = [op for name in keep_float for op in names.get(name, [])]
+        transformer, chosen = has_attention(float_model), settings or int8_settings()
         converted = quantize_openvino(
             converted,
             calibration,
-            transformer=has_attention(float_model),
-            overflow_fix=(settings or int8_settings()).nncf_overflow_fix(has_attention(float_model)),
+            transformer=transformer,
+            overflow_fix=chosen.nncf_overflow_fix(transformer),
+            preset=chosen.nncf_preset(transformer),
             ignored=ignored,
             accuracy_control=accuracy_control,
         )
