@@ -23,7 +23,7 @@ from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import BackendNotApplicable
 from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
 from tools.deploy.config import QuantizationConfig
-from tools.deploy.cpu import int8_settings
+from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
 from tools.models.base import example_input
 from tools.profiling.static import weight_layer_macs
@@ -300,6 +300,20 @@ def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputSh
     ]
 
 
+def _off_target(backends: list[str], int8_cpu: str) -> list[DeployCandidate]:
+    """Rows for the bf16 backends when the deployment is built for CPUs without VNNI (``--int8-cpu no-vnni`` on a
+    CPU with it): none of those computes bf16 (AVX512-BF16 and AMX came after VNNI), so there a bf16 model runs in
+    FP32, and this CPU's bf16 timing says nothing of the target. Not built."""
+    if resolve_target(int8_cpu) != "no-vnni" or detect_cpu().kind == "no-vnni":
+        return []
+    why = "built for CPUs without VNNI (--int8-cpu no-vnni), which compute no bf16: it would run in FP32 there"
+    return [
+        DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
+        for b in backends
+        if b in BACKENDS and BACKENDS[b].precision == "bf16"
+    ]
+
+
 def _time(
     candidates: list[DeployCandidate], original_dir: Path, shape: InputShape, repeats: int, seed: int
 ) -> float | None:
@@ -484,7 +498,7 @@ def deploy(
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
     mixed_backends = [b for b in backends if b not in full]
-    pointless = [] if forced else _linear_only_pointless(full, source_dir, shape)
+    pointless = [] if forced else _linear_only_pointless(full, source_dir, shape) + _off_target(full, int8_cpu)
     left_out = {c.backend for c in pointless}
     candidates = [measure(b, source_dir, out_root / b) for b in full if b not in left_out] + pointless
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it

@@ -314,3 +314,22 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     )
     assert choice.chosen == "openvino-bf16" and "timed again alone" in choice.why
     assert choice.source is None, "the refuted alternative is not deployed after all"
+
+
+def test_bf16_is_not_built_for_cpus_without_vnni(monkeypatch: Any) -> None:
+    """--int8-cpu no-vnni on a CPU with bf16: the target computes no bf16, so the bf16 row says why it is not built;
+    on such a CPU itself, or for the CPU's own kind, nothing is left out here."""
+    from tools import deployment as deployment_module
+    from tools.deploy.cpu import CpuFeatures
+
+    amx = CpuFeatures(model_name="Xeon", machine="x86_64", features=["avx2", "avx512bw", "amx_int8", "amx_bf16"])
+    avx2 = CpuFeatures(model_name="EPYC", machine="x86_64", features=["avx2"])
+    backends = [FLOAT, "openvino", "openvino-bf16", "openvino-int8"]
+    monkeypatch.setattr(deployment_module, "detect_cpu", lambda: amx)
+    monkeypatch.setattr("tools.deploy.cpu.detect_cpu", lambda: amx)
+    rows = deployment_module._off_target(backends, "no-vnni")
+    assert [(r.backend, r.ran) for r in rows] == [("openvino-bf16", False)]
+    assert "compute no bf16" in (rows[0].skipped or "")
+    assert deployment_module._off_target(backends, "auto") == []
+    monkeypatch.setattr(deployment_module, "detect_cpu", lambda: avx2)
+    assert deployment_module._off_target(backends, "no-vnni") == [], "its own row says why (not applicable here)"
