@@ -137,6 +137,7 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     The same run times the original in the deployed runtime at FP32, so that the deployed model's speed-up
     over the original splits into runtime x precision x pruning (``speedup``, :class:`SpeedupFactors`).
     """
+    from tools.deploy.base import PRECISION_BF16
     from tools.deploy.cpu import channel_block
     from tools.deploy.registry import runtime_and_precision
     from tools.deploy.speedup import SpeedupFactors
@@ -174,7 +175,7 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         # a "pruned" model whose every step was skipped has the original's parameters: only timing noise differs
         if factors.pruned and smaller and factors.pruning_factor < 0.95:  # where the user sees it, not only a table
             _, precision = runtime_and_precision(factors.backend)
-            block = channel_block(precision)
+            block = channel_block(precision == PRECISION_BF16)
             hint = f" (try --round-to {block} --head-round-to {block})" if block > ctx.round_to else ""
             update["notes"] = [
                 f"pruning made the deployed model slower in {factors.backend} ({1e3 * factors.runtime_original_s:.2f}"

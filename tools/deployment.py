@@ -20,7 +20,7 @@ from torch import nn
 from tools import ops
 from tools.artifacts.io import load_module
 from tools.deploy.accuracy import AccuracyControl
-from tools.deploy.base import BackendNotApplicable
+from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
 from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
@@ -75,8 +75,6 @@ ORIGINAL_MARGIN = 0.15
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
 INT8_MARGIN = 0.10
-#: The precision label of the float candidates; every other one (int8, bf16) can cost accuracy.
-FP32 = "fp32"
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
 
@@ -117,7 +115,7 @@ def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
     fastest FP32 runtime, or when the accuracy is unknown, nothing."""
 
     def is_int8(c: DeployCandidate) -> bool:
-        return c.precision != FP32
+        return c.precision != PRECISION_FP32
 
     half = round(total_points / 2, 4)
     chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)
@@ -310,7 +308,7 @@ def _off_target(backends: list[str], int8_cpu: str) -> list[DeployCandidate]:
     return [
         DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
         for b in backends
-        if b in BACKENDS and BACKENDS[b].precision == "bf16"
+        if b in BACKENDS and BACKENDS[b].precision == PRECISION_BF16
     ]
 
 

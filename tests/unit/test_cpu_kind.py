@@ -118,6 +118,6 @@ def test_channel_blocks_follow_the_kernels_of_each_precision() -> None:
     from tools.deploy.cpu import channel_block
 
     spr = CpuFeatures(model_name="Xeon", machine="x86_64", features=["avx2", "avx512bw", "amx_int8", "amx_bf16"])
-    assert channel_block("bf16", spr) == 32, "AMX tiles: 24 of 32 channels ran slower than 32 in bf16"
-    assert channel_block("fp32", spr) == channel_block("fp32", VNNI) == 16
-    assert channel_block("fp32", AVX2_ONLY) == channel_block("bf16", AVX2_ONLY) == 8
+    assert channel_block(True, spr) == 32, "AMX tiles: 24 of 32 channels ran slower than 32 in bf16"
+    assert channel_block(False, spr) == channel_block(False, VNNI) == 16
+    assert channel_block(False, AVX2_ONLY) == channel_block(True, AVX2_ONLY) == 8

@@ -27,6 +27,10 @@ from tools.schemas import QuantDType
 Runtime = Literal["pytorch", "onnxruntime", "openvino"]
 """The runtime that runs a deployed model."""
 
+#: The precision labels of the float backends: FP32 (exact), and bf16 (every float operation in bf16, which can cost
+#: accuracy as int8 does). Int8 backends' labels start with "int8".
+PRECISION_FP32 = "fp32"
+PRECISION_BF16 = "bf16"
 #: The module types whose weights static int8 quantizes (Conv and MatMul/Gemm operators): a plan's layers for it.
 WEIGHTED_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -127,6 +131,8 @@ def importable(modules: Iterable[str]) -> bool:
 
 
 __all__ = [
+    "PRECISION_BF16",
+    "PRECISION_FP32",
     "WEIGHTED_MODULES",
     "BackendNotApplicable",
     "Deployment",

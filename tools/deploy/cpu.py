@@ -292,13 +292,14 @@ class Int8Settings(BaseModel):
         )
 
 
-def channel_block(precision: str, cpu: CpuFeatures | None = None) -> int:
-    """The channel count CPU kernels compute ``precision`` in blocks of, here: what pruned widths should be multiples
-    of to run faster (``--round-to``). Measured (``benchmarks/channel_blocks.py``, CIFAR ResNet-56, one stage's inner
-    convolutions narrowed, batch 1): with AVX2 32 -> 24 channels ran 1.07x in FP32; with AVX-512 1.00x, 32 -> 16
-    1.11x; in bf16 on AMX 32 -> 24 0.95x (slower), 32 -> 16 1.03x, 64 -> 48 0.96x, 64 -> 32 1.12x."""
+def channel_block(bf16: bool, cpu: CpuFeatures | None = None) -> int:
+    """The channel count CPU kernels compute in blocks of (in bf16 with ``bf16``, else FP32 or int8), here: what
+    pruned widths should be multiples of to run faster (``--round-to``). Measured (``benchmarks/channel_blocks.py``,
+    CIFAR ResNet-56, one stage's inner convolutions narrowed, batch 1): with AVX2 32 -> 24 channels ran 1.07x in
+    FP32; with AVX-512 1.00x, 32 -> 16 1.11x; in bf16 on AMX 32 -> 24 0.95x (slower), 32 -> 16 1.03x, 64 -> 48
+    0.96x, 64 -> 32 1.12x."""
     cpu = cpu or detect_cpu()
-    if precision == "bf16" and "amx_bf16" in cpu.features:
+    if bf16 and "amx_bf16" in cpu.features:
         return 32
     return 16 if "avx512bw" in cpu.features else 8
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from tools.deploy.accuracy import AccuracyControl
-from tools.deploy.base import QuantizationError, QuantReport, Runtime
+from tools.deploy.base import PRECISION_FP32, QuantizationError, QuantReport, Runtime
 from tools.schemas import QuantDType
 
 #: The float model's name: ``--deploy torch``, and the FP32 reference of the PyTorch backends.
@@ -33,7 +33,7 @@ class FloatModel:
 
     name = FLOAT
     runtime: Runtime = "pytorch"
-    precision = "fp32"
+    precision = PRECISION_FP32
     float_reference = FLOAT
     requires: tuple[str, ...] = ()
     cpu_dependent_int8 = False

@@ -22,6 +22,7 @@ from torch import nn
 
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import (
+    PRECISION_FP32,
     WEIGHTED_MODULES,
     BackendNotApplicable,
     QuantizationError,
@@ -179,7 +180,7 @@ class OnnxRuntimeBackend:
     def __init__(self, *, static: bool) -> None:
         self.static = static
         self.name = "onnxruntime-static" if static else FP32
-        self.precision = "int8 static (QDQ)" if static else "fp32"
+        self.precision = "int8 static (QDQ)" if static else PRECISION_FP32
         self.cpu_dependent_int8 = static
         self.layer_kinds = WEIGHTED_MODULES
         self.mixed_of: str | None = None

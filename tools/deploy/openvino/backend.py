@@ -12,6 +12,8 @@ from torch import nn
 
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import (
+    PRECISION_BF16,
+    PRECISION_FP32,
     WEIGHTED_MODULES,
     BackendNotApplicable,
     QuantizationError,
@@ -59,7 +61,7 @@ class OpenVinoBackend:
     def __init__(self, *, int8: bool) -> None:
         self.int8 = int8
         self.name = "openvino-int8" if int8 else FP32
-        self.precision = "int8 static (NNCF)" if int8 else "fp32"
+        self.precision = "int8 static (NNCF)" if int8 else PRECISION_FP32
         self.requires: tuple[str, ...] = ("openvino", "nncf") if int8 else ("openvino",)
         self.cpu_dependent_int8 = int8
         self.mixed_of: str | None = None
@@ -163,7 +165,7 @@ class OpenVinoBf16Backend(OpenVinoBackend):
     def __init__(self) -> None:
         super().__init__(int8=False)
         self.name = "openvino-bf16"
-        self.precision = "bf16"
+        self.precision = PRECISION_BF16
         self.inference_precision = "bf16"
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
