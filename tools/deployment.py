@@ -268,9 +268,12 @@ def _measure(
                 "memory_mb": metrics.memory_mb,
             }
         )
+    except BackendNotApplicable as exc:  # not a failure: the row says why it was not built
+        logger.info("deploy candidate %s not built: %s", backend, first_line(exc))
+        candidate.skipped = first_line(exc)[:300]
+        return candidate
     except Exception as exc:  # one runtime that cannot take this model must not cost the others
-        level = logging.INFO if isinstance(exc, BackendNotApplicable) else logging.WARNING
-        logger.log(level, "deploy candidate %s failed: %s", backend, first_line(exc))
+        logger.warning("deploy candidate %s failed: %s", backend, first_line(exc))
         candidate.error = first_line(exc)[:300]
         return candidate
 

@@ -132,7 +132,7 @@ def acquire(spec: str, out_dir: Path, device: str = "cpu", factory_options: dict
 
 def dry_run(model: nn.Module, shape: InputShape, device: str = "cpu") -> int:
     """Forward one input of ``shape``; return the number of logits."""
-    with torch.inference_mode():
+    with torch.no_grad():
         return int(logits_of(model(example_input(shape, device=device))).shape[-1])
 
 

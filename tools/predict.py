@@ -53,7 +53,7 @@ def predict(artifact_dir: Path, images: list[Path], top_k: int = 5) -> list[Pred
             raise ValueError(f"cannot read image {path}: {exc}; pass image files (JPEG, PNG, ...)") from None
     batch = ops.preprocess_of(original, shape)(pictures)
     model = load_compressed(artifact_dir)
-    with torch.inference_mode():
+    with torch.no_grad():
         probs = torch.softmax(logits_of(model(batch)).float(), dim=-1)
     k = min(top_k, probs.shape[-1])
     values, indices = probs.topk(k, dim=-1)

@@ -11,17 +11,22 @@ import time
 import pytest
 import torch
 from transformers import (
+    BeitConfig,
+    BeitForImageClassification,
     CvtConfig,
     CvtForImageClassification,
     EfficientNetImageProcessor,
     FocalNetConfig,
     FocalNetForImageClassification,
+    LevitConfig,
+    LevitForImageClassification,
 )
 
 from agents.planning.base import PlanningContext
 from agents.planning.rules import RulesPlanner, exact_pattern
 from tools.compression.pruning import prunable_layers
-from tools.evaluation.accuracy import chance_note
+from tools.evaluation.accuracy import chance_note, predict_logits
+from tools.evaluation.cost import compare_latencies
 from tools.models.input_shape import _processor_sizes
 from tools.schemas import ModelProfile, SensitivityPoint, SensitivityProfile, SensitivityUnit
 
@@ -86,6 +91,38 @@ def test_an_untraceable_model_keeps_nothing_structured_and_says_why() -> None:
     layers = prunable_layers(model.eval(), torch.randn(1, 3, 32, 32))
     assert not layers.structured and layers.blocked
     assert all("Torch-Pruning cannot trace CvtForImageClassification" in r for r in layers.blocked.values())
+
+
+def test_evaluating_and_timing_first_leave_beit_traceable_for_pruning() -> None:
+    # BEiT keeps its relative-position index in a process-wide LRU cache, filled by the first forward pass of a
+    # window size: filled under torch.inference_mode (evaluation and timing used it), the cached tensor broke
+    # Torch-Pruning's tracing for the rest of the process, and a run pruned nothing. The window size (7 x 7)
+    # is one no other test uses, so the cache is filled here.
+    config = BeitConfig(
+        image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, use_relative_position_bias=True, num_labels=3,
+    )  # fmt: skip
+    model = BeitForImageClassification(config).eval()
+    example = torch.randn(1, 3, 28, 28)
+    compare_latencies({"beit": model}, example, warmup=0, repeats=2)
+    predict_logits(model, lambda images: torch.stack(images), [torch.randn(3, 28, 28)] * 2, progress=False)
+    result = prunable_layers(model, example)
+    assert result.structured, result.blocked
+
+
+def test_levit_converts_to_openvino_although_its_first_call_fills_a_cache() -> None:
+    # LeViT caches its attention biases on the first call in eval mode, so two traced calls differed and
+    # OpenVINO's conversion refused the model ("Graphs differed across invocations")
+    pytest.importorskip("openvino")
+    from tools.deploy.openvino.convert import convert_openvino
+
+    config = LevitConfig(
+        image_size=32, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2], depths=[1, 1, 1],
+        key_dim=[8, 8, 8], num_labels=3,
+    )  # fmt: skip
+    model = LevitForImageClassification(config).eval()
+    converted = convert_openvino(model, torch.randn(1, 3, 32, 32))
+    assert len(converted.outputs) == 1
 
 
 def test_focalnet_groups_end_instead_of_looping_for_ever() -> None:

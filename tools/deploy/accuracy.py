@@ -29,7 +29,7 @@ BATCH = 50
 def predict_classes(model: Callable[[torch.Tensor], Any], images: torch.Tensor, batch: int = BATCH) -> list[int]:
     """Top-1 class of each image under ``model`` (a runtime's callable ``pixel_values -> logits``)."""
     out: list[int] = []
-    with torch.inference_mode():
+    with torch.no_grad():
         for start in range(0, len(images), batch):
             logits = model(images[start : start + batch])
             logits = logits if isinstance(logits, torch.Tensor) else torch.as_tensor(logits)

@@ -1,6 +1,6 @@
 """Running a classifier on images and counting its accuracy.
 
-:func:`iter_logits` / :func:`predict_logits` run a model (eval mode, ``torch.inference_mode``) over
+:func:`iter_logits` / :func:`predict_logits` run a model (eval mode, ``torch.no_grad``) over
 preprocessed batches. The prediction is always the argmax over all model classes; a sample counts as
 correct when that argmax is the model class its dataset class was matched to (see
 :mod:`tools.evaluation.labels`; a model class whose name repeats counts as the first of that name), and samples
@@ -74,7 +74,10 @@ def iter_logits(
     progress: bool = True,
     desc: str = "predict",
 ) -> Generator[torch.Tensor, None, None]:
-    """Logits (on CPU, float) of ``images`` in batches of ``batch_size``, under ``torch.inference_mode``.
+    """Logits (on CPU, float) of ``images`` in batches of ``batch_size``, under ``torch.no_grad``.
+
+    Not ``inference_mode``: a cache a model fills on its first call (BEiT keeps its relative-position index in a
+    process-wide LRU cache) would then hold an inference tensor, and tracing the model for pruning would fail.
 
     The model must already be on ``device``; the preprocessed batches are moved there.
     """
@@ -84,7 +87,7 @@ def iter_logits(
     dtype = _float_dtype(model)
     with (
         eval_mode([model]),
-        torch.inference_mode(),
+        torch.no_grad(),
         tqdm(total=len(images), desc=desc, unit="img", disable=not progress, leave=False) as bar,
     ):
         for start in range(0, len(images), batch_size):

@@ -60,8 +60,9 @@ def compare_latencies(
     Each repetition runs every model once, in a fresh seeded random order, so that drifting machine load
     affects all models alike and no model always runs after the same neighbour (which measurably biases
     the one that follows, e.g. an ONNX Runtime session after a PyTorch model); the ratios then hold.
-    Works for nn.Modules (run in eval mode under ``torch.inference_mode``) and any callable (e.g. an
-    ONNX Runtime wrapper).
+    Works for nn.Modules (run in eval mode; the warm-up calls under ``torch.no_grad``, so that a cache a model
+    fills on its first call holds an ordinary tensor, the timed ones under ``torch.inference_mode``, as a user
+    would serve it) and any callable (e.g. an ONNX Runtime wrapper).
     A dict input is passed as keyword arguments.
     """
     _check_counts(warmup, repeats)
@@ -70,17 +71,19 @@ def compare_latencies(
     names = list(models)
     sync = _needs_cuda_sync(example_input) and torch.cuda.is_available()
     times: dict[str, list[float]] = {name: [] for name in names}
-    with eval_mode(list(models.values())), torch.inference_mode():
-        for _ in range(warmup):
-            for name in names:
-                _invoke(models[name], example_input)
+    with eval_mode(list(models.values())):
+        with torch.no_grad():  # a cache a model fills on its first call must not hold an inference tensor
+            for _ in range(max(1, warmup)):
+                for name in names:
+                    _invoke(models[name], example_input)
         if sync:
             torch.cuda.synchronize()
         order = random.Random(0)
         for _ in range(repeats):
             for name in order.sample(names, len(names)):
                 start = time.perf_counter()
-                _invoke(models[name], example_input)
+                with torch.inference_mode():
+                    _invoke(models[name], example_input)
                 if sync:
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - start)

@@ -154,7 +154,7 @@ def count_outputs(model: nn.Module, pre: Preprocessing) -> int:
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     example = torch.zeros(1, *pre.input_shape(), device=device)
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             logits = logits_of(model(example))
     except Exception as exc:
         raise ModelLoadError(

@@ -243,7 +243,7 @@ def dry_run_problem(model: nn.Module, shape: InputShape, num_labels: int | None 
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     example = torch.randn(1, *shape.as_tuple(), generator=torch.Generator().manual_seed(0)).to(device)
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             logits = logits_of(model(example))
     except Exception as exc:  # a wrong shape raises anything from RuntimeError to ValueError
         return f"{type(exc).__name__}: {first_line(exc)}" if str(exc) else type(exc).__name__

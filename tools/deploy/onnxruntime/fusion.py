@@ -216,7 +216,7 @@ def fuse_attention(model: nn.Module, example_input: torch.Tensor, *, atol: float
     x = example_input.detach().cpu().float()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
-    with torch.inference_mode():
+    with torch.no_grad():
         reference = LogitsOnly(model.eval())(x.to(device)).float().cpu()
         output = LogitsOnly(fused)(x)
     model.train(was_training)

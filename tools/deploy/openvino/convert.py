@@ -64,6 +64,9 @@ def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
     _, channels, height, width = (int(d) for d in example.shape)
     try:
         with _conversion_quiet(), torch.no_grad():
+            # one call first: a model that fills a cache on its first call in eval mode (LeViT's attention biases)
+            # traces differently on the next, and the tracer's check that two invocations agree would fail
+            wrapper(example)
             converted = ov.convert_model(
                 wrapper, example_input=(example,), input=[ov.PartialShape([-1, channels, height, width])]
             )

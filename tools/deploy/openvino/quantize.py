@@ -220,7 +220,7 @@ def _torch_weighted_layers(model: nn.Module, example_input: torch.Tensor) -> lis
 
     handles = [m.register_forward_hook(record) for m in names]
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             model(example_input[:1].to(next(model.parameters()).device))
     finally:
         for handle in handles:
