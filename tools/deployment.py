@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "accuracy_control",
+    "attempt_marker",
     "calibration_images",
     "candidate_backends",
     "deploy",
@@ -234,9 +235,23 @@ def _measure(
     source: str | None = None,
 ) -> DeployCandidate:
     """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
-    mixed-precision backend gets the plan's recommendations and ``control``; the others the full-int8 ones."""
+    mixed-precision backend gets the plan's recommendations and ``control``; the others the full-int8 ones.
+
+    A marker beside ``artifact_dir`` (:func:`attempt_marker`) exists while it is built and evaluated: a runtime that
+    kills the process (OpenVINO 2026.4 segfaults compiling a GroupNorm of one channel per group) leaves it, and the
+    resumed run leaves that candidate out, saying so, instead of dying at the same place again."""
     runtime, precision = runtime_and_precision(backend, unknown=("?", "?"))
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
+    marker = attempt_marker(artifact_dir)
+    if marker.exists():
+        logger.warning("deploy candidate %s left out: the process died in it before (%s)", backend, marker)
+        candidate.error = (
+            f"the process died while it was built or run in an earlier attempt (a crash inside {runtime}, or the "
+            f"run was killed then): left out; delete {marker} to try it again"
+        )
+        return candidate
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     try:
         artifact = source_dir
         if backend != FLOAT:
@@ -276,6 +291,13 @@ def _measure(
         logger.warning("deploy candidate %s failed: %s", backend, first_line(exc))
         candidate.error = first_line(exc)[:300]
         return candidate
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def attempt_marker(artifact_dir: Path) -> Path:
+    """The file that exists while the candidate at ``artifact_dir`` is built and evaluated (see :func:`_measure`)."""
+    return artifact_dir.parent / f".{artifact_dir.name}.attempt"
 
 
 def mac_shares(model: nn.Module, example: torch.Tensor) -> dict[type[nn.Module], float]:

@@ -333,3 +333,37 @@ def test_bf16_is_not_built_for_cpus_without_vnni(monkeypatch: Any) -> None:
     assert deployment_module._off_target(backends, "auto") == []
     monkeypatch.setattr(deployment_module, "detect_cpu", lambda: avx2)
     assert deployment_module._off_target(backends, "no-vnni") == [], "its own row says why (not applicable here)"
+
+
+def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(tmp_path: Path) -> None:
+    """A runtime that kills the process (a segfault) leaves the candidate's marker: the resumed deployment leaves
+    that candidate out with a row saying why, deploys the others, and leaves no marker of those behind."""
+    from tests.helpers import save_tiny, tiny_resnet
+    from tools import ops
+    from tools.deployment import attempt_marker, deploy
+
+    original = tmp_path / "run" / "models" / "original"
+    ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
+    out_root = tmp_path / "run" / "models" / "deploy"
+    crashed = attempt_marker(out_root / "onnxruntime-fp32")
+    crashed.parent.mkdir(parents=True)
+    crashed.touch()  # what a process killed while building or running it leaves
+
+    choice = deploy(
+        original,
+        original,
+        [],
+        out_root,
+        ops.resolve_input_shape(original),
+        ops.EvalSpec(dataset=None, samples=10, progress=False),
+        backends=[FLOAT, "onnxruntime-fp32", "openvino"],
+        within_budget=lambda drop, paired: True,
+        baseline_accuracy=None,
+        repeats=3,
+    )
+    rows = {c.backend: c for c in choice.candidates}
+    assert rows["onnxruntime-fp32"].error and "died" in rows["onnxruntime-fp32"].error
+    assert str(crashed) in rows["onnxruntime-fp32"].error and rows["onnxruntime-fp32"].latency_s is None
+    assert rows["openvino"].ran and rows["openvino"].latency_s is not None
+    assert choice.chosen != "onnxruntime-fp32"
+    assert sorted(p.name for p in out_root.glob(".*.attempt")) == [crashed.name]  # only the one that died
