@@ -550,6 +550,9 @@ def deploy(
         wanted = next(c for c in candidates if c.backend == backends[-1])
         if wanted.ran:
             chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it ({why})"
+        else:  # say why the backend asked for is not the one deployed
+            reason = f"could not run: {wanted.error}" if wanted.error else f"was not built: {wanted.skipped}"
+            why = f"--deploy {wanted.backend} {reason}; {why}"
     usable = [c for c in pool if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
     source = min(usable, key=lambda c: c.latency_s or 0.0).source if usable and not forced else None
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)

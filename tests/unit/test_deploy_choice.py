@@ -189,8 +189,8 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
 
-    def fused_row(forced: bool) -> Any:
-        choice = deploy(
+    def fused_choice(forced: bool) -> Any:
+        return deploy(
             original,
             original,
             [],
@@ -203,7 +203,9 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
             repeats=3,
             forced=forced,
         )
-        return next(c for c in choice.candidates if c.backend == "onnxruntime-fused")
+
+    def fused_row(forced: bool) -> Any:
+        return next(c for c in fused_choice(forced).candidates if c.backend == "onnxruntime-fused")
 
     # measured choice: a backend of Linear layers only is not even built for a CNN
     assert "only Linear layers" in (fused_row(forced=False).skipped or "")
@@ -212,6 +214,9 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
     assert fused.error is None and "no attention module that can be fused" in (fused.skipped or "")
     records = [r for r in caplog.records if "onnxruntime-fused" in r.getMessage()]
     assert records and all(r.levelno == logging.INFO for r in records)
+    forced = fused_choice(forced=True)  # the deployed model is another, and the reason says why
+    assert forced.chosen != "onnxruntime-fused"
+    assert forced.why.startswith("--deploy onnxruntime-fused was not built: ") and "no attention module" in forced.why
 
 
 def test_linear_only_int8_is_left_out_where_linear_layers_do_little() -> None:
