@@ -373,7 +373,11 @@ def load_eval_dataset(
     else:
         indices = split_indices(total, {**sizes, "evaluation": total if samples is None else samples}, seed)[part]
         if not indices:
-            raise DatasetError(f"the {part} part of {spec} is empty: {total} rows, parts {sizes}")
+            wanted = ", ".join(f"{name} {count}" for name, count in sizes.items() if count)
+            raise DatasetError(
+                f"{spec} has {total} image(s), too few to leave any for its {part} part (asked for: {wanted}, the "
+                "evaluation the rest): give more images, or set that part's option to 0 (e.g. --calibration-samples 0)"
+            )
     chosen = rows.select_columns([image_column, label_column]).select(indices, keep_in_memory=True)
     chosen = _undecoded(chosen, image_column)  # decode each image here, so that a broken one can be skipped
     labels = [encode(value) for value in chosen[label_column]]

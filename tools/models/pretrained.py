@@ -134,8 +134,14 @@ def load_pretrained(spec: str, source: str) -> LoadedModel:
         raise _weights_error(spec, source, exc) from exc
     try:
         processor = AutoImageProcessor.from_pretrained(spec)
-    except Exception as exc:  # no preprocessor_config.json
-        logger.warning("no image processor for %s (%s); using config-derived preprocessing", spec, exc)
+    except Exception:  # no preprocessor_config.json; said once, when the model is acquired, not for the run's copy
+        logger.log(
+            logging.INFO if (Path(spec) / MARKER_FILE).is_file() else logging.WARNING,
+            "%s has no image processor (preprocessor_config.json): images are resized to the model's input size and "
+            "normalised with mean 0.5 and std 0.5 per channel; if it was trained otherwise, save its processor there "
+            "(AutoImageProcessor.save_pretrained)",
+            spec,
+        )
         processor = None
     untrained = False
     marker = Path(spec) / MARKER_FILE
