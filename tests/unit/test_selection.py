@@ -1,16 +1,17 @@
-"""Choosing the best round: accuracy (ties within the evaluation's resolution), then params, then latency;
+"""Choosing the best round: accuracy (ties within the 95 % interval of the difference), then params, then latency;
 or ``--selection smallest-within-budget``; the budget test (drop + one standard error); and the node that
 reports the original when no round is within budget."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 from langgraph.runtime import Runtime
 
 from agents.iterative import select_best_model
-from agents.planning.selection import accuracy_drop_points, best_round, budget_drop_points, within_budget
+from agents.planning.selection import TIE_Z, accuracy_drop_points, best_round, budget_drop_points, within_budget
 from graph.context import Context
 
 Z95 = 1.96
@@ -63,32 +64,42 @@ def test_no_round_within_budget_gives_none(selection: Any) -> None:
     assert best_round(rounds, selection) is None
 
 
-def test_accuracy_differences_within_one_standard_error_are_ties() -> None:
-    # se = 0.28 (best), 0.43 and 0.46 points: the differences' se are 0.52 and 0.54; 0.1 lower is a tie, 0.7 is not
+def test_accuracy_differences_within_the_95_percent_interval_of_the_difference_are_ties() -> None:
+    # se = 0.28 (best), 0.43 and 0.46 points: the differences' 95 % half-widths are 1.02 and 1.06 points; 0.1 and
+    # 0.7 lower are ties (the earlier one-standard-error rule took 0.7 for a real difference), 1.2 is not
     rounds = [
         _round(0, 0.645, 900, half_width=0.55),
         _round(1, 0.644, 700, half_width=0.85),
-        _round(2, 0.638, 600, half_width=0.9),
+        _round(2, 0.633, 600, half_width=0.9),
     ]
     assert best_round(rounds, "accuracy")["round"] == 1
+    assert best_round([*rounds[:2], _round(2, 0.638, 600, half_width=0.9)], "accuracy")["round"] == 2
     # a precise evaluation resolves 0.1 points: then the more accurate round stays the best
     precise = [_round(0, 0.645, 900, half_width=0.05), _round(1, 0.644, 700, half_width=0.05)]
     assert best_round(precise, "accuracy")["round"] == 0
 
 
-def test_the_tie_tolerance_is_the_standard_error_of_the_difference_of_the_two_rounds() -> None:
-    se_points = 0.5  # half-width 0.98 points
+def test_the_tie_tolerance_is_the_95_percent_half_width_of_the_difference_of_the_two_rounds() -> None:
+    se_points, other = 0.5, 0.1 / Z95  # half-widths 0.98 and 0.1 points
+    tolerance = TIE_Z * math.hypot(se_points, other) / 100  # 0.985 points, as a fraction
     best = _round(0, 0.800, 900, half_width=se_points * Z95)
-    just_inside = _round(1, 0.800 - 0.0049, 500, half_width=0.1)  # 0.49 points lower: a tie, fewer params
-    just_outside = _round(2, 0.800 - 0.0051, 100, half_width=0.1)  # 0.51 points lower: not a tie
+    just_inside = _round(1, 0.800 - tolerance + 0.0001, 500, half_width=0.1)  # a tie, fewer params
+    just_outside = _round(2, 0.800 - tolerance - 0.0001, 100, half_width=0.1)  # not a tie
     assert best_round([best, just_inside], "accuracy")["round"] == 1
     assert best_round([best, just_outside], "accuracy")["round"] == 0
     assert best_round([best, just_inside, just_outside], "accuracy")["round"] == 1
     # a precisely measured best round and a round whose own interval is wider: the wider one decides
     # (distilled candidates agree with the original on more images than the best, often least pruned, round)
     narrow = _round(0, 0.800, 900, half_width=0.0)
-    assert best_round([narrow, _round(1, 0.800 - 0.0049, 500, half_width=se_points * Z95)], "accuracy")["round"] == 1
-    assert best_round([narrow, _round(1, 0.800 - 0.0051, 500, half_width=se_points * Z95)], "accuracy")["round"] == 0
+    wide = TIE_Z * se_points / 100
+    assert (
+        best_round([narrow, _round(1, 0.800 - wide + 0.0001, 500, half_width=se_points * Z95)], "accuracy")["round"]
+        == 1
+    )
+    assert (
+        best_round([narrow, _round(1, 0.800 - wide - 0.0001, 500, half_width=se_points * Z95)], "accuracy")["round"]
+        == 0
+    )
 
 
 def test_among_ties_fewest_params_then_lowest_latency_then_higher_accuracy() -> None:
