@@ -173,14 +173,39 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         pruned_params = (entries["pruned"] or {}).get("params")
         smaller = pruned_params is not None and pruned_params < (entries["baseline"] or {}).get("params", 0)
         # a "pruned" model whose every step was skipped has the original's parameters: only timing noise differs
-        if factors.pruned and smaller and factors.pruning_factor < 0.95:  # where the user sees it, not only a table
-            _, precision = runtime_and_precision(factors.backend)
-            block = channel_block(precision == PRECISION_BF16)
-            hint = f" (try --round-to {block} --head-round-to {block})" if block > ctx.round_to else ""
-            update["notes"] = [
-                f"pruning made the deployed model slower in {factors.backend} ({1e3 * factors.runtime_original_s:.2f}"
-                f" ms unpruned, {1e3 * factors.deployed_s:.2f} ms pruned, batch 1, interleaved with the other "
-                f"models): the pruned widths may not fill this CPU's {precision} kernel blocks{hint}, or deploy "
-                "RUN/models/quantized-original"
-            ]
+        if factors.pruned and smaller and factors.pruning_factor < SLOWER_FACTOR:  # where the user sees it
+            slower = _slower_when_alone(artifacts["quantized_original"], artifacts["quantized"], data, ctx)
+            if slower is not None:
+                _, precision = runtime_and_precision(factors.backend)
+                block = channel_block(precision == PRECISION_BF16)
+                hint = f" (try --round-to {block} --head-round-to {block})" if block > ctx.round_to else ""
+                unpruned_s, pruned_s = slower
+                update["notes"] = [
+                    f"pruning made the deployed model slower in {factors.backend} ({1e3 * unpruned_s:.2f} ms "
+                    f"unpruned, {1e3 * pruned_s:.2f} ms pruned, batch 1, the two timed again alone, interleaved): "
+                    f"the pruned widths may not fill this CPU's {precision} kernel blocks{hint}, or deploy "
+                    "RUN/models/quantized-original"
+                ]
     return update
+
+
+#: The pruning factor (unpruned / pruned latency, same runtime and precision) under which the run says pruning
+#: made the deployed model slower.
+SLOWER_FACTOR = 0.95
+
+
+def _slower_when_alone(unpruned: Path, pruned: Path, state: dict[str, Any], ctx: Context) -> tuple[float, float] | None:
+    """(unpruned, pruned) latencies when the two deployed models, timed again alone with three times the repeats,
+    still show the pruned one slower than :data:`SLOWER_FACTOR` allows; None when they do not. Sub-millisecond
+    models move 15-20 % with what runs between two calls: a CIFAR ResNet-20 in OpenVINO bf16 timed 0.354 ms pruned
+    and 0.351 ms unpruned among the deployment's candidates, 0.37 and 0.30 among the final table's five models."""
+    times = ops.compare_latency(
+        {"unpruned": unpruned, "pruned": pruned},
+        shape_of(state),
+        repeats=3 * ctx.latency_repeats,
+        seed=ctx.seed,
+        device=ctx.device,
+    )
+    if times["unpruned"] >= SLOWER_FACTOR * times["pruned"]:
+        return None
+    return times["unpruned"], times["pruned"]
