@@ -1,0 +1,105 @@
+"""Cross-fitted distillation of a finished run's rounds: distillation that takes no image from the evaluation.
+
+For each round given, the saved (repaired) model is distilled twice from the original, each time on the run's
+calibration images plus one seeded half of its evaluation images, and each student is evaluated on the half it did
+not see; the two halves' predictions together give a paired estimate on every evaluation image, as the run's
+budget test would see it. Every model is also evaluated on the unseen data (``--data``: the other half of the
+split, which the run never saw). Not part of the tool yet: it measures what distilling the rounds that recovery
+leaves over the budget, without shrinking the evaluation, would give::
+
+    python benchmarks/cross_fit_distill.py runs/figures/resnet56 --rounds 2,3 --data runs/figures/halves/b
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from figure_common import read_run
+
+from tools import load_compressed, ops
+from tools.compression.distill import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, DistillConfig, distill_
+from tools.compression.forward import forward_logits
+from tools.evaluation.datasets import load_eval_dataset
+
+#: The paired test's multiplicity factor the figures print beside each estimate (4 rounds, as ``kept_round``).
+Z_FOUR_ROUNDS = 1.75
+
+
+def top1(model: Any, images: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([forward_logits(model, images[i : i + 256]).argmax(1) for i in range(0, len(images), 256)])
+
+
+def paired(predicted: torch.Tensor, original: torch.Tensor, labels: torch.Tensor) -> str:
+    """Δ points ± 95 %, the budget test's drop + 1.75 standard errors, and the agreement with the original."""
+    diff = (predicted == labels).float() - (original == labels).float()
+    se = float(diff.std()) / len(diff) ** 0.5
+    mean = float(diff.mean())
+    agreement = float((predicted == original).float().mean())
+    return (
+        f"Δ {100 * mean:+.2f} ± {196 * se:.2f} (drop + {Z_FOUR_ROUNDS} se {100 * (-mean + Z_FOUR_ROUNDS * se):.2f}), "
+        f"agreement {100 * agreement:.1f} %"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a finished run directory (runs on one half of a split)")
+    parser.add_argument("--rounds", required=True, help="round numbers, comma-separated")
+    parser.add_argument("--data", required=True, help="images the run never saw (the other half)")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=AUTO_DISTILL_LR)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    ops.set_threads(args.threads)
+    run = read_run(args.run)
+    report = json.loads((args.run / "report.json").read_text())
+    parts = report["baseline"]["data_parts"]
+    sizes = {name: parts.get(name, 0) for name in ("calibration", "holdout", "finetune")}
+    dataset, seed = report["dataset"]["spec"], int(run.settings["context"].get("seed", 0))
+    mapping = {int(k): int(v) for k, v in report["dataset"]["label_match"]["mapping"].items()}
+    preprocess = run.preprocess()
+
+    def as_classes(labels: list[int]) -> torch.Tensor:
+        return torch.tensor([mapping.get(label, -1) for label in labels])
+
+    def part(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        data = load_eval_dataset(dataset, samples=parts["evaluation"], seed=seed, part=name, sizes=sizes)
+        return preprocess(list(data.images)), as_classes(data.labels)
+
+    calibration, _ = part("calibration")
+    evaluation, labels = part("evaluation")
+    unseen_data = load_eval_dataset(args.data, samples=None, seed=0)
+    unseen, unseen_labels = preprocess(list(unseen_data.images)), as_classes(unseen_data.labels)
+    order = torch.randperm(len(evaluation), generator=torch.Generator().manual_seed(0))
+    halves = (order[: len(order) // 2], order[len(order) // 2 :])
+    original = load_compressed(run.original)
+    original_eval, original_unseen = top1(original, evaluation), top1(original, unseen)
+    print(f"{args.run}: {len(evaluation):,} evaluation images in two halves, {len(unseen):,} unseen")
+    for index in (int(r) for r in args.rounds.split(",")):
+        repaired = load_compressed(args.run / "rounds" / f"round-{index:02d}" / "model")
+        print(f"round {index}, repaired: in the run {paired(top1(repaired, evaluation), original_eval, labels)}")
+        print(f"  unseen {paired(top1(repaired, unseen), original_unseen, unseen_labels)}")
+        merged = torch.empty_like(original_eval)
+        for seen, held_out in (halves, halves[::-1]):
+            student = copy.deepcopy(repaired)
+            start = time.perf_counter()
+            config = DistillConfig(steps=args.steps, lr=args.lr, batch_size=AUTO_DISTILL_BATCH)
+            distill_(student, original, torch.cat([calibration, evaluation[seen]]), config)
+            merged[held_out] = top1(student, evaluation[held_out])
+            took = time.perf_counter() - start
+            print(
+                f"  student of {len(seen):,} + {len(calibration)} images ({took:.0f} s): unseen "
+                f"{paired(top1(student, unseen), original_unseen, unseen_labels)}"
+            )
+        print(f"  cross-fitted, in the run: {paired(merged, original_eval, labels)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
