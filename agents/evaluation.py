@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The pruning factor (unpruned / pruned latency, same runtime and precision) under which the run says pruning
+#: made the deployed model slower.
+SLOWER_FACTOR = 0.95
+
 
 def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     """The run's distillation recipe (None: off): the settings' steps, or with ``--finetune-steps auto`` what the
@@ -187,11 +191,6 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
                     "RUN/models/quantized-original"
                 ]
     return update
-
-
-#: The pruning factor (unpruned / pruned latency, same runtime and precision) under which the run says pruning
-#: made the deployed model slower.
-SLOWER_FACTOR = 0.95
 
 
 def _slower_when_alone(unpruned: Path, pruned: Path, state: dict[str, Any], ctx: Context) -> tuple[float, float] | None:

@@ -23,7 +23,7 @@ __all__ = [
 #: How many standard errors of the difference two rounds' accuracies must differ by for one to count as the more
 #: accurate (95 %, two-sided). Within one standard error (the earlier rule) a round was "more accurate" on noise:
 #: ViT-tiny distilled kept 47.7 % fewer parameters (+0.06 points in the run) over 57.8 % (-0.36), which lost the
-#: same on 5,000 unseen images (-0.48 and -0.50); of 15 saved runs it changes only that one.
+#: same on 5,000 unseen images (-0.48 and -0.50); of 32 saved runs it changes only that one's kept round.
 TIE_Z = NormalDist().inv_cdf(0.975)
 
 #: The one-sided level of the budget test for one candidate: drop + one standard error (z = 1).
