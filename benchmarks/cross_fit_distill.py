@@ -22,13 +22,14 @@ from typing import Any
 import torch
 from figure_common import read_run
 
+from agents.planning.selection import selection_z
 from tools import load_compressed, ops
 from tools.compression.distill import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, DistillConfig, distill_
 from tools.compression.forward import forward_logits
 from tools.evaluation.datasets import load_eval_dataset
 
-#: The paired test's multiplicity factor the figures print beside each estimate (4 rounds, as ``kept_round``).
-Z_FOUR_ROUNDS = 1.75
+#: The multiplicity factor the figures print beside each estimate: the kept round's check for the best of 4 rounds.
+Z_FOUR_ROUNDS = round(selection_z(4), 2)
 
 
 def top1(model: Any, images: torch.Tensor) -> torch.Tensor:
