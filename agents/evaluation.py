@@ -15,7 +15,7 @@ from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
 from tools.schemas import Metrics, RoundResult
-from tools.stats import resolution_note
+from tools.stats import drop_points, resolution_note
 from tools.store.files import atomic_write_json
 
 if TYPE_CHECKING:
@@ -37,6 +37,32 @@ def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
         macs = (state.get("profile_summary") or {}).get("total_macs")
         return auto_distill_config(macs, device=ctx.device, seed=ctx.seed)
     return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed) if ctx.finetune_steps else None
+
+
+def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
+    """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
+    were not distilled already (``--finetune-steps 0``), the run has a dataset and calibration images, and the
+    model is small enough for it (``auto_distill_config``); None otherwise."""
+    from tools.compression.distill import auto_distill_config
+
+    if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.get("dataset"):
+        return None
+    if not (state.get("baseline") or {}).get("data_parts", {}).get("calibration"):
+        return None
+    macs = (state.get("profile_summary") or {}).get("total_macs")
+    return auto_distill_config(macs, device=ctx.device, seed=ctx.seed)
+
+
+def rescues_wanted(state: dict[str, Any], ctx: Context) -> int:
+    """Cross-fitted distillations after the search the run makes at most: ``--distill-rescues N``, or with ``auto``
+    what the model's MACs allow (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
+    from tools.compression.distill import auto_rescues
+
+    if rescue_config(state, ctx) is None:
+        return 0
+    if ctx.distill_rescues != AUTO_STEPS:
+        return ctx.distill_rescues
+    return auto_rescues((state.get("profile_summary") or {}).get("total_macs"))
 
 
 def finetune_samples(state: dict[str, Any], ctx: Context) -> int:
@@ -73,8 +99,18 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
     )
 
 
-def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str) -> Metrics:
-    return ops.evaluate(artifact, paths(state).original, shape_of(state), eval_spec(state, ctx), desc)
+def spec_for(state: dict[str, Any], ctx: Context, artifact: Path) -> ops.EvalSpec:
+    """:func:`eval_spec` for judging ``artifact`` or a model built from it: for a round distilled after the search
+    (cross-fitted), only the half of the evaluation images its model was not distilled on."""
+    for r in state.get("rounds") or []:
+        if r.get("cross_fit") and Path(r["metrics"]["artifact"]).resolve() == Path(artifact).resolve():
+            return eval_spec(state, ctx).model_copy(update={"evaluation_half": r["cross_fit"]["judged_on_half"]})
+    return eval_spec(state, ctx)
+
+
+def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str, source: Path | None = None) -> Metrics:
+    spec = spec_for(state, ctx, source or artifact)
+    return ops.evaluate(artifact, paths(state).original, shape_of(state), spec, desc)
 
 
 def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -128,8 +164,9 @@ def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any
             continue
         artifact = entry["artifact"]
         if artifact not in done:
-            metrics = _evaluate(data, ctx, Path(artifact), key.replace("_", " "))
-            drop = accuracy_drop_points(baseline_acc, metrics.accuracy)
+            source = Path(entry["source"]) if entry.get("source") else None
+            metrics = _evaluate(data, ctx, Path(artifact), key.replace("_", " "), source)
+            drop = drop_points(baseline_acc, metrics.accuracy, metrics.paired)
             done[artifact] = {**entry, **metrics.model_dump(), "accuracy_drop_points": drop}
         update[key] = dict(done[artifact])
     return update

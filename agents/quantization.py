@@ -16,7 +16,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings, shape_of
-from agents.evaluation import eval_spec
+from agents.evaluation import eval_spec, spec_for
 from agents.iterative import evaluate_holdout, pruned_entry
 from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
@@ -120,6 +120,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         prebuilt=[run.root / "models" / "deploy-original"],
         int8_cpu=ctx.int8_cpu,
         control=control,
+        spec_of=lambda model_dir: spec_for(data, ctx, model_dir),
     )
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []

@@ -4,8 +4,9 @@ For each round given, the saved (repaired) model is distilled twice from the ori
 calibration images plus one seeded half of its evaluation images, and each student is evaluated on the half it did
 not see; the two halves' predictions together give a paired estimate on every evaluation image, as the run's
 budget test would see it. Every model is also evaluated on the unseen data (``--data``: the other half of the
-split, which the run never saw). Not part of the tool yet: it measures what distilling the rounds that recovery
-leaves over the budget, without shrinking the evaluation, would give::
+split, which the run never saw). It measured what distilling the rounds that recovery leaves over the budget, without
+shrinking the evaluation, would give; the tool now does it after the search (``agents/distillation.py``, its own
+seeded halves)::
 
     python benchmarks/cross_fit_distill.py runs/figures/resnet56 --rounds 2,3 --data runs/figures/halves/b
 """

@@ -2,7 +2,8 @@
 
 acquire → resolve shape → profile → evaluate baseline → profile int8 (per-block damage, the budget's split)
 → profile sensitivity → analyze → prune → evaluate
-→ (iterate → prune → evaluate)×T → select best → quantize → evaluate quantized
+→ (iterate → prune → evaluate)×T → (distill an over-budget round, cross-fitted)×R → select best → quantize
+→ evaluate quantized
 → measure latencies (interleaved) → report
 """
 
@@ -14,6 +15,7 @@ from langgraph.graph import END, START, StateGraph
 
 from agents.acquisition import acquire_model
 from agents.analysis import analyze_profile
+from agents.distillation import distill_over_budget_round
 from agents.evaluation import evaluate_baseline, evaluate_model, evaluate_quantized, measure_latencies
 from agents.input_shape import resolve_input_shape
 from agents.int8 import profile_int8
@@ -26,6 +28,7 @@ from agents.review import review_plan
 from graph.context import Context
 from graph.routing import (
     route_after_analyze_profile,
+    route_after_distill_over_budget_round,
     route_after_evaluate_model,
     route_after_iterate_pruning,
     route_after_review_plan,
@@ -45,6 +48,7 @@ NODES = {
     "prune_model": prune_model,
     "evaluate_model": evaluate_model,
     "iterate_pruning": iterate_pruning,
+    "distill_over_budget_round": distill_over_budget_round,
     "select_best_model": select_best_model,
     "quantize_model": quantize_model,
     "evaluate_quantized": evaluate_quantized,
@@ -69,6 +73,7 @@ def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder.add_conditional_edges("evaluate_model", route_after_evaluate_model)
     builder.add_conditional_edges("review_plan", route_after_review_plan)
     builder.add_conditional_edges("iterate_pruning", route_after_iterate_pruning)
+    builder.add_conditional_edges("distill_over_budget_round", route_after_distill_over_budget_round)
     builder.add_conditional_edges("select_best_model", route_after_select_best_model)
     builder.add_edge("quantize_model", "evaluate_quantized")
     builder.add_edge("evaluate_quantized", "measure_latencies")

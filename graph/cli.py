@@ -112,9 +112,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         "--finetune-steps",
         type=parse_steps,
         default=defaults.finetune_steps,
-        help="knowledge-distillation steps against the original after each prune: N, 0 (off, the default) or auto "
-        "(about 150 s a round at a measured training rate, 300 to 1,000 steps; off where 300 take over 600 s or "
-        "fewer than 1,024 images are left for it)",
+        help="distillation steps against the original after each prune: N, 0 (off, the default) or auto (~150 s a "
+        "round at a measured rate, 300-1,000 steps; off where 300 take over 600 s or under 1,024 images are left)",
     )
     parser.add_argument(
         "--finetune-samples",
@@ -122,6 +121,13 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         default=defaults.finetune_samples,
         help="unlabelled images for distillation, calibration ones included (default: the calibration images, "
         "up to 4,096 with --finetune-steps auto)",
+    )
+    parser.add_argument(
+        "--distill-rescues",
+        type=parse_steps,
+        default=defaults.distill_rescues,
+        help="distillations after the search of rounds over the budget, judged cross-fitted on halves of the "
+        "evaluation images (with --finetune-steps 0): N, 0 or auto (default: about 20 min at most, at most 3)",
     )
     parser.add_argument(
         "--approve-plan",
@@ -282,6 +288,7 @@ def _context(args: argparse.Namespace, run_dir: str) -> Context:
         sensitivity_samples=args.sensitivity_samples,
         finetune_steps=args.finetune_steps,
         finetune_samples=args.finetune_samples,
+        distill_rescues=args.distill_rescues,
         llm_model=args.llm_model,
         llm_base_url=args.llm_base_url,
         llm_timeout=args.llm_timeout,

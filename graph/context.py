@@ -128,6 +128,16 @@ class Context:
         0,
         int,
     )
+    distill_rescues: int = _setting(
+        "Distillations after the search (each: two students, each distilled on one half of the evaluation images and "
+        "judged on the other) of rounds over the accuracy budget, when --finetune-steps is 0 and distillation is "
+        "affordable (automatic steps): the round nearest the budget among those smaller than the kept one first, "
+        "then, while distillations are left, rounds the search plans on from them; -1: automatic, as many as take "
+        "about 20 minutes at the measured training rate, at most 3; 0: none.",
+        "DISTILL_RESCUES",
+        AUTO_STEPS,
+        parse_steps,
+    )
     # Kernel-friendly sizes, measured (int8, batch 1, 1 thread, interleaved): cifar10-resnet-tiny with every
     # block's first conv pruned by 0.3 ran 1.16x the unpruned in ONNX Runtime static int8 at 24/48/88/176
     # channels, 1.09x at 22/45/90/179 (OpenVINO 1.06x vs 1.03x); cifar10-vit-tiny's heads of 24 narrowed to 16
@@ -189,6 +199,8 @@ class Context:
             errors.append("--finetune-steps must be auto or 0 or more")
         if self.finetune_samples < 0:
             errors.append("--finetune-samples must be 0 or more")
+        if self.distill_rescues < AUTO_STEPS:
+            errors.append("--distill-rescues must be auto or 0 or more")
         if not 0 <= self.max_accuracy_drop <= 100:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
         errors += self._recipe_errors()

@@ -44,12 +44,33 @@ def rounds_wanted(ctx: Context) -> int:
     return 1 + (ctx.iterations if ctx.iterate else 0)
 
 
+def after_search(state: State, ctx: Context) -> Literal["distill_over_budget_round", "select_best_model"]:
+    """Distil a round over the budget when one is worth it (``agents.distillation``), else select the best."""
+    from agents.distillation import next_round_to_distill
+
+    return "distill_over_budget_round" if next_round_to_distill(dict(state), ctx) else "select_best_model"
+
+
 def route_after_evaluate_model(
     state: State, runtime: Runtime[Context]
-) -> Literal["iterate_pruning", "select_best_model"]:
+) -> Literal["iterate_pruning", "distill_over_budget_round", "select_best_model"]:
     ctx = context_of(runtime)
     done = len(state.get("rounds") or [])
-    return "iterate_pruning" if done < rounds_wanted(ctx) else "select_best_model"
+    return "iterate_pruning" if done < rounds_wanted(ctx) else after_search(state, ctx)
+
+
+def route_after_distill_over_budget_round(
+    state: State, runtime: Runtime[Context]
+) -> Literal["distill_over_budget_round", "iterate_pruning", "select_best_model"]:
+    """Another round worth distilling, else, while distillations are left, one more planned round (the search goes
+    on from the distilled rounds: past one back within the budget, short of one still over it), else the end."""
+    from agents.distillation import distillations_left
+
+    ctx = context_of(runtime)
+    then = after_search(state, ctx)
+    if then == "select_best_model" and ctx.iterate and distillations_left(state, ctx):
+        return "iterate_pruning"
+    return then
 
 
 def route_after_select_best_model(

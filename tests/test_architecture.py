@@ -37,7 +37,7 @@ TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
         {"tools.reporting"},
         {"tools.run_data"},
         {"tools.ops"},
-        {"tools.deployment", "tools.predict"},
+        {"tools.cross_fit", "tools.deployment", "tools.predict"},
         {"tools"},
     )
 )

@@ -13,7 +13,7 @@ from graph.cli import build_parser
 from graph.context import AUTO_STEPS
 from tests.helpers import digits_vit_report
 from tools.compression import distill
-from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_STEPS, auto_distill_steps
+from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_STEPS, auto_distill_steps, auto_rescues
 
 
 def test_steps_follow_the_macs_between_the_bounds() -> None:
@@ -75,3 +75,13 @@ def test_too_few_images_beside_evaluation_turn_it_off_and_say_so(tmp_path: Path)
     left = 64 + report["baseline"]["data_parts"]["finetune"]
     note = f"{left} unlabelled images are left for it beside evaluation, it needs {AUTO_DISTILL_IMAGES[0]:,}"
     assert any(n.startswith("distillation: off") and note in n for n in report["notes"])
+
+
+def test_distillations_after_the_search_follow_the_macs() -> None:
+    assert auto_rescues(None) == 0 and auto_rescues(253_000_000) == 0  # where automatic distillation is off
+    assert auto_rescues(127_881_866) == 1  # CIFAR ResNet-56: two students of 300 steps, about 980 s estimated
+    assert auto_rescues(41_398_922) == 3  # CIFAR ResNet-20: about 315 s a pair
+    assert auto_rescues(32_637_706) == 3  # the shared CIFAR ViT-tiny: the cap
+    assert Context(distill_rescues=AUTO_STEPS).distill_rescues == AUTO_STEPS == Context().distill_rescues
+    args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--distill-rescues", "0"])
+    assert args.distill_rescues == 0

@@ -25,6 +25,9 @@ def test_demo_meets_its_promises(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert pruned["params"] < base["params"]
     assert pruned["within_budget"] and 100 * (base["accuracy"] - pruned["accuracy"]) <= 1.0
     assert quantized["memory_mb"] < 0.5 * base["memory_mb"]
-    assert len(report["rounds"]) == 6
+    # the analysis plan and 5 iterative rounds, then distillations after the search (and rounds planned from them)
+    assert [r["cross_fit"] for r in report["rounds"][:6]] == [None] * 6
+    searched = {r["round"] for r in report["rounds"] if not r["cross_fit"]}
+    assert all(r["cross_fit"]["source_round"] in searched for r in report["rounds"] if r["cross_fit"])
     assert main(["demo", "--run-dir", str(run_dir), "--no-progress", "--no-prune", "--no-quantize"]) == 0, "reruns"
     capsys.readouterr()

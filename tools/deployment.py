@@ -28,6 +28,7 @@ from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_
 from tools.models.base import example_input
 from tools.profiling.static import weight_layer_macs
 from tools.schemas import AccuracyBudget, InputShape, PairedAccuracy, QuantizationRecommendation
+from tools.stats import drop_points
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -213,10 +214,6 @@ def full_int8(recommendations: list[QuantizationRecommendation]) -> list[Quantiz
     return [r for r in recommendations if r.dtype != "float32"]
 
 
-def _drop(baseline: float | None, accuracy: float | None) -> float | None:
-    return None if baseline is None or accuracy is None else round(100.0 * (baseline - accuracy), 4)
-
-
 def _measure(
     backend: str,
     source_dir: Path,
@@ -271,7 +268,7 @@ def _measure(
             )
             candidate.float_layers = dict(built.get("float_layers") or {})
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
-        drop = _drop(baseline_accuracy, metrics.accuracy)
+        drop = drop_points(baseline_accuracy, metrics.accuracy, metrics.paired)
         return candidate.model_copy(
             update={
                 "artifact": str(artifact),
@@ -486,6 +483,7 @@ def deploy(
     prebuilt: Sequence[Path] = (),
     int8_cpu: str = "auto",
     control: ControlSource = None,
+    spec_of: Callable[[Path], ops.EvalSpec] | None = None,
 ) -> DeployChoice:
     """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
 
@@ -503,6 +501,9 @@ def deploy(
     int8 is built for ``int8_cpu`` (:mod:`tools.deploy.cpu`). A mixed-precision backend (``*-mixed``) is built only
     when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`, or a function
     that makes it, called only then); its row says why it was not built otherwise.
+
+    ``spec_of(model_dir)``: the evaluation a model's candidates are judged by (default ``spec``): a model distilled
+    on some evaluation images is judged on the others only.
     """
     images, calibrated_on = calibration_images(original_dir, shape, spec)
     judge = _Judge(control)
@@ -511,7 +512,6 @@ def deploy(
         original_dir=original_dir,
         recommendations=recommendations,
         shape=shape,
-        spec=spec,
         images=images,
         within_budget=within_budget,
         baseline_accuracy=baseline_accuracy,
@@ -523,12 +523,14 @@ def deploy(
     mixed_backends = [b for b in backends if b not in full]
     pointless = [] if forced else _linear_only_pointless(full, source_dir, shape) + _off_target(full, int8_cpu)
     left_out = {c.backend for c in pointless}
-    candidates = [measure(b, source_dir, out_root / b) for b in full if b not in left_out] + pointless
+    judged_by = spec_of or (lambda _: spec)
+    candidates = [measure(b, source_dir, out_root / b, spec=judged_by(source_dir)) for b in full if b not in left_out]
+    candidates += pointless
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
     if timed:
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     mixed, skipped = _mixed(mixed_backends, candidates, judge, always=forced)
-    candidates += [measure(b, source_dir, out_root / b) for b in mixed] + skipped
+    candidates += [measure(b, source_dir, out_root / b, spec=judged_by(source_dir)) for b in mixed] + skipped
     if mixed or not timed:  # timed again only when mixed candidates joined
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     chosen, why = choose(candidates, original_latency)
@@ -537,7 +539,9 @@ def deploy(
         retry = list(dict.fromkeys([*_faster_over_budget(candidates, chosen), *([chosen] if chosen != FLOAT else [])]))
         for i, other in enumerate(alternatives):
             logger.info("deploy: building %s from %s too", ", ".join(retry), other)
-            candidates += [measure(b, other, out_root / f"alt-{i}" / b, source=str(other)) for b in retry]
+            candidates += [
+                measure(b, other, out_root / f"alt-{i}" / b, source=str(other), spec=judged_by(other)) for b in retry
+            ]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
         pool = _eligible(candidates, original_dir)
         chosen, why = choose(pool, original_latency)

@@ -496,8 +496,9 @@ def predictions_on(
     device = str(resolve_device("cpu" if quantized else spec.device))
     load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
     data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
+    label = spec.part_label(part)  # one half of the evaluation part keeps its own predictions file
     return predictions_for(
-        artifact_dir, part, data, spec.model_dump(), preprocess, load, device=device, desc=desc, stop=stop
+        artifact_dir, label, data, spec.model_dump(), preprocess, load, device=device, desc=desc, stop=stop
     )
 
 

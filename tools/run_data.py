@@ -81,6 +81,13 @@ class EvalSpec(BaseModel):
         description="Sequential evaluation: stop a candidate's evaluation at a look once it clearly loses more than "
         "this many points (the accuracy budget); None: every candidate sees every image.",
     )
+    evaluation_half: int | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Only this half of the evaluation part (``tools.evaluation.datasets.evaluation_halves``): the "
+        "images a cross-fitted student was not distilled on; None: all of it.",
+    )
 
     def sizes(self) -> dict[str, int]:
         """Rows of each part besides evaluation (see ``tools.evaluation.datasets.split_indices``)."""
@@ -94,7 +101,22 @@ class EvalSpec(BaseModel):
         """The decoded rows of one part (calibration, evaluation, holdout, finetune) of this spec's data."""
         if self.dataset is None:
             raise ValueError("no dataset")
-        return _dataset(self.dataset, self.split, self.samples, self.seed, name, tuple(sorted(self.sizes().items())))
+        data = _dataset(self.dataset, self.split, self.samples, self.seed, name, tuple(sorted(self.sizes().items())))
+        if name != "evaluation" or self.evaluation_half is None:
+            return data
+        from tools.evaluation.datasets import evaluation_halves, subset
+
+        return subset(data, evaluation_halves(len(data), self.seed)[self.evaluation_half])
+
+    def part_label(self, name: str) -> str:
+        """The name a part's saved predictions go by: ``evaluation-half<N>`` for one half of the evaluation part."""
+        return (
+            f"{name}-half{self.evaluation_half}" if name == "evaluation" and self.evaluation_half is not None else name
+        )
+
+    def whole(self) -> EvalSpec:
+        """This spec with the whole evaluation part."""
+        return self.model_copy(update={"evaluation_half": None})
 
     def finetune_spec(self) -> EvalSpec:
         """The spec whose ``finetune`` part is what distillation adds to the calibration images."""

@@ -274,6 +274,30 @@ class ModelEntry(Metrics):
     round: int | None = Field(default=None, description="Best pruned model: the round it comes from.")
 
 
+class CrossFitStudent(BaseModel):
+    """One of a cross-fitted round's two students: distilled on one half of the evaluation images, judged on the
+    other (``judged_on_half``), paired with the original there."""
+
+    artifact: str
+    judged_on_half: int
+    accuracy: float | None = None
+    samples: int = 0
+    paired: PairedAccuracy | None = None
+    distilled: dict[str, Any] = Field(default_factory=dict, description="DistillReport: steps, images, seconds.")
+
+
+class CrossFit(BaseModel):
+    """How a round distilled after the search was judged: two students of ``source_round``'s model, each distilled
+    on the calibration images plus one half of the evaluation images and judged on the other half; their answers
+    together give the round's paired result on every evaluation image. The first student is the round's model,
+    judged alone only on the half it did not see (``judged_on_half``): the deployment judges it there too."""
+
+    source_round: int
+    judged_on_half: int
+    images_per_student: int
+    students: list[CrossFitStudent]
+
+
 class RoundResult(BaseModel):
     """One evaluated pruning round: its plan, who wrote it, what pruning did, and its metrics."""
 
@@ -285,6 +309,9 @@ class RoundResult(BaseModel):
     metrics: Metrics
     accuracy_drop_points: float | None = None
     within_budget: bool
+    cross_fit: CrossFit | None = Field(
+        default=None, description="A round distilled after the search from an over-budget one, and how it was judged."
+    )
 
 
 class PlanRecord(BaseModel):

@@ -22,6 +22,7 @@ __all__ = [
     "Z95",
     "budget_drop_points",
     "clearly_over_budget",
+    "drop_points",
     "images_needed",
     "paired_accuracy",
     "resolution_note",
@@ -144,6 +145,16 @@ def standard_error_points(paired: PairedAccuracy | dict[str, Any]) -> float:
     """One standard error of the paired difference, in points: the interval's half-width / 1.96."""
     result = PairedAccuracy.model_validate(paired)
     return (result.ci95_high_points - result.ci95_low_points) / (2 * Z95)
+
+
+def drop_points(
+    baseline: float | None, accuracy: float | None, paired: PairedAccuracy | dict[str, Any] | None = None
+) -> float | None:
+    """Points lost against the original (negative: a gain): from the paired result when there is one (the two
+    models on the same images, whichever images they were), else ``baseline - accuracy``; None when unknown."""
+    if paired is not None:
+        return round(-PairedAccuracy.model_validate(paired).delta_points, 4)
+    return None if baseline is None or accuracy is None else round(100.0 * (baseline - accuracy), 4)
 
 
 def budget_drop_points(

@@ -32,6 +32,10 @@ class RoundRecord(BaseModel):
     latency_s: float
     within_budget: bool
     planner_state: dict[str, Any] = Field(default_factory=dict)
+    distilled_from: int | None = Field(
+        default=None,
+        description="The round whose model this round distilled after the search (cross-fitted); None: pruned.",
+    )
 
     @classmethod
     def of(cls, result: RoundResult) -> RoundRecord:
@@ -50,6 +54,7 @@ class RoundRecord(BaseModel):
             latency_s=m.latency_s,
             within_budget=result.within_budget,
             planner_state=result.planner_state,
+            distilled_from=result.cross_fit.source_round if result.cross_fit is not None else None,
         )
 
 

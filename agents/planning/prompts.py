@@ -442,7 +442,13 @@ def iteration_prompt(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
                 "shown: the latest rounds and the best within budget)"
             )
         for record in shown:
-            out.append(f"Round {record.round} [{record.source}]: {_plan_line(record.plan)}")
+            distilled = (
+                f" (round {record.distilled_from}'s model distilled from the original after pruning; later rounds "
+                "are distilled the same way when over the budget)"
+                if record.distilled_from is not None
+                else ""
+            )
+            out.append(f"Round {record.round} [{record.source}]{distilled}: {_plan_line(record.plan)}")
             out.append(f"  -> {_result_line(record, ctx)}")
             line = _over_budget_line(record, ctx)
             if line:

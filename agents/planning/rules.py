@@ -21,6 +21,7 @@ same evaluated rounds give the same plans, byte for byte.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -446,6 +447,11 @@ class RulesPlanner:
         return self._plan_at(ctx, self.start_level, f"Initial level {self.start_level:.2f}, scaled by MACs share.")
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
+        if any(r.distilled_from is not None for r in ctx.history):
+            # once a round came back within budget by distillation, the rounds after it are distilled too: a
+            # pruned round over the budget says nothing about its distilled version, so the search forgets them
+            kept = [r for r in ctx.history if r.distilled_from is not None or r.within_budget]
+            ctx = dataclasses.replace(ctx, history=kept)
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
             seen = [r.planner_state.get("allocation") for r in ctx.history]
             result = None

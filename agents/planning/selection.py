@@ -15,7 +15,9 @@ __all__ = [
     "accuracy_drop_points",
     "best_round",
     "budget_drop_points",
+    "confirmed_rounds",
     "kept_round",
+    "round_to_distill",
     "selection_z",
     "within_budget",
 ]
@@ -91,25 +93,73 @@ def kept_round(rounds: list[dict[str, Any]], selection: Selection, budget: float
     without a paired result (no standard error to scale) keeps its budget test's answer.
     """
     within = [r for r in rounds if r["within_budget"]]
-    z = selection_z(sum(1 for r in rounds if (r.get("metrics") or {}).get("paired")))
-
-    def bound(r: dict[str, Any], k: float) -> float:
-        paired = (r.get("metrics") or {}).get("paired")
-        drop = float(r.get("accuracy_drop_points") or 0.0)
-        if not paired:
-            return drop
-        return -PairedAccuracy.model_validate(paired).delta_points + k * standard_error_points(paired)
-
-    confirmed = [r for r in within if not (r.get("metrics") or {}).get("paired") or bound(r, z) <= budget + 1e-9]
+    z = _multiplicity_z(rounds)
+    confirmed = confirmed_rounds(rounds, budget)
     best_alone = best_round(within, selection)
     if confirmed or not within:
         best = best_round(confirmed, selection)
     else:
-        best = min(within, key=lambda r: (bound(r, 1.0), r["round"]))
+        best = min(within, key=lambda r: (_bound(r, 1.0), r["round"]))
     if best is None or best_alone is None or best["round"] == best_alone["round"]:
         return best, ""
     return best, (
-        f"round {best_alone['round']} passed the budget test alone (drop {bound(best_alone, 0.0):.2f} + one standard "
+        f"round {best_alone['round']} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
         f"error <= {budget:g}) but not as the best of {len(rounds)} rounds (drop + {z:.2f} standard errors = "
-        f"{bound(best_alone, z):.2f}): round {best['round']} is kept"
+        f"{_bound(best_alone, z):.2f}): round {best['round']} is kept"
     )
+
+
+def confirmed_rounds(rounds: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
+    """The rounds within budget that also pass it with :func:`selection_z` standard errors for all the rounds
+    evaluated (see :func:`kept_round`); one without a paired result keeps its budget test's answer."""
+    z = _multiplicity_z(rounds)
+    return [
+        r
+        for r in rounds
+        if r["within_budget"] and (not (r.get("metrics") or {}).get("paired") or _bound(r, z) <= budget + 1e-9)
+    ]
+
+
+def _multiplicity_z(rounds: list[dict[str, Any]]) -> float:
+    return selection_z(sum(1 for r in rounds if (r.get("metrics") or {}).get("paired")))
+
+
+def _bound(r: dict[str, Any], k: float) -> float:
+    """The round's drop plus ``k`` standard errors of its paired difference (the drop alone without one)."""
+    paired = (r.get("metrics") or {}).get("paired")
+    drop = float(r.get("accuracy_drop_points") or 0.0)
+    if not paired:
+        return drop
+    return -PairedAccuracy.model_validate(paired).delta_points + k * standard_error_points(paired)
+
+
+def round_to_distill(
+    rounds: list[dict[str, Any]], selection: Selection, budget: float, rescues: int, original_params: int
+) -> dict[str, Any] | None:
+    """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
+    or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
+    fewer parameters than the round kept now (the original when none is): one over the budget, or one that passed
+    it alone but not as the best of all rounds (:func:`kept_round`); the one nearest the budget first (smallest drop
+    + one standard error), as the likeliest to come back."""
+    distilled = [r["cross_fit"]["source_round"] for r in rounds if r.get("cross_fit")]
+    if len(distilled) >= rescues:
+        return None
+    kept, _ = kept_round(rounds, selection, budget)
+    confirmed = {r["round"] for r in confirmed_rounds(rounds, budget)}
+    ceiling = kept["metrics"]["params"] if kept is not None else original_params
+
+    def drop(r: dict[str, Any]) -> float:
+        value = budget_drop_points(r.get("accuracy_drop_points"), r["metrics"].get("paired"))
+        return math.inf if value is None else value
+
+    candidates = [
+        r
+        for r in rounds
+        if not r.get("cross_fit")
+        and r["round"] not in distilled
+        and r["round"] not in confirmed
+        and r["metrics"].get("artifact")
+        and r["metrics"]["params"] < ceiling
+        and math.isfinite(drop(r))
+    ]
+    return min(candidates, key=lambda r: (drop(r), r["round"]), default=None)

@@ -106,6 +106,14 @@ def test_iteration_prompt_without_history_and_after_a_good_round(vit_ctx: Planni
     assert "prune more" in text and "broke" not in text
 
 
+def test_iteration_prompt_says_which_rounds_were_distilled_after_the_search(vit_ctx: PlanningContext) -> None:
+    distilled = _round(2, 0.89, 0.1, 12345, True).model_copy(update={"distilled_from": 1})
+    history = [_round(0, 0.8912, 0.88, 15000, True), _round(1, 0.8630, 3.7, 12345, False), distilled]
+    text = iteration_prompt(dataclasses.replace(vit_ctx, history=history))
+    assert "Round 2 [llm] (round 1's model distilled from the original after pruning;" in text
+    assert "Round 1 [llm]: " in text
+
+
 def test_input_shape_prompt_shows_config_and_processor_fields() -> None:
     model = tiny_vit()
     config: Any = model.config

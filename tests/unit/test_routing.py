@@ -20,6 +20,7 @@ from graph.routing import (
     after_pruning_stage,
     rounds_wanted,
     route_after_analyze_profile,
+    route_after_distill_over_budget_round,
     route_after_evaluate_model,
     route_after_iterate_pruning,
     route_after_review_plan,
@@ -28,6 +29,7 @@ from graph.routing import (
 
 TESTED = {
     "route_after_analyze_profile",
+    "route_after_distill_over_budget_round",
     "route_after_evaluate_model",
     "route_after_iterate_pruning",
     "route_after_review_plan",
@@ -129,6 +131,54 @@ def test_route_after_evaluate_model_runs_one_plus_t_rounds(settings: dict[str, A
         assert route_after_evaluate_model({"rounds": _rounds(done)}, runtime) == "iterate_pruning", done
     assert route_after_evaluate_model({"rounds": _rounds(wanted)}, runtime) == "select_best_model"
     assert route_after_evaluate_model({"rounds": _rounds(wanted + 1)}, runtime) == "select_best_model"
+
+
+def _searched(macs: float = 4e7, over_budget_params: int = 60) -> dict[str, Any]:
+    """A finished search: round 0 within the budget (80 parameters), round 1 over it (smaller), a labelled dataset
+    with calibration images, a model ``macs`` per image."""
+
+    def round_(index: int, params: int, drop: float, within: bool) -> dict[str, Any]:
+        metrics = {"params": params, "latency_s": 1.0, "accuracy": 0.9 - drop / 100, "artifact": f"r{index}"}
+        return {"round": index, "metrics": metrics, "accuracy_drop_points": drop, "within_budget": within}
+
+    return {
+        "dataset": "cifar10",
+        "baseline": {"params": 100, "accuracy": 0.9, "data_parts": {"calibration": 64, "evaluation": 400}},
+        "profile_summary": {"total_macs": macs},
+        "rounds": [round_(0, 80, 0.2, True), round_(1, over_budget_params, 1.8, False)],
+    }
+
+
+def test_a_search_that_left_a_smaller_round_over_the_budget_distils_it_then_plans_on() -> None:
+    state: Any = _searched()
+    runtime = _rt(iterations=1)  # --distill-rescues auto: 3 for a model of 4e7 MACs
+    assert route_after_evaluate_model(state, runtime) == "distill_over_budget_round"
+    distilled = {**state["rounds"][1], "round": 2, "cross_fit": {"source_round": 1}, "within_budget": False}
+    after: Any = {**state, "rounds": [*state["rounds"], distilled]}
+    # nothing left to distill: the search plans on from the distilled round, while distillations are left
+    assert route_after_distill_over_budget_round(after, runtime) == "iterate_pruning"
+    assert route_after_distill_over_budget_round(after, _rt(iterations=1, distill_rescues=1)) == "select_best_model"
+    assert route_after_distill_over_budget_round(after, _rt(iterations=1, iterate=False)) == "select_best_model"
+    spent = [*after["rounds"], *({**distilled, "round": i, "cross_fit": {"source_round": i}} for i in (3, 4))]
+    assert route_after_distill_over_budget_round({**after, "rounds": spent}, runtime) == "select_best_model"
+    # another round smaller than the one kept now: distilled next
+    smaller = {**state["rounds"][1], "round": 3, "metrics": {**state["rounds"][1]["metrics"], "params": 40}}
+    more: Any = {**after, "rounds": [*after["rounds"], smaller]}
+    assert route_after_distill_over_budget_round(more, runtime) == "distill_over_budget_round"
+
+
+@pytest.mark.parametrize(
+    "settings,state",
+    [
+        ({"distill_rescues": 0}, _searched()),  # turned off
+        ({"finetune_steps": 300}, _searched()),  # every round was distilled already
+        ({}, _searched(macs=5e9)),  # 300 steps would take over 600 s at the measured training rate
+        ({}, _searched(over_budget_params=90)),  # the round over the budget is larger than the one kept
+        ({}, {**_searched(), "dataset": None}),  # no images to distil on or judge by
+    ],
+)
+def test_no_distillation_after_the_search_when_it_cannot_help(settings: dict[str, Any], state: Any) -> None:
+    assert route_after_evaluate_model(state, _rt(iterations=1, **settings)) == "select_best_model"
 
 
 def test_route_after_select_best_model() -> None:

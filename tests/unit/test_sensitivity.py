@@ -147,6 +147,22 @@ def test_a_budget_that_held_grows_by_the_headroom_its_round_left(used_points: fl
     assert grown.planner_state["damage_budget"] == pytest.approx(0.02 * growth)
 
 
+def test_after_a_distilled_round_held_the_search_grows_past_the_rounds_distillation_may_rescue() -> None:
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    ok = _record(0, first.planner_state, True, 2000)
+    grown = planner.next_plan(_ctx([ok]))
+    over = _record(1, grown.planner_state, False, 1500)  # pruned and repaired: over the budget
+    assert planner.next_plan(_ctx([ok, over])).planner_state["damage_budget"] < grown.planner_state["damage_budget"]
+    rescued = _record(2, grown.planner_state, True, 1500).model_copy(update={"distilled_from": 1})
+    beyond = planner.next_plan(_ctx([ok, over, rescued]))
+    assert beyond.planner_state["damage_budget"] > grown.planner_state["damage_budget"]
+    failed = _record(3, beyond.planner_state, False, 1000).model_copy(update={"distilled_from": 4})
+    between = planner.next_plan(_ctx([ok, over, rescued, failed]))  # a distilled round over it bounds the search
+    assert grown.planner_state["damage_budget"] < between.planner_state["damage_budget"]
+    assert between.planner_state["damage_budget"] < beyond.planner_state["damage_budget"]
+
+
 def test_rules_planner_never_repeats_a_tried_allocation() -> None:
     planner = RulesPlanner()
     history: list[RoundRecord] = []

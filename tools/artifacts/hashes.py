@@ -93,6 +93,19 @@ def prune_recipe_hash(
     )
 
 
+def distill_recipe_hash(source_dir: Path, config: DistillConfig, images: torch.Tensor) -> str:
+    """The recipe hash of a model distilled from a saved one (``tools.ops.distill_saved``): the source model's
+    identity, the distillation recipe and the images it ran on."""
+    return recipe_hash(
+        {
+            "kind": "distilled",
+            "source": artifact_identity(source_dir),
+            "finetune": config.model_dump(),
+            "finetune_images": tensor_digest(images),
+        }
+    )
+
+
 def quantize_recipe_hash(
     source_dir: Path,
     recommendations: list[QuantizationRecommendation],

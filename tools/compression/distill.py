@@ -31,12 +31,14 @@ __all__ = [
     "AUTO_DISTILL_LR",
     "AUTO_DISTILL_SECONDS",
     "AUTO_DISTILL_STEPS",
+    "AUTO_RESCUE_SECONDS",
     "TRAINING_MACS_PER_SECOND",
     "DistillConfig",
     "DistillReport",
     "augment_batch",
     "auto_distill_config",
     "auto_distill_steps",
+    "auto_rescues",
     "distill_",
     "distill_loss",
 ]
@@ -104,6 +106,24 @@ def auto_distill_steps(macs: int | None) -> int:
     if low * seconds_per_step > limit:
         return 0
     return max(low, min(high, int(target / seconds_per_step)))
+
+
+#: Distillation after the search (``--distill-rescues auto``): as many cross-fitted distillations (two students
+#: each) as take about this many seconds in all at :data:`TRAINING_MACS_PER_SECOND`, at most the second figure:
+#: CIFAR ResNet-56 gets 1 (2 x 490 s estimated, 2 x 114 s measured on one Xeon core with AMX), ResNet-20 3
+#: (2 x 157 s), the shared CIFAR ViT and Swin 3 (2 x 150 s).
+AUTO_RESCUE_SECONDS = (1200.0, 3)
+
+
+def auto_rescues(macs: int | None) -> int:
+    """Cross-fitted distillations after the search for a model of ``macs`` per image (see
+    :data:`AUTO_RESCUE_SECONDS`); 0 where automatic distillation is off."""
+    steps = auto_distill_steps(macs)
+    if steps == 0 or not macs:
+        return 0
+    seconds, most = AUTO_RESCUE_SECONDS
+    pair = 2 * steps * 4 * macs * AUTO_DISTILL_BATCH / TRAINING_MACS_PER_SECOND
+    return max(1, min(most, int(seconds / pair)))
 
 
 def auto_distill_config(macs: int | None, *, device: str = "cpu", seed: int = 0) -> DistillConfig | None:

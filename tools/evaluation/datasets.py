@@ -335,6 +335,31 @@ def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, lis
     return parts
 
 
+#: The two halves a cross-fitted distillation splits the evaluation part into (see :func:`evaluation_halves`).
+HALVES = (0, 1)
+
+
+def evaluation_halves(count: int, seed: int) -> tuple[list[int], list[int]]:
+    """Two disjoint seeded halves of ``count`` positions, each in ascending order: the images one cross-fitted
+    student is distilled on and the images it is judged on (``np.random.default_rng(seed + 1)``'s permutation, so
+    not the permutation that chose the parts)."""
+    permutation = [int(i) for i in np.random.default_rng(seed + 1).permutation(count)]
+    return sorted(permutation[: count // 2]), sorted(permutation[count // 2 :])
+
+
+def subset(data: EvalDataset, positions: list[int]) -> EvalDataset:
+    """The images of ``data`` at ``positions`` (in that order), with their labels and rows."""
+    return EvalDataset(
+        images=[data.images[i] for i in positions],
+        labels=[data.labels[i] for i in positions],
+        label_names=data.label_names,
+        source=data.source,
+        size_total=data.size_total,
+        split=data.split,
+        indices=[data.indices[i] for i in positions] if data.indices else [],
+    )
+
+
 def load_eval_dataset(
     spec: str,
     *,

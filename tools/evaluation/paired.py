@@ -131,6 +131,32 @@ def pair(reference: ImagePredictions, candidate: ImagePredictions) -> PairedAccu
     return paired_accuracy(reference.correct[:n], candidate.correct, reference.predictions[:n], candidate.predictions)
 
 
+def merge_halves(
+    halves: tuple[list[int], list[int]],
+    labels: list[int],
+    matched: Callable[[int], bool],
+    parts: list[ImagePredictions],
+) -> tuple[list[int], list[int]]:
+    """One set of answers for a whole part from answers on its two halves: ``parts[h]`` holds the answers on the
+    images of ``halves[h]`` (positions in the part, ascending) whose label is ``matched``, in that order; the
+    result holds them in the order of the whole part's matched images (as a model run on it would give them)."""
+    half_of = {position: h for h, positions in enumerate(halves) for position in positions}
+    wanted = [sum(1 for position in positions if matched(labels[position])) for positions in halves]
+    if wanted != [part.samples for part in parts]:
+        raise ValueError("the answers on the halves do not match the halves' images")
+    taken = [0 for _ in halves]
+    predictions: list[int] = []
+    correct: list[int] = []
+    for position, label in enumerate(labels):
+        if not matched(label):
+            continue
+        h = half_of[position]
+        predictions.append(parts[h].predictions[taken[h]])
+        correct.append(parts[h].correct[taken[h]])
+        taken[h] += 1
+    return predictions, correct
+
+
 def stop_when_over(reference: ImagePredictions | None, budget_points: float | None) -> StopRule | None:
     """The rule that stops a candidate's evaluation once it is clearly over ``budget_points`` against ``reference``
     (the original's predictions on the same images; :func:`tools.stats.clearly_over_budget`); None without either."""

@@ -81,4 +81,6 @@ def recovery_text(prune_report: dict[str, Any] | None) -> str:
     tuned = report.get("finetune") or {}
     if tuned.get("steps"):
         text += f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')})"
+        if tuned.get("cross_fitted_from_round") is not None:  # agents.distillation: after the search, two students
+            text += f" after the search, of round {tuned['cross_fitted_from_round']}, cross-fitted (x2)"
     return text

@@ -84,6 +84,7 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
             "accuracy_drop_points": r.get("accuracy_drop_points"),
             "within_budget": r["within_budget"],
             "prune_report": r.get("prune_report"),
+            "cross_fit": r.get("cross_fit"),
         }
         for r in state.get("rounds") or []
     ]

@@ -1,0 +1,128 @@
+"""Distillation after the search (``--distill-rescues``): an over-budget round distilled twice, each student on one
+half of the evaluation images and judged on the other, merged into one paired result on every evaluation image;
+the round's model is judged alone, and deployed, only on the half it did not see."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agents.evaluation
+from agents.evaluation import spec_for
+from agents.planning.selection import kept_round, round_to_distill
+from graph.context import Context
+from tests.helpers import digits_vit_report
+from tools.compression import distill
+from tools.evaluation.datasets import evaluation_halves
+from tools.evaluation.paired import ImagePredictions, merge_halves
+from tools.run_data import EvalSpec
+
+
+def test_halves_are_disjoint_seeded_and_cover_the_part() -> None:
+    first, second = evaluation_halves(11, seed=3)
+    assert sorted(first + second) == list(range(11)) and len(first) == 5
+    assert first == sorted(first) and second == sorted(second)
+    assert evaluation_halves(11, seed=3) == (first, second)
+    assert evaluation_halves(11, seed=4) != (first, second)
+
+
+def test_merged_answers_follow_the_whole_part_and_skip_unmatched_images() -> None:
+    labels = [0, 9, 1, 2, 9, 3]  # 9: a class the model does not have
+    halves = ([0, 1, 3], [2, 4, 5])
+    on_first = ImagePredictions(key={}, predictions=[10, 12], correct=[1, 0])  # positions 0 and 3
+    on_second = ImagePredictions(key={}, predictions=[11, 13], correct=[1, 1])  # positions 2 and 5
+    predictions, correct = merge_halves(halves, labels, lambda label: label != 9, [on_first, on_second])
+    assert predictions == [10, 11, 12, 13] and correct == [1, 1, 0, 1]
+    with pytest.raises(ValueError, match="do not match"):
+        merge_halves(halves, labels, lambda label: True, [on_first, on_second])
+
+
+def test_a_spec_of_one_half_reads_that_half_and_keeps_its_own_predictions_file() -> None:
+    spec = EvalSpec(dataset="digits", samples=100, calibration_samples=32, seed=0)
+    whole = spec.part("evaluation")
+    half = spec.model_copy(update={"evaluation_half": 1})
+    rows = half.part("evaluation").indices
+    assert rows == [whole.indices[i] for i in evaluation_halves(len(whole), 0)[1]]
+    assert half.part_label("evaluation") == "evaluation-half1" and spec.part_label("evaluation") == "evaluation"
+    assert half.part_label("calibration") == "calibration" and half.whole() == spec
+
+
+def _round(index: int, params: int, drop: float, within: bool, **extra: Any) -> dict[str, Any]:
+    metrics = {"params": params, "latency_s": 1.0, "accuracy": 0.9 - drop / 100, "artifact": f"r{index}"}
+    return {"round": index, "metrics": metrics, "accuracy_drop_points": drop, "within_budget": within, **extra}
+
+
+def test_the_round_nearest_the_budget_among_those_smaller_than_the_kept_one_goes_first() -> None:
+    rounds = [_round(0, 80, 0.3, True), _round(1, 60, 4.0, False), _round(2, 70, 1.6, False), _round(3, 90, 1.1, False)]
+    assert round_to_distill(rounds, "accuracy", 1.0, 1, 100)["round"] == 2  # 3 is larger than the kept round 0
+    tried = [*rounds, _round(4, 70, 0.4, True, cross_fit={"source_round": 2})]
+    assert round_to_distill(tried, "accuracy", 1.0, 1, 100) is None  # one rescue asked for, done
+    assert round_to_distill(tried, "accuracy", 1.0, 2, 100)["round"] == 1  # smaller than the rescued round 4
+    # passed the budget test alone, refused as the best of several: smaller than the kept one, so it is tried
+    refused = [_round(0, 80, 0.3, True), _round(1, 60, 4.0, False), _round(2, 70, 0.85, True)]
+    for r, se in zip(refused, (0.05, 0.5, 0.1), strict=True):  # round 2: 0.85 + 1 se <= 1, 0.85 + 1.83 se > 1
+        delta = -r["accuracy_drop_points"]
+        r["metrics"]["paired"] = {
+            **{"delta_points": delta, "ci95_low_points": delta - 1.96 * se, "ci95_high_points": delta + 1.96 * se},
+            **{"agreement": 0.9, "samples": 1000, "gained": 10, "lost": 20},
+        }
+    assert kept_round(refused, "accuracy", 1.0)[0]["round"] == 0
+    assert round_to_distill(refused, "accuracy", 1.0, 1, 100)["round"] == 2
+    nothing_kept = [_round(0, 90, 3.0, False), _round(1, 95, 2.0, False)]
+    assert round_to_distill(nothing_kept, "accuracy", 1.0, 1, 100)["round"] == 1  # the original's size bounds it
+
+
+def test_a_distilled_round_is_judged_by_its_other_half(tmp_path: Path) -> None:
+    rounds = [_round(0, 60, 2.0, False), _round(1, 60, 0.2, True, cross_fit={"judged_on_half": 0})]
+    rounds[1]["metrics"]["artifact"] = str(tmp_path / "r1")
+    state = {"rounds": rounds, "dataset": "digits", "profile_summary": {}}
+    assert spec_for(state, Context(), tmp_path / "r1").evaluation_half == 0
+    assert spec_for(state, Context(), tmp_path / "r0").evaluation_half is None
+
+
+def test_a_run_distils_its_round_over_the_budget_and_deploys_it_judged_on_its_other_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(distill, "AUTO_DISTILL_STEPS", (10, 20))  # a tiny model would take the 1,000-step cap
+    # the search's rounds are judged over the budget (the bundled ViT loses nothing to what the planner asks), so
+    # the first one is distilled; the distilled round is judged by the real test against the 50-point budget
+    monkeypatch.setattr(agents.evaluation, "within_budget", lambda *args, **kwargs: False)
+    run_dir = tmp_path / "run"
+    report = digits_vit_report(
+        run_dir,
+        iterations=0,
+        eval_samples=300,
+        calibration_samples=64,
+        quantize=True,
+        quant_backend="torch-ao-dynamic",
+        distill_rescues=1,  # the search goes on after a rescue while distillations are left (tests/unit/test_routing)
+    )
+    rounds = report["rounds"]
+    assert len(rounds) == 2 and not rounds[0]["within_budget"] and rounds[0]["cross_fit"] is None
+    distilled = rounds[1]
+    cross_fit = distilled["cross_fit"]
+    assert cross_fit["source_round"] == 0 and cross_fit["judged_on_half"] == 1
+    students = cross_fit["students"]
+    assert [s["judged_on_half"] for s in students] == [1, 0]
+    evaluation = report["baseline"]["data_parts"]["evaluation"]
+    first, second = evaluation_halves(evaluation, 0)
+    assert [s["samples"] for s in students] == [len(second), len(first)]
+    assert distilled["metrics"]["samples"] == distilled["metrics"]["paired"]["samples"] == evaluation
+    assert cross_fit["images_per_student"] == 64 + len(first)
+    assert distilled["metrics"]["params"] == rounds[0]["metrics"]["params"]  # the same pruned widths
+    assert distilled["prune_report"]["finetune"]["steps"] == 20
+    folder = run_dir / "rounds" / "round-01"
+    meta = json.loads((folder / "model" / "artifact.json").read_text())
+    assert meta["recipe"]["distilled"]["source"] == rounds[0]["metrics"]["artifact"]
+    assert (folder / "model-second" / "artifact.json").is_file()
+    assert (folder / "model.predictions.evaluation-half1.json").is_file()
+    assert any("round 1: round 0 (over the 50-point budget" in note for note in report["notes"])
+    # kept, and its int8 judged only on the images its model was not distilled on
+    assert distilled["within_budget"] and report["pruned"]["round"] == 1
+    assert report["quantized"]["samples"] == len(second)
+    assert report["quantized"]["paired"]["samples"] == len(second)
+    deployed = [c for c in report["deployment"]["candidates"] if c.get("paired")]
+    assert deployed and all(c["paired"]["samples"] == len(second) for c in deployed)
