@@ -126,3 +126,33 @@ def test_a_run_distils_its_round_over_the_budget_and_deploys_it_judged_on_its_ot
     assert report["quantized"]["paired"]["samples"] == len(second)
     deployed = [c for c in report["deployment"]["candidates"] if c.get("paired")]
     assert deployed and all(c["paired"]["samples"] == len(second) for c in deployed)
+
+
+def test_a_distilled_model_of_the_same_recipe_is_reused_not_trained_again(tmp_path: Path) -> None:
+    import torch
+
+    from tests.helpers import save_tiny, tiny_vit
+    from tools import ops
+    from tools.compression.distill import DistillConfig
+    from tools.compression.recipes import PruningConfig
+    from tools.cross_fit import distill_saved
+    from tools.schemas import OptimizationPlan, PruningRecommendation
+
+    original = tmp_path / "original"
+    ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "vit", 16)), original)
+    shape = ops.resolve_input_shape(original)
+    plan = OptimizationPlan(
+        pruning_recommendations=[
+            PruningRecommendation(layer=r"^vit\.layers\.\d+\.mlp\.fc1$", pruning_type="structured", pruning_ratio=0.5)
+        ]
+    )
+    ops.prune(original, plan, shape, tmp_path / "pruned", PruningConfig(importance="l1"))
+    images = torch.randn(16, *shape.as_tuple())
+    config = DistillConfig(steps=3, batch_size=8)
+    first = distill_saved(tmp_path / "pruned", original, tmp_path / "student", images, config)
+    mtime = (tmp_path / "student" / "artifact.json").stat().st_mtime_ns
+    again = distill_saved(tmp_path / "pruned", original, tmp_path / "student", images, config)
+    assert again == first and first["steps"] == 3
+    assert (tmp_path / "student" / "artifact.json").stat().st_mtime_ns == mtime  # reused
+    other = distill_saved(tmp_path / "pruned", original, tmp_path / "student", images[:8], config)
+    assert other["samples"] == 8  # other images: another recipe, distilled again

@@ -38,7 +38,8 @@ def distill_saved(
     key = distill_recipe_hash(source_dir, config, images)
     stale = stale_reason(out_dir, key)
     if is_complete(out_dir) and stale is None:
-        return dict(read_json(out_dir / "artifact.json")["recipe"]["distilled"])
+        saved = dict(read_json(out_dir / "artifact.json")["recipe"]["distilled"])
+        return {k: v for k, v in saved.items() if k != "source"}  # as a fresh distillation reports it
     if stale is not None:
         logger.warning("rebuilding the distilled model: %s", stale)
     model = load_compressed(source_dir)
