@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 #: made the deployed model slower.
 SLOWER_FACTOR = 0.95
 
+#: The fewest evaluation images distillation after the search splits into halves (each student is judged on one).
+MIN_CROSS_FIT_IMAGES = 100
+
 
 def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     """The run's distillation recipe (None: off): the settings' steps, or with ``--finetune-steps auto`` what the
@@ -47,7 +50,8 @@ def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.get("dataset"):
         return None
-    if not (state.get("baseline") or {}).get("data_parts", {}).get("calibration"):
+    parts = (state.get("baseline") or {}).get("data_parts") or {}
+    if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
         return None
     macs = (state.get("profile_summary") or {}).get("total_macs")
     return auto_distill_config(macs, device=ctx.device, seed=ctx.seed)

@@ -175,6 +175,14 @@ def test_a_search_that_left_a_smaller_round_over_the_budget_distils_it_then_plan
         ({}, _searched(macs=5e9)),  # 300 steps would take over 600 s at the measured training rate
         ({}, _searched(over_budget_params=90)),  # the round over the budget is larger than the one kept
         ({}, {**_searched(), "dataset": None}),  # no images to distil on or judge by
+        # too few evaluation images to split into halves worth judging a student on
+        (
+            {},
+            {
+                **_searched(),
+                "baseline": {**_searched()["baseline"], "data_parts": {"calibration": 64, "evaluation": 60}},
+            },
+        ),
     ],
 )
 def test_no_distillation_after_the_search_when_it_cannot_help(settings: dict[str, Any], state: Any) -> None:
