@@ -54,18 +54,18 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         return {}
     rounds = list(state.get("rounds") or [])
     index, run, shape = len(rounds), paths(data), shape_of(data)
-    folder = run.round(index)
+    folder, spec = run.round(index), eval_spec(data, ctx)
     logger.info("round %d: distilling round %d twice, cross-fitted", index, source["round"])
     result = cross_fit_distill(
         Path(source["metrics"]["artifact"]),
         run.original,
         shape,
-        eval_spec(data, ctx),
+        spec,
         (folder / "model", folder / "model-second"),
         config,
     )
     first = result.students[0]
-    half = eval_spec(data, ctx).model_copy(update={"evaluation_half": first.judged_on_half})
+    half = spec.model_copy(update={"evaluation_half": first.judged_on_half})
     measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}")
     merged = {"accuracy": result.accuracy, "samples": result.samples, "paired": result.paired}
     metrics = measured.model_copy(update=merged)  # its cost as measured; its accuracy from both students

@@ -44,8 +44,9 @@ def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
 
 def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
-    were not distilled already (``--finetune-steps 0``), the run has a dataset and calibration images, and the
-    model is small enough for it (``auto_distill_config``); None otherwise."""
+    were not distilled already (``--finetune-steps 0``), the run has a dataset, calibration images and at least
+    :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_distill_config``);
+    None otherwise."""
     from tools.compression.distill import auto_distill_config
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.get("dataset"):

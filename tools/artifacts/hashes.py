@@ -94,7 +94,7 @@ def prune_recipe_hash(
 
 
 def distill_recipe_hash(source_dir: Path, config: DistillConfig, images: torch.Tensor) -> str:
-    """The recipe hash of a model distilled from a saved one (``tools.ops.distill_saved``): the source model's
+    """The recipe hash of a model distilled from a saved one (``tools.cross_fit.distill_saved``): the source model's
     identity, the distillation recipe and the images it ran on."""
     return recipe_hash(
         {

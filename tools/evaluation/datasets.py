@@ -335,10 +335,6 @@ def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, lis
     return parts
 
 
-#: The two halves a cross-fitted distillation splits the evaluation part into (see :func:`evaluation_halves`).
-HALVES = (0, 1)
-
-
 def evaluation_halves(count: int, seed: int) -> tuple[list[int], list[int]]:
     """Two disjoint seeded halves of ``count`` positions, each in ascending order: the images one cross-fitted
     student is distilled on and the images it is judged on (``np.random.default_rng(seed + 1)``'s permutation, so
