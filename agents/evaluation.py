@@ -45,9 +45,9 @@ def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
 def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
     were not distilled already (``--finetune-steps 0``), the run has a dataset, calibration images and at least
-    :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_distill_config``);
+    :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_rescue_config``);
     None otherwise."""
-    from tools.compression.distill import auto_distill_config
+    from tools.compression.distill import auto_rescue_config
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.get("dataset"):
         return None
@@ -55,7 +55,7 @@ def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
         return None
     macs = (state.get("profile_summary") or {}).get("total_macs")
-    return auto_distill_config(macs, device=ctx.device, seed=ctx.seed)
+    return auto_rescue_config(macs, device=ctx.device, seed=ctx.seed)
 
 
 def rescues_wanted(state: dict[str, Any], ctx: Context) -> int:
@@ -106,10 +106,18 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
 
 def spec_for(state: dict[str, Any], ctx: Context, artifact: Path) -> ops.EvalSpec:
     """:func:`eval_spec` for judging ``artifact`` or a model built from it: for a round distilled after the search
-    (cross-fitted), only the half of the evaluation images its model was not distilled on."""
+    (cross-fitted), only the half of the evaluation images its model (or its second student) was not distilled
+    on."""
+    wanted = Path(artifact).resolve()
     for r in state.get("rounds") or []:
-        if r.get("cross_fit") and Path(r["metrics"]["artifact"]).resolve() == Path(artifact).resolve():
-            return eval_spec(state, ctx).model_copy(update={"evaluation_half": r["cross_fit"]["judged_on_half"]})
+        cross_fit = r.get("cross_fit")
+        if not cross_fit:
+            continue
+        if Path(r["metrics"]["artifact"]).resolve() == wanted:
+            return eval_spec(state, ctx).model_copy(update={"evaluation_half": cross_fit["judged_on_half"]})
+        for student in cross_fit.get("students") or []:  # the second student: judged on the other half
+            if Path(student["artifact"]).resolve() == wanted:
+                return eval_spec(state, ctx).model_copy(update={"evaluation_half": student["judged_on_half"]})
     return eval_spec(state, ctx)
 
 

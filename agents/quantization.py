@@ -56,6 +56,27 @@ def _headroom_round(state: State, source: Path) -> dict[str, Any] | None:
     return roomiest
 
 
+def _second_student(state: State, source: Path) -> dict[str, Any] | None:
+    """The kept round's other student when the round was distilled after the search (cross-fitted): its first
+    student, the round's model, is judged alone on the half of the evaluation images it was not distilled on, so
+    on a few thousand images its deployment can fail the budget by chance where the round passed it on every image;
+    the second student, distilled on that half and judged on the other, may then deploy instead."""
+    for r in state.get("rounds") or []:
+        cross_fit = r.get("cross_fit") or {}
+        students = cross_fit.get("students") or []
+        if len(students) > 1 and Path(r["metrics"]["artifact"]).resolve() == source.resolve():
+            return {"round": r["round"], "artifact": students[1]["artifact"]}
+    return None
+
+
+def _second_student_note(round_index: int, artifact: str) -> str:
+    return (
+        f"deployment: round {round_index}'s first student (its model) is over the accuracy budget in the runtimes "
+        f"that would deploy it, judged on the half of the evaluation images it did not see; its second student "
+        f"({artifact}), distilled on that half and judged on the other, is within: it is the pruned model"
+    )
+
+
 def _original_note(choice: DeployChoice, pruned_source: Path) -> str:
     """Why the unpruned original is deployed: it ran faster than the pruned model in the chosen runtime."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
@@ -99,6 +120,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         return within_budget(drop, ctx.max_accuracy_drop, paired)
 
     headroom = _headroom_round(state, source)
+    second = _second_student(state, source)
     backends = candidate_backends(ctx.quant_backend)
     control = functools.cache(lambda: accuracy_control(run.original, shape, spec, ctx.max_accuracy_drop))
     choice = deploy(
@@ -114,6 +136,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         repeats=ctx.latency_repeats,
         forced=ctx.quant_backend != "auto",
         alternatives=[
+            *([Path(second["artifact"])] if second else []),
             *([Path(headroom["metrics"]["artifact"])] if headroom else []),
             *([run.original] if source.resolve() != run.original.resolve() else []),
         ],
@@ -125,7 +148,16 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []
     original_wins = bool(choice.source) and Path(str(choice.source)).resolve() == run.original.resolve()
-    if choice.source and headroom and not original_wins:  # a round with more headroom deploys faster: the pruned one
+    second_wins = (
+        bool(choice.source)
+        and second is not None
+        and Path(str(choice.source)).resolve() == Path(second["artifact"]).resolve()
+    )
+    if second_wins and second is not None and pruned:  # the same round, its other student
+        changes["pruned"] = {**pruned, "artifact": second["artifact"], "student": 2}
+        source = Path(second["artifact"])
+        headroom_notes = [_second_student_note(second["round"], second["artifact"])]
+    elif choice.source and headroom and not original_wins:  # a round with more headroom deploys faster: the pruned one
         changes["pruned"] = {**pruned_entry(headroom), "selected_round": (pruned or {}).get("round")}
         source = Path(choice.source)
         headroom_notes = _headroom_note(changes["pruned"])

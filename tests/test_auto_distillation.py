@@ -13,7 +13,16 @@ from graph.cli import build_parser
 from graph.context import AUTO_STEPS
 from tests.helpers import digits_vit_report
 from tools.compression import distill
-from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_STEPS, auto_distill_steps, auto_rescues
+from tools.compression.distill import (
+    AUTO_DISTILL_IMAGES,
+    AUTO_DISTILL_STEPS,
+    AUTO_FEATURE_WEIGHT,
+    auto_distill_config,
+    auto_distill_steps,
+    auto_rescue_config,
+    auto_rescue_plan,
+    auto_rescues,
+)
 
 
 def test_steps_follow_the_macs_between_the_bounds() -> None:
@@ -79,9 +88,17 @@ def test_too_few_images_beside_evaluation_turn_it_off_and_say_so(tmp_path: Path)
 
 def test_distillations_after_the_search_follow_the_macs() -> None:
     assert auto_rescues(None) == 0 and auto_rescues(253_000_000) == 0  # where automatic distillation is off
-    assert auto_rescues(127_881_866) == 1  # CIFAR ResNet-56: two students of 300 steps, about 980 s estimated
-    assert auto_rescues(41_398_922) == 3  # CIFAR ResNet-20: about 315 s a pair
-    assert auto_rescues(32_637_706) == 3  # the shared CIFAR ViT-tiny: the cap
+    # CIFAR ResNet-56: one pair of 1,000 steps would take 3,270 s estimated: one of 300 (980 s)
+    assert auto_rescue_plan(127_881_866) == (1, 300)
+    assert auto_rescue_plan(41_398_922) == (1, 1000)  # CIFAR ResNet-20: 1,060 s a pair of 1,000 steps
+    assert auto_rescue_plan(32_637_706) == (1, 1000)  # the shared CIFAR ViT-tiny: 835 s
+    assert auto_rescue_plan(5_247_242) == (3, 1000)  # the shared ResNet-tiny: the cap
+    assert auto_rescue_plan(69_000_000) == (2, 300)  # a CIFAR ResNet-32: 530 s a pair of 300 steps
+    assert auto_rescues(41_398_922) == auto_rescue_plan(41_398_922)[0]
+    rescue, per_round = auto_rescue_config(41_398_922, seed=3), auto_distill_config(41_398_922, seed=3)
+    assert rescue is not None and per_round is not None and auto_rescue_config(253_000_000) is None
+    assert rescue.steps == 1000 and rescue.model_copy(update={"steps": per_round.steps}) == per_round
+    assert rescue.feature_weight == AUTO_FEATURE_WEIGHT > 0 and rescue.seed == 3
     assert Context(distill_rescues=AUTO_STEPS).distill_rescues == AUTO_STEPS == Context().distill_rescues
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--distill-rescues", "0"])
     assert args.distill_rescues == 0

@@ -156,3 +156,62 @@ def test_a_distilled_model_of_the_same_recipe_is_reused_not_trained_again(tmp_pa
     assert (tmp_path / "student" / "artifact.json").stat().st_mtime_ns == mtime  # reused
     other = distill_saved(tmp_path / "pruned", original, tmp_path / "student", images[:8], config)
     assert other["samples"] == 8  # other images: another recipe, distilled again
+
+
+def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept round is a distilled one: its second student is the first alternative the deployment builds, judged
+    on the half it did not see; when a candidate of it is chosen, the same round is the pruned model, now with the
+    second student's artifact."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.runtime import Runtime
+
+    import agents.quantization
+    from graph import build_graph
+    from tools.deploy.choice import DeployCandidate, DeployChoice
+
+    monkeypatch.setattr(distill, "AUTO_DISTILL_STEPS", (10, 20))
+    monkeypatch.setattr(agents.evaluation, "within_budget", lambda *args, **kwargs: False)
+    run_dir = tmp_path / "run"
+    ctx = Context(
+        run_dir=str(run_dir),
+        max_accuracy_drop=50.0,
+        latency_repeats=2,
+        progress=False,
+        iterations=0,
+        eval_samples=300,
+        calibration_samples=64,
+        quantize=False,
+        distill_rescues=1,
+    )
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+    graph.invoke({"model": "digits-vit", "dataset": "digits"}, config, context=ctx, durability="sync")
+    state = graph.get_state(config).values
+    assert state["pruned"]["round"] == 1
+    second = run_dir / "rounds" / "round-01" / "model-second"
+    seen: dict[str, Any] = {}
+
+    def fake_deploy(source: Path, *args: Any, alternatives: list[Path], spec_of: Any, **kwargs: Any) -> DeployChoice:
+        seen.update(
+            source=source, alternatives=alternatives, halves=[spec_of(p).evaluation_half for p in (source, second)]
+        )
+        chosen = DeployCandidate(
+            backend="torch", runtime="pytorch", precision="fp32", ran=True, within_budget=True, latency_s=1e-3
+        )
+        return DeployChoice(
+            chosen="torch",
+            why="test",
+            source=str(alternatives[0]),
+            candidates=[chosen.model_copy(update={"source": str(alternatives[0])})],
+        )
+
+    monkeypatch.setattr(agents.quantization, "deploy", fake_deploy)
+    changes = agents.quantization.quantize_model(state, Runtime(context=ctx))
+    assert Path(seen["alternatives"][0]).resolve() == second.resolve()  # before the headroom round and the original
+    assert seen["halves"] == [1, 0]  # each student judged on the half it was not distilled on
+    assert changes["pruned"]["round"] == 1 and changes["pruned"]["student"] == 2
+    assert Path(changes["pruned"]["artifact"]).resolve() == second.resolve()
+    assert Path(changes["quantized"]["source"]).resolve() == second.resolve()
+    assert any("round 1's first student" in note and "second student" in note for note in changes["notes"])

@@ -272,6 +272,11 @@ class ModelEntry(Metrics):
     latency_measured: str | None = Field(default=None, description="'interleaved' once the final comparison ran.")
     latency_device: str | None = Field(default=None, description="Where latency_s was measured (cpu, cuda).")
     round: int | None = Field(default=None, description="Best pruned model: the round it comes from.")
+    student: int | None = Field(
+        default=None,
+        description="Best pruned model of a round distilled after the search: 2 when its second student deploys "
+        "(the first was over the budget on the half it was judged on).",
+    )
 
 
 class CrossFitStudent(BaseModel):

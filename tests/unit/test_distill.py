@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from tests.helpers import tiny_vit
-from tools.compression.distill import DistillConfig, augment_batch, distill_, distill_loss
+from tools.compression.distill import DistillConfig, augment_batch, distill_, distill_loss, matched_blocks
 from tools.compression.forward import forward_logits
 
 M = TypeVar("M", bound=nn.Module)
@@ -175,3 +175,60 @@ def test_cuda_distillation_returns_to_the_cpu() -> None:
     assert report.device.startswith("cuda")
     assert all(p.device.type == "cpu" for p in [*student.parameters(), *teacher.parameters()])
     assert _kl(student, teacher, held_out) < 0.5 * kl_before
+
+
+class Stack(nn.Module):
+    """A stem and a Sequential of conv blocks; ``widths`` are the blocks' output channels."""
+
+    def __init__(self, widths: tuple[int, ...]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in widths:
+            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU()]
+            channels = width
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean(dim=(2, 3)))
+
+
+def test_matched_blocks_are_the_blocks_whose_width_pruning_left_alone() -> None:
+    teacher, student = Stack((8, 8, 6)), Stack((5, 8, 6))  # the first block was narrowed
+    assert matched_blocks(student, teacher, _images(1, 8, seed=10)) == ["body.2", "body.3", "body.4", "body.5"]
+    assert not any(m._forward_hooks for m in [*student.modules(), *teacher.modules()])
+    blocks = matched_blocks(tiny_vit(), tiny_vit(), _images(1, 16, seed=10))
+    assert len(blocks) == 2 and blocks[1].endswith("layers.1")  # the two encoder layers (tuple outputs too)
+
+
+def _block_error(student: nn.Module, teacher: nn.Module, images: torch.Tensor) -> float:
+    """Relative squared error of the last matched block's output (the ViT's last encoder layer)."""
+    name = matched_blocks(student, teacher, images[:1])[-1]
+    outputs: list[torch.Tensor] = []
+    handles = [
+        dict(m.named_modules())[name].register_forward_hook(
+            lambda _m, _i, out: outputs.append(out[0] if isinstance(out, tuple) else out)
+        )
+        for m in (student, teacher)
+    ]
+    try:
+        with torch.no_grad():
+            forward_logits(student, images)
+            forward_logits(teacher, images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float((outputs[0] - outputs[1]).pow(2).mean() / outputs[1].pow(2).mean())
+
+
+def test_matching_block_outputs_brings_the_hidden_states_closer() -> None:
+    teacher = tiny_vit()
+    train, held_out = _images(96, 16, seed=4), _images(48, 16, seed=5)
+    errors = {}
+    for weight in (0.0, 1.0):
+        student = _damaged(teacher, scale=0.6)
+        distill_(student, teacher, train, DistillConfig(steps=40, lr=3e-3, batch_size=32, feature_weight=weight))
+        errors[weight] = _block_error(student, teacher, held_out)
+        assert not any(m._forward_hooks for m in [*student.modules(), *teacher.modules()])
+    assert errors[1.0] < 0.7 * errors[0.0]

@@ -151,13 +151,15 @@ def _searched(macs: float = 4e7, over_budget_params: int = 60) -> dict[str, Any]
 
 def test_a_search_that_left_a_smaller_round_over_the_budget_distils_it_then_plans_on() -> None:
     state: Any = _searched()
-    runtime = _rt(iterations=1)  # --distill-rescues auto: 3 for a model of 4e7 MACs
+    runtime = _rt(iterations=1, distill_rescues=3)
     assert route_after_evaluate_model(state, runtime) == "distill_over_budget_round"
+    assert route_after_evaluate_model(state, _rt(iterations=1)) == "distill_over_budget_round"  # auto: 1 at 4e7 MACs
     distilled = {**state["rounds"][1], "round": 2, "cross_fit": {"source_round": 1}, "within_budget": False}
     after: Any = {**state, "rounds": [*state["rounds"], distilled]}
     # nothing left to distill: the search plans on from the distilled round, while distillations are left
     assert route_after_distill_over_budget_round(after, runtime) == "iterate_pruning"
     assert route_after_distill_over_budget_round(after, _rt(iterations=1, distill_rescues=1)) == "select_best_model"
+    assert route_after_distill_over_budget_round(after, _rt(iterations=1)) == "select_best_model"  # auto: one pair
     assert route_after_distill_over_budget_round(after, _rt(iterations=1, iterate=False)) == "select_best_model"
     spent = [*after["rounds"], *({**distilled, "round": i, "cross_fit": {"source_round": i}} for i in (3, 4))]
     assert route_after_distill_over_budget_round({**after, "rounds": spent}, runtime) == "select_best_model"
