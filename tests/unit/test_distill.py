@@ -198,6 +198,9 @@ def test_matched_blocks_are_the_blocks_whose_width_pruning_left_alone() -> None:
     teacher, student = Stack((8, 8, 6)), Stack((5, 8, 6))  # the first block was narrowed
     assert matched_blocks(student, teacher, _images(1, 8, seed=10)) == ["body.2", "body.3", "body.4", "body.5"]
     assert not any(m._forward_hooks for m in [*student.modules(), *teacher.modules()])
+    bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()  # probed in eval: statistics stay
+    assert matched_blocks(bn, copy.deepcopy(bn), _images(2, 8, seed=11)) == ["0", "1"]
+    assert bn.training and torch.equal(bn[1].running_mean, torch.zeros(4))
     blocks = matched_blocks(tiny_vit(), tiny_vit(), _images(1, 16, seed=10))
     assert len(blocks) == 2 and blocks[1].endswith("layers.1")  # the two encoder layers (tuple outputs too)
 

@@ -231,12 +231,13 @@ def matched_blocks(student: nn.Module, teacher: nn.Module, sample: torch.Tensor)
     names = [n for n in _block_names(teacher) if n in set(_block_names(student))]
     shapes: list[dict[str, tuple[int, ...]]] = []
     for model in (student, teacher):
-        outputs = _Outputs(model, names)
+        outputs, training = _Outputs(model, names), model.training
         try:
-            with torch.no_grad():
-                forward_logits(model, sample)
+            with torch.no_grad():  # eval: BatchNorm statistics must not move
+                forward_logits(model.eval(), sample.to(_float_dtype(model)))
         finally:
             outputs.remove()
+            model.train(training)
         shapes.append({n: tuple(t.shape) for n, t in outputs.values.items()})
     return [n for n in names if n in shapes[0] and shapes[0][n] == shapes[1].get(n)]
 
@@ -269,7 +270,7 @@ def feature_loss(student: dict[str, torch.Tensor], teacher: dict[str, torch.Tens
         for n, t in teacher.items()
         if n in student
     ]
-    return torch.stack(terms).mean()
+    return torch.stack(terms).mean() if terms else torch.zeros(())
 
 
 def _lr_factor(step: int, steps: int) -> float:
