@@ -228,7 +228,8 @@ def _block_names(model: nn.Module) -> list[str]:
 def matched_blocks(student: nn.Module, teacher: nn.Module, sample: torch.Tensor) -> list[str]:
     """Blocks (:func:`_block_names`) present in both models by name whose outputs have the same shape on
     ``sample``: the widths pruning left alone (residual streams, hidden states)."""
-    names = [n for n in _block_names(teacher) if n in set(_block_names(student))]
+    in_student = set(_block_names(student))
+    names = [n for n in _block_names(teacher) if n in in_student]
     shapes: list[dict[str, tuple[int, ...]]] = []
     for model in (student, teacher):
         outputs, training = _Outputs(model, names), model.training
