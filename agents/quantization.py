@@ -56,20 +56,19 @@ def _headroom_round(state: State, source: Path) -> dict[str, Any] | None:
     return roomiest
 
 
-def _second_student(state: State, source: Path) -> dict[str, Any] | None:
+def _second_student(state: State, source: Path) -> Path | None:
     """The kept round's other student when the round was distilled after the search (cross-fitted): its first
     student, the round's model, is judged alone on the half of the evaluation images it was not distilled on, so
     on a few thousand images its deployment can fail the budget by chance where the round passed it on every image;
     the second student, distilled on that half and judged on the other, may then deploy instead."""
     for r in state.get("rounds") or []:
-        cross_fit = r.get("cross_fit") or {}
-        students = cross_fit.get("students") or []
+        students = (r.get("cross_fit") or {}).get("students") or []
         if len(students) > 1 and Path(r["metrics"]["artifact"]).resolve() == source.resolve():
-            return {"round": r["round"], "artifact": students[1]["artifact"]}
+            return Path(students[1]["artifact"])
     return None
 
 
-def _second_student_note(round_index: int, artifact: str) -> str:
+def _second_student_note(round_index: int, artifact: Path) -> str:
     return (
         f"deployment: round {round_index}'s first student (its model) is over the accuracy budget in the runtimes "
         f"that would deploy it, judged on the half of the evaluation images it did not see; its second student "
@@ -136,7 +135,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         repeats=ctx.latency_repeats,
         forced=ctx.quant_backend != "auto",
         alternatives=[
-            *([Path(second["artifact"])] if second else []),
+            *([second] if second else []),
             *([Path(headroom["metrics"]["artifact"])] if headroom else []),
             *([run.original] if source.resolve() != run.original.resolve() else []),
         ],
@@ -148,15 +147,10 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []
     original_wins = bool(choice.source) and Path(str(choice.source)).resolve() == run.original.resolve()
-    second_wins = (
-        bool(choice.source)
-        and second is not None
-        and Path(str(choice.source)).resolve() == Path(second["artifact"]).resolve()
-    )
-    if second_wins and second is not None and pruned:  # the same round, its other student
-        changes["pruned"] = {**pruned, "artifact": second["artifact"], "student": 2}
-        source = Path(second["artifact"])
-        headroom_notes = [_second_student_note(second["round"], second["artifact"])]
+    if second and pruned and choice.source and Path(choice.source).resolve() == second.resolve():
+        changes["pruned"] = {**pruned, "artifact": str(second), "student": 2}  # the same round, its other student
+        source = second
+        headroom_notes = [_second_student_note(pruned["round"], second)]
     elif choice.source and headroom and not original_wins:  # a round with more headroom deploys faster: the pruned one
         changes["pruned"] = {**pruned_entry(headroom), "selected_round": (pruned or {}).get("round")}
         source = Path(choice.source)

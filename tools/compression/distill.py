@@ -23,6 +23,7 @@ from torch import nn
 
 from tools.compression.forward import forward_logits
 from tools.models.base import resolve_device
+from tools.profiling.modules import first_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -207,14 +208,6 @@ def augment_batch(batch: torch.Tensor, generator: torch.Generator) -> torch.Tens
     return torch.stack([padded[i, :, dy : dy + h, dx : dx + w] for i, (dy, dx) in enumerate(offsets)])
 
 
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    return None
-
-
 def _block_names(model: nn.Module) -> list[str]:
     """Names of the modules held directly by a ModuleList or Sequential (residual blocks, transformer layers)."""
     return [
@@ -253,7 +246,7 @@ class _Outputs:
 
     def _keep(self, name: str) -> Any:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            tensor = _first_tensor(output)
+            tensor = first_tensor(output)
             if tensor is not None:
                 self.values[name] = tensor
 
