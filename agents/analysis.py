@@ -10,6 +10,7 @@ from langgraph.runtime import Runtime
 from agents.common import paths, pruning_budget, settings, shape_of
 from agents.planning.base import Planner, PlanningContext, RoundRecord
 from agents.planning.registry import get_planner
+from agents.planning.selection import distillation_target
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -34,6 +35,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
         # recovery needs calibration images: without a dataset every prune goes unrepaired
         recovery=ctx.recovery if state.get("dataset") and ctx.calibration_samples > 0 else "none",
         int8_reserve_points=float((state.get("accuracy_budget") or {}).get("int8_reserve_points", 0.0)),
+        distillation_target_points=distillation_target(list(state.get("rounds") or []), pruning_budget(state, ctx)),
     )
 
 

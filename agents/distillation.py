@@ -1,5 +1,6 @@
 """Distillation after the search: a round the pruning search left over the accuracy budget, distilled from the
-original and judged cross-fitted on the evaluation images, becomes a round of its own.
+original and judged cross-fitted on the evaluation images, becomes a round of its own. Once one came back within
+budget, what it recovered sets how large the next may be (``agents.planning.recovery``).
 
 Measured on CIFAR ResNet-56 (default run, 5,000 unseen images): its 18.4 % round, repaired, lost 1.14 points and was
 refused; two students distilled from it on halves of the evaluation images lost nothing (+0.70, +0.10), and their
@@ -16,7 +17,7 @@ from langgraph.runtime import Runtime
 
 from agents.common import paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec, rescue_config, rescues_wanted
-from agents.planning.selection import accuracy_drop_points, round_to_distill, within_budget
+from agents.planning.selection import accuracy_drop_points, distillation_target, round_to_distill, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -38,9 +39,15 @@ def next_round_to_distill(state: dict[str, Any], ctx: Context) -> dict[str, Any]
 
 
 def distillations_left(state: Any, ctx: Context) -> bool:
-    """Whether distillation after the search is on, affordable and has distillations left (``--distill-rescues``)."""
-    done = sum(1 for r in state.get("rounds") or [] if r.get("cross_fit"))
-    return done < rescues_wanted(dict(state), ctx)
+    """Whether distillation after the search is on, affordable and has distillations left (``--distill-rescues``),
+    and, once a distilled round came back within budget, whether what it recovered leaves room for a larger one
+    (``selection.distillation_target``)."""
+    rounds = list(state.get("rounds") or [])
+    if sum(1 for r in rounds if r.get("cross_fit")) >= rescues_wanted(dict(state), ctx):
+        return False
+    if any(r.get("cross_fit") and r["within_budget"] for r in rounds):  # after one came back: while it can grow
+        return distillation_target(rounds, pruning_budget(dict(state), ctx)) is not None
+    return True
 
 
 def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

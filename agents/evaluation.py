@@ -60,14 +60,20 @@ def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
 
 def rescues_wanted(state: dict[str, Any], ctx: Context) -> int:
     """Cross-fitted distillations after the search the run makes at most: ``--distill-rescues N``, or with ``auto``
-    what the model's MACs allow (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
+    what the model's MACs allow, or more where the pairs distilled so far took less time than that assumed
+    (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
     from tools.compression.distill import auto_rescues
 
     if rescue_config(state, ctx) is None:
         return 0
     if ctx.distill_rescues != AUTO_STEPS:
         return ctx.distill_rescues
-    return auto_rescues((state.get("profile_summary") or {}).get("total_macs"))
+    pairs = [
+        sum(float((s.get("distilled") or {}).get("seconds") or 0.0) for s in r["cross_fit"].get("students") or [])
+        for r in state.get("rounds") or []
+        if r.get("cross_fit")
+    ]
+    return auto_rescues((state.get("profile_summary") or {}).get("total_macs"), pairs)
 
 
 def finetune_samples(state: dict[str, Any], ctx: Context) -> int:

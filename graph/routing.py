@@ -63,7 +63,8 @@ def route_after_distill_over_budget_round(
     state: State, runtime: Runtime[Context]
 ) -> Literal["distill_over_budget_round", "iterate_pruning", "select_best_model"]:
     """Another round worth distilling, else, while distillations are left, one more planned round (the search goes
-    on from the distilled rounds: past one back within the budget, short of one still over it), else the end."""
+    on from the distilled rounds: past one back within the budget, at the drop its recovery can bring back; short
+    of one still over it), else the end."""
     from agents.distillation import distillations_left
 
     ctx = context_of(runtime)

@@ -73,6 +73,9 @@ class PlanningContext:
     recovery: str | None = None
     #: The share of the accuracy budget kept for int8 (points; ``accuracy_budget``): what int8 decisions work within.
     int8_reserve_points: float = 0.0
+    #: After a round distilled after the search came back within budget: the drop before distillation (points) the
+    #: next one can be expected to bring back (``selection.distillation_target``); None otherwise.
+    distillation_target_points: float | None = None
 
 
 class PlanResult(BaseModel):

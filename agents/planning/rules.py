@@ -30,6 +30,7 @@ from typing import Any
 from agents.planning.base import PlanningContext, PlanResult
 from agents.planning.damage import DamageModel
 from agents.planning.quantization import quantization_plan
+from agents.planning.recovery import damage_for_drop
 from tools.compression.units import UNIT_KINDS, reachable_ratio, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
@@ -446,7 +447,48 @@ class RulesPlanner:
             return self._allocated(ctx, budget, f"Allocated under a damage budget of {budget:.4f}.")
         return self._plan_at(ctx, self.start_level, f"Initial level {self.start_level:.2f}, scaled by MACs share.")
 
+    @staticmethod
+    def _distillation_budgets(ctx: PlanningContext) -> list[tuple[float, str]]:
+        """After a distilled round came back within budget: damage budgets at which a pruned round should lose
+        :attr:`PlanningContext.distillation_target_points` before distillation (the drop the next distillation
+        can be expected to bring back), from the pruned rounds' predicted damage and measured drop
+        (:func:`~agents.planning.recovery.damage_for_drop`, from the source of the round that came back losing the
+        most), at most twice that source's damage. Empty without a target or a fit."""
+        target = ctx.distillation_target_points
+        if target is None:
+            return []
+        points = [
+            (
+                float(r.planner_state.get("predicted_damage") or r.planner_state.get("damage_budget") or 0.0),
+                float(r.accuracy_drop_points),
+            )
+            for r in ctx.history
+            if r.distilled_from is None and r.accuracy_drop_points is not None
+        ]
+        back = [r for r in ctx.history if r.distilled_from is not None and r.within_budget]
+        sources = [r for r in ctx.history if r.round in {b.distilled_from for b in back}]
+        anchor = max(sources, key=lambda r: r.accuracy_drop_points or 0.0, default=None)
+        if anchor is None or anchor.accuracy_drop_points is None:
+            return []
+        largest = float(anchor.planner_state.get("predicted_damage") or anchor.planner_state.get("damage_budget") or 0)
+        damage = damage_for_drop(points, (largest, float(anchor.accuracy_drop_points)), target)
+        if damage is None:
+            return []
+        damage = min(damage, 2 * largest)
+        note = (
+            f"Distillation after the search brought a round back within budget: planning one that should lose "
+            f"about {target:.2f} points before distillation (what the recovery measured so far brings back), at a "
+            f"damage budget of {damage:.4f}."
+        )
+        return [(damage * k, note) for k in (1.0, 0.9, 0.8)]
+
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
+        if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
+            seen = [r.planner_state.get("allocation") for r in ctx.history]
+            for budget, note in self._distillation_budgets(ctx):
+                planned = self._allocated(ctx, budget, note)
+                if planned.planner_state["allocation"] not in seen:
+                    return planned
         if any(r.distilled_from is not None for r in ctx.history):
             # once a round came back within budget by distillation, the rounds after it are distilled too: a
             # pruned round over the budget says nothing about its distilled version, so the search forgets them

@@ -6,6 +6,7 @@ import math
 from statistics import NormalDist
 from typing import Any
 
+from agents.planning.recovery import TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
 from tools.schemas import PairedAccuracy
 from tools.stats import budget_drop_points, standard_error_points, within_budget
@@ -16,6 +17,7 @@ __all__ = [
     "best_round",
     "budget_drop_points",
     "confirmed_rounds",
+    "distillation_target",
     "kept_round",
     "round_to_distill",
     "selection_z",
@@ -133,14 +135,27 @@ def _bound(r: dict[str, Any], k: float) -> float:
     return -PairedAccuracy.model_validate(paired).delta_points + k * standard_error_points(paired)
 
 
+def distillation_target(rounds: list[dict[str, Any]], budget: float) -> float | None:
+    """The largest drop before distillation that the next distillation after the search can be expected to bring
+    back within the budget, from what the run's distillations recovered (:func:`agents.planning.recovery.
+    recoverable_drop`, checked as the best of two more rounds); None before a distilled round came back within
+    budget, or when the target leaves no room beyond it."""
+    z = selection_z(sum(1 for r in rounds if (r.get("metrics") or {}).get("paired")) + 2)
+    return recoverable_drop(recoveries_of(rounds), budget, z)
+
+
 def round_to_distill(
     rounds: list[dict[str, Any]], selection: Selection, budget: float, rescues: int, original_params: int
 ) -> dict[str, Any] | None:
     """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
     or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
     fewer parameters than the round kept now (the original when none is): one over the budget, or one that passed
-    it alone but not as the best of all rounds (:func:`kept_round`); the one nearest the budget first (smallest drop
-    + one standard error), as the likeliest to come back."""
+    it alone but not as the best of all rounds (:func:`kept_round`).
+
+    Until a distilled round came back within budget, the one nearest the budget first (smallest drop + one
+    standard error), as the likeliest to come back. After, what came back sets a target (:func:`distillation_target`):
+    the search first plans a round at it (None until it has: the search goes on), then the most pruned round whose
+    drop before distillation is within :data:`~agents.planning.recovery.TARGET_SLACK` of the target is taken."""
     distilled = [r["cross_fit"]["source_round"] for r in rounds if r.get("cross_fit")]
     if len(distilled) >= rescues:
         return None
@@ -162,4 +177,12 @@ def round_to_distill(
         and r["metrics"]["params"] < ceiling
         and math.isfinite(drop(r))
     ]
-    return min(candidates, key=lambda r: (drop(r), r["round"]), default=None)
+    recovered = [r["round"] for r in rounds if r.get("cross_fit") and r["within_budget"]]
+    if not recovered:
+        return min(candidates, key=lambda r: (drop(r), r["round"]), default=None)
+    target = distillation_target(rounds, budget)
+    planned_since = any(not r.get("cross_fit") and r["round"] > max(recovered) for r in rounds)
+    if target is None or not planned_since:
+        return None
+    fits = [r for r in candidates if float(r.get("accuracy_drop_points") or 0.0) <= TARGET_SLACK * target]
+    return min(fits, key=lambda r: (r["metrics"]["params"], r["round"]), default=None)

@@ -1,0 +1,154 @@
+"""Distillation after the search, after a distilled round came back within budget: the recovery it measured sets
+the next target (``agents/planning/recovery.py``), the rules planner plans a round at it, distillation takes the
+most pruned round under it, and the number of distillations follows the time the pairs took."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.recovery import (
+    RECOVERY_CAP,
+    TARGET_SLACK,
+    Recovery,
+    damage_for_drop,
+    recoverable_drop,
+    recoveries_of,
+)
+from agents.planning.rules import RulesPlanner
+from agents.planning.selection import distillation_target, round_to_distill, selection_z
+from tools.compression.distill import AUTO_RESCUE_SECONDS, auto_rescue_plan, auto_rescues
+from tools.schemas import ModelProfile, RoundResult
+
+HALF_WIDTH = 0.6  # a 95 % interval of +/- 0.6 points: a standard error of 0.306
+
+
+def _round(i: int, drop: float, params: int, ok: bool, damage: float, source: int | None = None) -> dict[str, Any]:
+    paired = {
+        "delta_points": -drop,
+        "ci95_low_points": -drop - HALF_WIDTH,
+        "ci95_high_points": -drop + HALF_WIDTH,
+        "agreement": 0.95,
+        "samples": 4000,
+        "gained": 10,
+        "lost": 10,
+    }
+    record: dict[str, Any] = {
+        "round": i,
+        "plan": {},
+        "source": "rules",
+        "planner_state": {"damage_budget": damage, "predicted_damage": damage},
+        "metrics": {
+            "accuracy": 0.8 - drop / 100,
+            "params": params,
+            "latency_s": 0.001,
+            "memory_mb": 1.0,
+            "paired": paired,
+            "artifact": f"rounds/round-{i:02d}/model",
+        },
+        "accuracy_drop_points": drop,
+        "within_budget": ok,
+    }
+    if source is not None:
+        record["cross_fit"] = {"source_round": source, "judged_on_half": 0, "images_per_student": 100, "students": []}
+    return record
+
+
+def _search() -> list[dict[str, Any]]:
+    """A CIFAR ResNet-32's search as measured: 5 %, 10 % (0.55, alone within), 13 % (1.31, over), 12 % (0.70)."""
+    return [
+        _round(0, 0.21, 950, True, 0.0165),
+        _round(1, 0.55, 900, True, 0.0374),
+        _round(2, 1.31, 868, False, 0.0491),
+        _round(3, 0.70, 878, False, 0.0432),
+    ]
+
+
+def test_recovery_share_is_capped_and_the_target_follows_the_kept_rounds_check() -> None:
+    assert Recovery(0.55, -0.19, 0.3, True).share == RECOVERY_CAP  # all of it came back: counted as the cap
+    assert Recovery(0.72, 0.25, 0.3, True).share == pytest.approx(0.47 / 0.72)
+    back = Recovery(0.55, -0.19, 0.3, True)
+    z = selection_z(7)
+    target = recoverable_drop([back], 1.0, z)
+    assert target == pytest.approx((1.0 - z * 0.3) / (1 - RECOVERY_CAP))
+    assert (1 - RECOVERY_CAP) * target + z * 0.3 == pytest.approx(1.0)  # recovered, it just passes
+    assert recoverable_drop([], 1.0, z) is None
+    assert recoverable_drop([Recovery(4.4, 0.9, 0.3, False)], 1.0, z) is None  # nothing came back yet
+    # a distillation that failed still measures the share: the smallest share sets the target
+    assert recoverable_drop([back, Recovery(4.4, 2.2, 0.3, False)], 1.0, z) < target
+    # Swin-tiny: 0.51 -> 0.42 leaves no room for a larger round
+    assert recoverable_drop([Recovery(0.51, 0.42, 0.27, True)], 1.0, z) is None
+
+
+def test_damage_for_drop_interpolates_to_a_round_beyond_else_extrapolates_along_the_fit() -> None:
+    # CIFAR ResNet-56: 0.49 at 0.0559, 8.39 at 0.078: a target of 1.0 lies between them, well short of 0.078
+    points = [(0.018, 0.13), (0.039, 0.20), (0.078, 8.39), (0.0559, 0.49)]
+    damage = damage_for_drop(points, (0.0559, 0.49), 1.0)
+    assert damage is not None and 0.0559 < damage < 0.065
+    assert math.log(1.0 / 0.49) / math.log(damage / 0.0559) == pytest.approx(
+        math.log(8.39 / 0.49) / math.log(0.078 / 0.0559)
+    )
+    # nothing beyond the target: along the least-squares slope from the anchor; a flat fit counts as slope 1
+    steep = damage_for_drop([(0.01, 0.1), (0.02, 0.4), (0.04, 1.6)], (0.04, 1.6), 3.2)
+    assert steep == pytest.approx(0.04 * 2**0.5)
+    flat = damage_for_drop([(0.01, 0.5), (0.02, 0.5), (0.04, 0.5)], (0.04, 0.5), 1.0)
+    assert flat == pytest.approx(0.08)
+    assert damage_for_drop([(0.01, 0.5)], (0.01, 0.5), 1.0) is None  # one round: no slope
+    assert damage_for_drop(points, (0.0559, 0.0), 1.0) is None  # an anchor that lost nothing
+
+
+def test_after_a_round_came_back_distillation_waits_for_a_round_planned_at_the_target() -> None:
+    rounds = _search()
+    first = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
+    assert first is not None and first["round"] == 1  # before: the round nearest the budget
+    rounds.append(_round(4, -0.19, 900, True, 0.0374, source=1))
+    target = distillation_target(rounds, 1.0)
+    assert target is not None and target > 1.31
+    assert recoveries_of(rounds) == [Recovery(0.55, -0.19, pytest.approx(HALF_WIDTH / 1.96), True)]
+    # nothing planned since: the search plans a round at the target first (round 2, 3 would do, but are smaller)
+    assert round_to_distill(rounds, "accuracy", 1.0, 3, 1000) is None
+    # a planned round within the target's slack: the most pruned of the rounds under it is taken
+    rounds.append(_round(5, target, 830, False, 0.07))  # one more round: the target shrinks a little
+    chosen = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
+    assert chosen is not None and chosen["round"] == 5
+    # planned beyond the slack: the most pruned earlier round under the target instead
+    rounds[-1] = _round(5, TARGET_SLACK * target + 0.5, 830, False, 0.07)
+    chosen = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
+    assert chosen is not None and chosen["round"] == 2
+    assert round_to_distill(rounds, "accuracy", 1.0, 1, 1000) is None  # the one distillation was made
+
+
+def test_the_rules_planner_plans_the_round_after_a_recovery_at_the_target_damage() -> None:
+    rounds = [*_search(), _round(4, -0.19, 900, True, 0.0374, source=1)]
+    target = distillation_target(rounds, 1.0)
+    history = [RoundRecord.of(RoundResult.model_validate(r)) for r in rounds]
+    ctx = PlanningContext(
+        profile=ModelProfile.model_construct(),
+        prunable={},
+        baseline_accuracy=0.8,
+        max_accuracy_drop=1.0,
+        history=history,
+        distillation_target_points=target,
+    )
+    budgets = RulesPlanner._distillation_budgets(ctx)
+    assert [b / budgets[0][0] for b, _ in budgets] == pytest.approx([1.0, 0.9, 0.8])
+    assert 0.0491 < budgets[0][0] <= 2 * 0.0374  # past the largest round tried, at most twice the one that came back
+    assert "before distillation" in budgets[0][1]
+    untargeted = dataclasses.replace(ctx, distillation_target_points=None)
+    assert RulesPlanner._distillation_budgets(untargeted) == []
+
+
+def test_distillations_follow_the_time_the_pairs_took() -> None:
+    macs = 127_881_866  # CIFAR ResNet-56: one pair of 300 steps planned at the assumed rate
+    assert auto_rescue_plan(macs)[0] == 1
+    assert auto_rescues(macs) == auto_rescues(macs, []) == 1
+    seconds, most = AUTO_RESCUE_SECONDS
+    assert auto_rescues(macs, [256.0]) == most  # measured on one Xeon core: three fit in 1,200 s
+    assert auto_rescues(macs, [seconds / 2 + 1]) == 1  # a slower CPU: no more than planned
+    assert auto_rescues(macs, [500.0, 500.0]) == 2  # 1,000 s spent, the next would not fit
+    assert auto_rescues(253_000_000, [10.0]) == 0  # off where the plan is off
+    assert auto_rescues(macs, [0.0]) == 1  # a pair whose time was not recorded measures nothing
