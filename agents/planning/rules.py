@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agents.planning.base import PlanningContext, PlanResult
+from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
 from agents.planning.quantization import quantization_plan
 from agents.planning.recovery import damage_for_drop
@@ -457,11 +457,12 @@ class RulesPlanner:
         target = ctx.distillation_target_points
         if target is None:
             return []
+
+        def damage(r: RoundRecord) -> float:
+            return float(r.planner_state.get("predicted_damage") or r.planner_state.get("damage_budget") or 0.0)
+
         points = [
-            (
-                float(r.planner_state.get("predicted_damage") or r.planner_state.get("damage_budget") or 0.0),
-                float(r.accuracy_drop_points),
-            )
+            (damage(r), float(r.accuracy_drop_points))
             for r in ctx.history
             if r.distilled_from is None and r.accuracy_drop_points is not None
         ]
@@ -470,17 +471,17 @@ class RulesPlanner:
         anchor = max(sources, key=lambda r: r.accuracy_drop_points or 0.0, default=None)
         if anchor is None or anchor.accuracy_drop_points is None:
             return []
-        largest = float(anchor.planner_state.get("predicted_damage") or anchor.planner_state.get("damage_budget") or 0)
-        damage = damage_for_drop(points, (largest, float(anchor.accuracy_drop_points)), target)
-        if damage is None:
+        largest = damage(anchor)
+        planned = damage_for_drop(points, (largest, float(anchor.accuracy_drop_points)), target)
+        if planned is None:
             return []
-        damage = min(damage, 2 * largest)
+        planned = min(planned, 2 * largest)
         note = (
             f"Distillation after the search brought a round back within budget: planning one that should lose "
             f"about {target:.2f} points before distillation (what the recovery measured so far brings back), at a "
-            f"damage budget of {damage:.4f}."
+            f"damage budget of {planned:.4f}."
         )
-        return [(damage * k, note) for k in (1.0, 0.9, 0.8)]
+        return [(planned * k, note) for k in (1.0, 0.9, 0.8)]
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
