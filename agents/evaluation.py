@@ -19,7 +19,7 @@ from tools.stats import drop_points, resolution_note
 from tools.store.files import atomic_write_json
 
 if TYPE_CHECKING:
-    from tools.compression.distill import DistillConfig
+    from tools.compression.distill import DistillConfig, Precision
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +31,29 @@ SLOWER_FACTOR = 0.95
 MIN_CROSS_FIT_IMAGES = 100
 
 
+def distill_precision(ctx: Context) -> Precision:
+    """``--distill-precision``, with ``auto`` resolved: bf16 where distillation runs on a CPU that computes it
+    natively (``tools.deploy.cpu``: AMX-BF16, AVX512-BF16), else fp32."""
+    if ctx.distill_precision != "auto":
+        return "bf16" if ctx.distill_precision == "bf16" else "fp32"
+    from tools.deploy.cpu import detect_cpu
+    from tools.models.base import resolve_device
+
+    return "bf16" if resolve_device(ctx.device).type == "cpu" and detect_cpu().bf16 else "fp32"
+
+
 def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     """The run's distillation recipe (None: off): the settings' steps, or with ``--finetune-steps auto`` what the
     model's MACs allow (``tools.compression.distill.auto_distill_config``; none before the profile)."""
     from tools.compression.distill import DistillConfig, auto_distill_config
 
+    precision = distill_precision(ctx)
     if ctx.finetune_steps == AUTO_STEPS:
         macs = (state.get("profile_summary") or {}).get("total_macs")
-        return auto_distill_config(macs, device=ctx.device, seed=ctx.seed)
-    return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed) if ctx.finetune_steps else None
+        return auto_distill_config(macs, device=ctx.device, seed=ctx.seed, precision=precision)
+    if not ctx.finetune_steps:
+        return None
+    return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed, precision=precision)
 
 
 def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
@@ -55,7 +69,8 @@ def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
         return None
     macs = (state.get("profile_summary") or {}).get("total_macs")
-    return auto_rescue_config(macs, device=ctx.device, seed=ctx.seed)
+    precision = distill_precision(ctx)
+    return auto_rescue_config(macs, device=ctx.device, seed=ctx.seed, precision=precision)
 
 
 def rescues_wanted(state: dict[str, Any], ctx: Context) -> int:

@@ -26,7 +26,6 @@ from tools.deploy.choice import DeployChoice, is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
-    ORIGINAL_MARGIN,
     accuracy_control,
     calibration_images,
     candidate_backends,
@@ -77,21 +76,12 @@ def _second_student_note(round_index: int, artifact: Path) -> str:
 
 
 def _original_note(choice: DeployChoice, pruned_source: Path) -> str:
-    """Why the unpruned original is deployed: it ran faster than the pruned model in the chosen runtime."""
+    """Why the unpruned original is deployed: no pruned model had a runtime within the accuracy budget."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
-    rows = [c for c in choice.candidates if c.backend == choice.chosen and c.ran and c.latency_s]
-    best = min((c for c in rows if c.source is None), key=lambda c: c.latency_s or 0.0, default=None)
-    mine = min((c for c in rows if c.source == choice.source), key=lambda c: c.latency_s or 0.0, default=None)
-    timing = (
-        f" ({1e3 * (mine.latency_s or 0.0):.2f} ms unpruned, {1e3 * (best.latency_s or 0.0):.2f} ms pruned, batch 1, "
-        "interleaved)"
-        if best is not None and mine is not None
-        else ""
-    )
     return (
-        f"deployment: the unpruned original runs faster in {choice.chosen} than the pruned model ({round_name})"
-        f"{timing}, beyond the {ORIGINAL_MARGIN:.0%} margin a pruned model is kept by: the original is deployed "
-        "(pruning does not pay in this runtime; the pruned model stays in RUN/models and the report)"
+        f"deployment: no runtime of the pruned model ({round_name}) or of a round with more headroom passed the "
+        f"accuracy budget test on the images it is judged on: the unpruned original is deployed in {choice.chosen} "
+        "(the pruned model stays in RUN/models and the report)"
     )
 
 
@@ -157,7 +147,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         headroom_notes = _headroom_note(changes["pruned"])
         if ctx.holdout_samples > 0:
             headroom_notes += evaluate_holdout(data, ctx, changes["pruned"])
-    elif original_wins:  # the unpruned original deploys faster in the chosen runtime: pruning does not pay there
+    elif original_wins:  # no pruned model passed the budget in any runtime: the unpruned original deploys
         headroom_notes = [_original_note(choice, source)]
         source = run.original
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))

@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--features", type=float, default=0.0, help="weight of block-output matching")
     parser.add_argument("--batch", type=int, default=AUTO_DISTILL_BATCH)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="of the forward passes")
     args = parser.parse_args()
     ops.set_threads(args.threads)
     run = read_run(args.run)
@@ -94,7 +95,13 @@ def main() -> None:
         for seen, held_out in (halves, halves[::-1]):
             student = copy.deepcopy(repaired)
             start = time.perf_counter()
-            config = DistillConfig(steps=args.steps, lr=args.lr, batch_size=args.batch, feature_weight=args.features)
+            config = DistillConfig(
+                steps=args.steps,
+                lr=args.lr,
+                batch_size=args.batch,
+                feature_weight=args.features,
+                precision=args.precision,
+            )
             distill_(student, original, torch.cat([calibration, evaluation[seen]]), config)
             merged[held_out] = top1(student, evaluation[held_out])
             took = time.perf_counter() - start

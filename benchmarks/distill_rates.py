@@ -11,6 +11,7 @@ that changes widens it. It is the measurement behind ``AUTO_DISTILL_LR`` (``tool
     python benchmarks/split_halves.py --source ../shared/data/cifar10-test --out runs/figures/halves
     python benchmarks/distill_rates.py --depth 56 --ratio 0.25 --threads 1
     python benchmarks/distill_rates.py --depth 20 --ratio 0.125 --rates 1e-3,1e-4
+    python benchmarks/distill_rates.py --depth 56 --rates 3e-4 --precisions fp32,bf16   # --distill-precision
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.25, help="ratio of every stage-2/3 inner convolution")
     parser.add_argument("--rates", default="1e-3,3e-4,1e-4", help="peak learning rates, comma-separated")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--precisions", default="fp32", help="of the forward passes, comma-separated: fp32, bf16")
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--halves", type=Path, default=REPO / "runs" / "figures" / "halves")
     parser.add_argument("--threads", type=int, default=1)
@@ -100,12 +102,15 @@ def main() -> None:
     print(f"CIFAR ResNet-{args.depth}, {fewer:.1f} % fewer parameters; {len(unseen):,} unseen images")
     print(f"  repaired                {compared(pruned, unseen, labels, reference)}")
     for rate in (float(r) for r in args.rates.split(",")):
-        student = copy.deepcopy(pruned)
-        start = time.perf_counter()
-        config = DistillConfig(steps=args.steps, lr=rate, batch_size=AUTO_DISTILL_BATCH)
-        distill_(student, original, distillation, config)
-        took = time.perf_counter() - start
-        print(f"  distilled at {rate:<8g}  {compared(student, unseen, labels, reference)}  ({took:.0f} s)")
+        for precision in args.precisions.split(","):
+            student = copy.deepcopy(pruned)
+            start = time.perf_counter()
+            config = DistillConfig(steps=args.steps, lr=rate, batch_size=AUTO_DISTILL_BATCH, precision=precision)
+            distill_(student, original, distillation, config)
+            took = time.perf_counter() - start
+            print(
+                f"  distilled at {rate:<8g} {precision}  {compared(student, unseen, labels, reference)}  ({took:.0f} s)"
+            )
 
 
 if __name__ == "__main__":

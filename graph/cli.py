@@ -11,10 +11,11 @@ import shlex
 import shutil
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from graph.context import Context, Selection, parse_steps
+from graph.context import DISTILL_PRECISIONS, Context, Selection, parse_steps
 from tools.text import first_line
 
 if TYPE_CHECKING:
@@ -128,6 +129,13 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         default=defaults.distill_rescues,
         help="distillations after the search of rounds over the budget, judged cross-fitted on halves of the "
         "evaluation images (with --finetune-steps 0): N, 0 or auto (default: about 20 min at most, at most 3)",
+    )
+    parser.add_argument(
+        "--distill-precision",
+        choices=DISTILL_PRECISIONS,
+        default=defaults.distill_precision,
+        help="precision of distillation's forward passes: auto (bf16 where the CPU computes it natively, "
+        "AMX-BF16 or AVX512-BF16; else fp32), fp32 or bf16",
     )
     parser.add_argument(
         "--approve-plan",
@@ -266,44 +274,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Context fields set by a ``--no-X`` switch (the field is True unless the switch is given).
+_SWITCHED_OFF = {
+    "sensitivity": "no_sensitivity",
+    "prune": "no_prune",
+    "iterate": "no_iterate",
+    "quantize": "no_quantize",
+    "progress": "no_progress",
+}
+
+
 def _context(args: argparse.Namespace, run_dir: str) -> Context:
-    return Context(
-        run_dir=run_dir,
-        iterations=args.iterations,
-        eval_samples=args.eval_samples,
-        calibration_samples=args.calibration_samples,
-        holdout_samples=args.holdout_samples,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        threads=args.threads,
-        device=args.device,
-        planner=args.planner,
-        max_accuracy_drop=args.max_accuracy_drop,
-        selection=args.selection,
-        importance=args.importance,
-        round_to=args.round_to,
-        head_round_to=args.head_round_to,
-        recovery=args.recovery,
-        sensitivity=not args.no_sensitivity,
-        sensitivity_samples=args.sensitivity_samples,
-        finetune_steps=args.finetune_steps,
-        finetune_samples=args.finetune_samples,
-        distill_rescues=args.distill_rescues,
-        llm_model=args.llm_model,
-        llm_base_url=args.llm_base_url,
-        llm_timeout=args.llm_timeout,
-        llm_max_attempts=args.llm_max_attempts,
-        llm_context_tokens=args.llm_context_tokens,
-        max_pruning_ratio=args.max_pruning_ratio,
-        prune=not args.no_prune,
-        iterate=not args.no_iterate,
-        quantize=not args.no_quantize,
-        quant_backend=args.quant_backend,
-        int8_cpu=args.int8_cpu,
-        progress=not args.no_progress,
-        approve_plan=args.approve_plan,
-        approve_rounds=args.approve_rounds,
-    )
+    """The run's settings from the parsed options: each Context field from the option of its name, or from its
+    ``--no-X`` switch; fields without an option keep their defaults (or environment variables)."""
+    given = vars(args)
+    values: dict[str, Any] = {"run_dir": run_dir}
+    for f in fields(Context):
+        if f.name in _SWITCHED_OFF:
+            values[f.name] = not given[_SWITCHED_OFF[f.name]]
+        elif f.name in given and f.name != "run_dir":
+            values[f.name] = given[f.name]
+    return Context(**values)
 
 
 class _Progress:

@@ -54,9 +54,13 @@ def after_search(state: State, ctx: Context) -> Literal["distill_over_budget_rou
 def route_after_evaluate_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["iterate_pruning", "distill_over_budget_round", "select_best_model"]:
+    from agents.distillation import target_rounds_left
+
     ctx = context_of(runtime)
-    done = len(state.get("rounds") or [])
-    return "iterate_pruning" if done < rounds_wanted(ctx) else after_search(state, ctx)
+    if len(state.get("rounds") or []) < rounds_wanted(ctx):
+        return "iterate_pruning"
+    then = after_search(state, ctx)  # past the T rounds: a round at a distillation target may take more tries
+    return "iterate_pruning" if then == "select_best_model" and ctx.iterate and target_rounds_left(state, ctx) else then
 
 
 def route_after_distill_over_budget_round(

@@ -27,6 +27,7 @@ from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.prompt_budget import FULL, PromptDetail, capped, compact_schema_text, rounds_shown
 from agents.planning.prompt_int8 import int8_lines
 from agents.planning.prompt_sensitivity import sensitivity_lines, settings_lines
+from agents.planning.recovery import TARGET_SLACK
 from agents.planning.rules import exact_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
@@ -443,8 +444,8 @@ def iteration_prompt(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
             )
         for record in shown:
             distilled = (
-                f" (round {record.distilled_from}'s model distilled from the original after pruning; later rounds "
-                "are distilled the same way when over the budget)"
+                f" (round {record.distilled_from}'s model distilled from the original after the search, each half "
+                "of the evaluation images judged by a student that did not see it)"
                 if record.distilled_from is not None
                 else ""
             )
@@ -459,7 +460,16 @@ def iteration_prompt(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
         else:
             out.append(f"Best round within budget so far: round {best.round} ({_result_line(best, ctx)}).")
         last = history[-1]
-        if last.within_budget:
+        target = ctx.distillation_target_points
+        if target is not None:
+            back = sorted({r.distilled_from for r in history if r.distilled_from is not None and r.within_budget})
+            out.append(
+                f"Distillation after the search brought round(s) {', '.join(map(str, back))} back within the budget. "
+                f"The next round is judged before distillation and then distilled from the original if it loses at "
+                f"most about {TARGET_SLACK * target:.2f} points: aim for a round that loses about {target:.2f} "
+                "points before distillation (more than the rounds that came back), not one within the budget."
+            )
+        elif last.within_budget:
             out.append(
                 f"The last round (round {last.round}) stayed within budget: prune more (higher ratios or more "
                 "groups) to save more latency and parameters."

@@ -30,7 +30,7 @@ from typing import Any
 from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
 from agents.planning.quantization import quantization_plan
-from agents.planning.recovery import damage_for_drop
+from agents.planning.recovery import AT_TARGET, damage_for_drop
 from tools.compression.units import UNIT_KINDS, reachable_ratio, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
@@ -484,11 +484,12 @@ class RulesPlanner:
         return [(planned * k, note) for k in (1.0, 0.9, 0.8)]
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
+        seen = [r.planner_state.get("allocation") for r in ctx.history]  # every round's, kept or not
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
-            seen = [r.planner_state.get("allocation") for r in ctx.history]
             for budget, note in self._distillation_budgets(ctx):
                 planned = self._allocated(ctx, budget, note)
                 if planned.planner_state["allocation"] not in seen:
+                    planned.planner_state[AT_TARGET] = ctx.distillation_target_points
                     return planned
         if any(r.distilled_from is not None for r in ctx.history):
             # once a round came back within budget by distillation, the rounds after it are distilled too: a
@@ -496,7 +497,6 @@ class RulesPlanner:
             kept = [r for r in ctx.history if r.distilled_from is not None or r.within_budget]
             ctx = dataclasses.replace(ctx, history=kept)
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
-            seen = [r.planner_state.get("allocation") for r in ctx.history]
             result = None
             for budget, note in self._next_budgets(ctx):  # the first budget whose allocation is new
                 result = self._allocated(ctx, budget, note)

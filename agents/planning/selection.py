@@ -145,7 +145,13 @@ def distillation_target(rounds: list[dict[str, Any]], budget: float) -> float | 
 
 
 def round_to_distill(
-    rounds: list[dict[str, Any]], selection: Selection, budget: float, rescues: int, original_params: int
+    rounds: list[dict[str, Any]],
+    selection: Selection,
+    budget: float,
+    rescues: int,
+    original_params: int,
+    *,
+    search_goes_on: bool = True,
 ) -> dict[str, Any] | None:
     """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
     or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
@@ -154,8 +160,9 @@ def round_to_distill(
 
     Until a distilled round came back within budget, the one nearest the budget first (smallest drop + one
     standard error), as the likeliest to come back. After, what came back sets a target (:func:`distillation_target`):
-    the search first plans a round at it (None until it has: the search goes on), then the most pruned round whose
-    drop before distillation is within :data:`~agents.planning.recovery.TARGET_SLACK` of the target is taken."""
+    the search first plans a round at it (None until it has, unless ``search_goes_on`` is False: ``--no-iterate``
+    plans none), then the most pruned round whose drop before distillation is within
+    :data:`~agents.planning.recovery.TARGET_SLACK` of the target is taken."""
     distilled = [r["cross_fit"]["source_round"] for r in rounds if r.get("cross_fit")]
     if len(distilled) >= rescues:
         return None
@@ -182,7 +189,7 @@ def round_to_distill(
         return min(candidates, key=lambda r: (drop(r), r["round"]), default=None)
     target = distillation_target(rounds, budget)
     planned_since = any(not r.get("cross_fit") and r["round"] > max(recovered) for r in rounds)
-    if target is None or not planned_since:
+    if target is None or (search_goes_on and not planned_since):
         return None
     fits = [r for r in candidates if float(r.get("accuracy_drop_points") or 0.0) <= TARGET_SLACK * target]
     return min(fits, key=lambda r: (r["metrics"]["params"], r["round"]), default=None)

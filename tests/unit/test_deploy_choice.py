@@ -148,18 +148,23 @@ def test_another_source_is_deployed_only_when_clearly_faster() -> None:
     assert "(original)" in choose(_eligible([*best, faster]), 4e-3)[1]
 
 
-def test_the_unpruned_original_needs_a_larger_margin_than_another_round() -> None:
-    """Deploying the original gives back every parameter pruning removed: it must be ORIGINAL_MARGIN faster."""
-    from tools.deployment import ALTERNATIVE_MARGIN, ORIGINAL_MARGIN, _eligible
+def test_the_unpruned_original_deploys_only_when_no_pruned_model_is_within_budget() -> None:
+    """Deploying the original gives back every parameter pruning removed: however much faster it runs, it is a
+    candidate only when no pruned model (the best one, another round) has one within the budget."""
+    from tools.deployment import ALTERNATIVE_MARGIN, _eligible
 
+    original_dir = Path("/run/models/original")
     best = [_c(FLOAT, 3.0), _c("onnxruntime-static", 0.60)]
-    between = 0.60 * (1 - (ALTERNATIVE_MARGIN + ORIGINAL_MARGIN) / 2)
-    unpruned = _c("onnxruntime-static", between).model_copy(update={"source": "/run/models/original"})
-    other_round = _c("onnxruntime-static", between).model_copy(update={"source": "/run/rounds/round-00/model"})
-    eligible = _eligible([*best, unpruned, other_round], Path("/run/models/original"))
+    much_faster = 0.60 * (1 - 4 * ALTERNATIVE_MARGIN)
+    unpruned = _c("openvino-bf16", much_faster).model_copy(update={"source": str(original_dir)})
+    other_round = _c("onnxruntime-static", much_faster).model_copy(update={"source": "/run/rounds/round-00/model"})
+    eligible = _eligible([*best, unpruned, other_round], original_dir)
     assert other_round in eligible and unpruned not in eligible
-    clearly = unpruned.model_copy(update={"latency_s": 0.60e-3 * (1 - 1.5 * ORIGINAL_MARGIN)})
-    assert clearly in _eligible([*best, clearly], Path("/run/models/original"))
+    assert unpruned not in _eligible([*best, unpruned], original_dir)
+    # every pruned candidate over the budget: the original's are the ones left
+    over = [c.model_copy(update={"within_budget": False}) for c in best]
+    assert unpruned in _eligible([*over, unpruned], original_dir)
+    assert choose(_eligible([*over, unpruned], original_dir), 4e-3)[0] == "openvino-bf16"
 
 
 def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_error(tmp_path: Path) -> None:
@@ -254,19 +259,13 @@ def test_another_source_stays_deployed_only_if_it_is_still_faster_when_timed_aga
 
     shape = InputShape(channels=3, height=8, width=8)
     monkeypatch.setattr(ops, "compare_latency", again(0.59))
-    doubt = _unconfirmed_alternative([best, alternative], "openvino-int8", shape, 60, 0, Path("/run/models/original"))
+    doubt = _unconfirmed_alternative([best, alternative], "openvino-int8", shape, 60, 0)
     assert doubt and "not 5 % faster" in doubt and "openvino-int8 (round-00)" in doubt
     assert timed[-1] == {"alternative": Path(alternative.artifact or ""), "best": Path(best.artifact or "")}
     monkeypatch.setattr(ops, "compare_latency", again(0.50))
-    assert (
-        _unconfirmed_alternative([best, alternative], "openvino-int8", shape, 60, 0, Path("/run/models/original"))
-        is None
-    )
+    assert _unconfirmed_alternative([best, alternative], "openvino-int8", shape, 60, 0) is None
     calls = len(timed)
-    assert (
-        _unconfirmed_alternative([best, alternative], "onnxruntime-fp32", shape, 60, 0, Path("/run/models/original"))
-        is None
-    )
+    assert _unconfirmed_alternative([best, alternative], "onnxruntime-fp32", shape, 60, 0) is None
     assert len(timed) == calls, "the best model's own candidate is not timed again"
 
 

@@ -110,6 +110,23 @@ def test_vit_distillation_reduces_kl() -> None:
     assert not any(m.training for m in student.modules())
 
 
+@pytest.mark.parametrize("model", ["cnn", "vit"])
+def test_bf16_distillation_reduces_kl_as_fp32_does_and_keeps_fp32_weights(model: str) -> None:
+    teacher = _teacher_cnn() if model == "cnn" else tiny_vit()
+    train, held_out = _images(96, 16, seed=4), _images(48, 16, seed=5)
+    kls = {}
+    for precision in ("fp32", "bf16"):
+        student = _damaged(teacher, scale=0.6)
+        kl_before = _kl(student, teacher, held_out)
+        config = DistillConfig(steps=40, lr=1e-2 if model == "cnn" else 3e-3, batch_size=32, precision=precision)
+        report = distill_(student, teacher, train, config)
+        assert report.precision == precision and report.loss_last < report.loss_first
+        assert all(p.dtype == torch.float32 for p in student.parameters())  # autocast, not a bf16 model
+        kls[precision] = _kl(student, teacher, held_out) / kl_before
+    assert kls["bf16"] < 0.7
+    assert kls["bf16"] == pytest.approx(kls["fp32"], abs=0.15)  # the same repair, within bf16's rounding
+
+
 def test_steps_zero_is_a_no_op() -> None:
     teacher = _teacher_cnn()
     student = _damaged(teacher)

@@ -9,9 +9,12 @@ import math
 from typing import Any
 
 import pytest
+from langgraph.runtime import Runtime
 
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.recovery import (
+    AT_TARGET,
+    COMPLETE_RECOVERY_STEP,
     RECOVERY_CAP,
     TARGET_SLACK,
     Recovery,
@@ -21,7 +24,14 @@ from agents.planning.recovery import (
 )
 from agents.planning.rules import RulesPlanner
 from agents.planning.selection import distillation_target, round_to_distill, selection_z
-from tools.compression.distill import AUTO_RESCUE_SECONDS, auto_rescue_plan, auto_rescues
+from graph.context import Context
+from graph.routing import route_after_evaluate_model
+from tools.compression.distill import (
+    AUTO_RESCUE_SECONDS,
+    auto_rescue_config,
+    auto_rescue_plan,
+    auto_rescues,
+)
 from tools.schemas import ModelProfile, RoundResult
 
 HALF_WIDTH = 0.6  # a 95 % interval of +/- 0.6 points: a standard error of 0.306
@@ -84,6 +94,20 @@ def test_recovery_share_is_capped_and_the_target_follows_the_kept_rounds_check()
     assert recoverable_drop([Recovery(0.51, 0.42, 0.27, True)], 1.0, z) is None
 
 
+def test_rounds_that_came_back_whole_grow_the_target_one_step_where_the_capped_share_leaves_no_room() -> None:
+    z = selection_z(9)
+    # CIFAR ResNet-32: 0.55 -> -0.19 and 1.31 -> -0.04, standard errors 0.29 and 0.32: the capped share gives
+    # (1 - z * 0.32) / 0.25 = 1.1, under 1.1 x 1.31; both came back whole, so one step beyond 1.31
+    whole = [Recovery(0.55, -0.19, 0.29, True), Recovery(1.31, -0.04, 0.32, True)]
+    assert (1.0 - z * 0.32) / (1 - RECOVERY_CAP) < 1.1 * 1.31
+    assert recoverable_drop(whole, 1.0, z) == pytest.approx(COMPLETE_RECOVERY_STEP * 1.31)
+    # one that kept part of its drop ends the growth, within budget or not
+    assert recoverable_drop([*whole, Recovery(1.64, 0.20, 0.32, True)], 1.0, z) is None
+    assert recoverable_drop([*whole, Recovery(1.64, 0.90, 0.32, False)], 1.0, z) is None
+    # where the capped share leaves room, it still sets the target
+    assert recoverable_drop(whole[:1], 1.0, z) == pytest.approx((1.0 - z * 0.29) / (1 - RECOVERY_CAP))
+
+
 def test_damage_for_drop_interpolates_to_a_round_beyond_else_extrapolates_along_the_fit() -> None:
     # CIFAR ResNet-56: 0.49 at 0.0559, 8.39 at 0.078: a target of 1.0 lies between them, well short of 0.078
     points = [(0.018, 0.13), (0.039, 0.20), (0.078, 8.39), (0.0559, 0.49)]
@@ -111,6 +135,9 @@ def test_after_a_round_came_back_distillation_waits_for_a_round_planned_at_the_t
     assert recoveries_of(rounds) == [Recovery(0.55, -0.19, pytest.approx(HALF_WIDTH / 1.96), True)]
     # nothing planned since: the search plans a round at the target first (round 2, 3 would do, but are smaller)
     assert round_to_distill(rounds, "accuracy", 1.0, 3, 1000) is None
+    # with --no-iterate no round will be planned: the most pruned round under the target now
+    now = round_to_distill(rounds, "accuracy", 1.0, 3, 1000, search_goes_on=False)
+    assert now is not None and now["round"] == 2
     # a planned round within the target's slack: the most pruned of the rounds under it is taken
     rounds.append(_round(5, target, 830, False, 0.07))  # one more round: the target shrinks a little
     chosen = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
@@ -152,3 +179,58 @@ def test_distillations_follow_the_time_the_pairs_took() -> None:
     assert auto_rescues(macs, [500.0, 500.0]) == 2  # 1,000 s spent, the next would not fit
     assert auto_rescues(253_000_000, [10.0]) == 0  # off where the plan is off
     assert auto_rescues(macs, [0.0]) == 1  # a pair whose time was not recorded measures nothing
+
+
+def test_the_students_keep_the_planned_steps_and_take_the_runs_precision() -> None:
+    macs = 70_201_034  # CIFAR ResNet-32: 300-step students planned (a pair of 1,000 would not fit the plan)
+    config = auto_rescue_config(macs, precision="bf16")
+    assert config is not None and config.steps == auto_rescue_plan(macs)[1] == 300 and config.precision == "bf16"
+    assert auto_rescue_config(253_000_000) is None  # off where the plan is off
+
+
+def test_distillation_precision_follows_the_setting_and_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents import evaluation
+    from tools.deploy import cpu
+
+    assert evaluation.distill_precision(Context(distill_precision="fp32")) == "fp32"
+    assert evaluation.distill_precision(Context(distill_precision="bf16")) == "bf16"
+    for features, expected in ((["avx2"], "fp32"), (["avx2", "amx_bf16"], "bf16")):
+        found = cpu.CpuFeatures(model_name="x", machine="x86_64", features=features)
+        monkeypatch.setattr(cpu, "detect_cpu", lambda found=found: found)
+        assert evaluation.distill_precision(Context()) == expected
+    with pytest.raises(ValueError, match="--distill-precision"):
+        Context(distill_precision="int8")
+
+
+def test_a_round_that_overshot_the_target_gets_another_try_three_at_most() -> None:
+
+    from graph.context import Context
+
+    def at_target(record: dict[str, Any], target: float | None = 1.6) -> dict[str, Any]:
+        return {**record, "planner_state": {**record["planner_state"], AT_TARGET: target}}
+
+    def state(overshot: int, last_at_target: bool = True) -> Any:
+        rounds = [_round(0, 0.21, 950, True, 0.0165), _round(1, 0.55, 900, True, 0.0374)]
+        rounds.append(_round(2, -0.19, 900, True, 0.0374, source=1))  # came back whole
+        rounds += [at_target(_round(3 + i, 5.0 - i, 700 + i, False, 0.09 - 0.01 * i)) for i in range(overshot)]
+        if not last_at_target:  # the planner found nothing new at the target and planned otherwise
+            rounds[-1] = _round(rounds[-1]["round"], 8.0, 600, False, 0.2)
+        return {
+            "dataset": "cifar10",
+            "baseline": {"params": 1000, "accuracy": 0.8, "data_parts": {"calibration": 256, "evaluation": 4000}},
+            "profile_summary": {"total_macs": 70_201_034},
+            "rounds": rounds,
+        }
+
+    assert distillation_target(state(1)["rounds"], 1.0) is not None
+    runtime = Runtime(context=Context(iterations=1, distill_rescues=3))
+    # past the T rounds, the planned round lost far more than the target's slack: nothing to distil, plan again
+    assert route_after_evaluate_model(state(1), runtime) == "iterate_pruning"
+    assert route_after_evaluate_model(state(2), runtime) == "iterate_pruning"
+    assert route_after_evaluate_model(state(3), runtime) == "select_best_model"  # three tries
+    assert route_after_evaluate_model(state(2, last_at_target=False), runtime) == "select_best_model"
+    assert route_after_evaluate_model(state(1), Runtime(context=Context(iterations=1, iterate=False))) == (
+        "select_best_model"
+    )
+    spent = Runtime(context=Context(iterations=1, distill_rescues=1))  # no distillation left for it
+    assert route_after_evaluate_model(state(1), spent) == "select_best_model"

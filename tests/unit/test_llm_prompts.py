@@ -110,8 +110,14 @@ def test_iteration_prompt_says_which_rounds_were_distilled_after_the_search(vit_
     distilled = _round(2, 0.89, 0.1, 12345, True).model_copy(update={"distilled_from": 1})
     history = [_round(0, 0.8912, 0.88, 15000, True), _round(1, 0.8630, 3.7, 12345, False), distilled]
     text = iteration_prompt(dataclasses.replace(vit_ctx, history=history))
-    assert "Round 2 [llm] (round 1's model distilled from the original after pruning;" in text
+    assert "Round 2 [llm] (round 1's model distilled from the original after the search," in text
     assert "Round 1 [llm]: " in text
+    assert "before distillation" not in text
+    # once a distilled round came back, the LLM is given the rules planner's target, not "prune more"/"back off"
+    targeted = iteration_prompt(dataclasses.replace(vit_ctx, history=history, distillation_target_points=1.64))
+    assert "brought round(s) 1 back within the budget" in targeted
+    assert "loses about 1.64 points before distillation" in targeted and "at most about 2.05 points" in targeted
+    assert "prune more" not in targeted and "back off" not in targeted
 
 
 def test_input_shape_prompt_shows_config_and_processor_fields() -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.damage import DamageModel
+from agents.planning.recovery import AT_TARGET
 from agents.planning.rules import RulesPlanner, allocate
 from tests.unit.test_pruning import vit
 from tools.compression.pruning import prunable_layers
@@ -171,6 +173,39 @@ def test_rules_planner_never_repeats_a_tried_allocation() -> None:
         allocation = result.planner_state["allocation"]
         assert allocation not in [r.planner_state["allocation"] for r in history]
         history.append(_record(i, result.planner_state, "^costly.fc1$" not in allocation, 3000 - 100 * i))
+
+
+def test_after_a_distilled_round_the_search_still_never_repeats_a_round_over_the_budget() -> None:
+    # the search forgets repaired rounds over the budget once one came back by distillation (they say nothing of
+    # their distilled versions), but not what they tried: CIFAR ResNet-20 planned the same round twice
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    grown = planner.next_plan(_ctx([_record(0, first.planner_state, True, 2000)]))
+    history = [
+        _record(0, first.planner_state, True, 2000),
+        _record(1, grown.planner_state, False, 1500),
+        _record(2, grown.planner_state, True, 1500).model_copy(update={"distilled_from": 1}),
+    ]
+    for i in range(3, 7):
+        result = planner.next_plan(_ctx(history))
+        assert result.planner_state["allocation"] not in [r.planner_state["allocation"] for r in history]
+        history.append(_record(i, result.planner_state, False, 1400 - 100 * i))
+
+
+def test_a_round_planned_at_the_distillation_target_says_so() -> None:
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    grown = planner.next_plan(_ctx([_record(0, first.planner_state, True, 2000)]))
+    drops = {0: 0.3, 1: 1.2, 2: -0.1}
+    history = [
+        _record(0, first.planner_state, True, 2000),
+        _record(1, grown.planner_state, False, 1500),
+        _record(2, grown.planner_state, True, 1500).model_copy(update={"distilled_from": 1}),
+    ]
+    history = [r.model_copy(update={"accuracy_drop_points": drops[r.round]}) for r in history]
+    targeted = planner.next_plan(dataclasses.replace(_ctx(history), distillation_target_points=1.5))
+    assert targeted.planner_state[AT_TARGET] == 1.5
+    assert AT_TARGET not in planner.next_plan(_ctx(history)).planner_state
 
 
 def test_calibration_evaluation_and_holdout_are_disjoint() -> None:

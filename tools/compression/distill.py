@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ __all__ = [
     "TRAINING_MACS_PER_SECOND",
     "DistillConfig",
     "DistillReport",
+    "Precision",
     "augment_batch",
     "auto_distill_config",
     "auto_distill_steps",
@@ -75,6 +76,10 @@ AUTO_DISTILL_LR = 3e-4
 AUTO_DISTILL_IMAGES = (1024, 4096)
 
 
+#: The precision of distillation's forward passes (:attr:`DistillConfig.precision`).
+Precision = Literal["fp32", "bf16"]
+
+
 class DistillConfig(BaseModel):
     """How a pruned model is distilled from the original (``steps=0``: not at all)."""
 
@@ -95,6 +100,12 @@ class DistillConfig(BaseModel):
         "whose output has the same shape in both models), each as a mean squared error relative to the "
         "teacher's mean square; 0: logits only.",
     )
+    precision: Precision = Field(
+        default="fp32",
+        description="Precision of the forward passes: bf16 runs them under autocast (weights, gradients and the "
+        "optimizer stay FP32); worth it only where the device computes bf16 natively (AMX-BF16, AVX512-BF16, "
+        "CUDA), elsewhere slower than FP32.",
+    )
 
 
 class DistillReport(BaseModel):
@@ -108,6 +119,7 @@ class DistillReport(BaseModel):
     loss_last: float = 0.0
     lr: float = 0.0
     temperature: float = 0.0
+    precision: str = "fp32"
 
 
 def auto_distill_steps(macs: int | None) -> int:
@@ -169,7 +181,9 @@ def auto_rescues(macs: int | None, pair_seconds: Sequence[float] = ()) -> int:
     return max(planned, min(most, fits))
 
 
-def auto_distill_config(macs: int | None, *, device: str = "cpu", seed: int = 0) -> DistillConfig | None:
+def auto_distill_config(
+    macs: int | None, *, device: str = "cpu", seed: int = 0, precision: Precision = "fp32"
+) -> DistillConfig | None:
     """The :class:`DistillConfig` of automatic distillation for a model of ``macs`` per image (None: off)."""
     steps = auto_distill_steps(macs)
     if steps == 0:
@@ -181,13 +195,18 @@ def auto_distill_config(macs: int | None, *, device: str = "cpu", seed: int = 0)
         feature_weight=AUTO_FEATURE_WEIGHT,
         device=device,
         seed=seed,
+        precision=precision,
     )
 
 
-def auto_rescue_config(macs: int | None, *, device: str = "cpu", seed: int = 0) -> DistillConfig | None:
+def auto_rescue_config(
+    macs: int | None, *, device: str = "cpu", seed: int = 0, precision: Precision = "fp32"
+) -> DistillConfig | None:
     """The :class:`DistillConfig` of each student of distillation after the search (:func:`auto_rescue_plan`'s
-    steps; None: off)."""
-    config = auto_distill_config(macs, device=device, seed=seed)
+    steps; None: off). The steps do not grow with the measured time: where the plan gives 300, the time a pair of
+    1,000 would take buys more pairs instead, which count more (CIFAR ResNet-44: a second pair of 1,000 steps left no
+    time for a third distillation, 11.8 % fewer parameters kept, against 16.1 % with three pairs of 300)."""
+    config = auto_distill_config(macs, device=device, seed=seed, precision=precision)
     if config is None:
         return None
     return config.model_copy(update={"steps": auto_rescue_plan(macs)[1]})
@@ -327,6 +346,11 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
     losses: list[float] = []
     order = torch.empty(0, dtype=torch.long)
     log_every = max(1, steps // 10)
+    bf16 = config.precision == "bf16"
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
     blocks = matched_blocks(student, teacher, images[:1].to(device)) if config.feature_weight > 0 else []
     student_outputs, teacher_outputs = _Outputs(student, blocks), _Outputs(teacher, blocks)
     if blocks:
@@ -334,7 +358,7 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
             "matching %d block outputs: %s", len(blocks), ", ".join(blocks[:4]) + (" ..." if len(blocks) > 4 else "")
         )
     start = time.perf_counter()
-    logger.info("distilling %d steps on %d images (batch %d) on %s", steps, n, batch_size, device)
+    logger.info("distilling %d steps on %d images (batch %d) on %s%s", steps, n, batch_size, device, " in bf16" * bf16)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(config.seed)  # dropout
@@ -346,9 +370,11 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
                 batch = images[index].to(device=device, dtype=torch.float32)
                 if config.augment:
                     batch = augment_batch(batch, generator)
-                with torch.no_grad():
+                with torch.no_grad(), autocast():
                     target = forward_logits(teacher, batch.to(teacher_dtype)).float()
-                loss = distill_loss(forward_logits(student, batch), target, temperature)
+                with autocast():
+                    logits = forward_logits(student, batch)
+                loss = distill_loss(logits, target, temperature)
                 if blocks:
                     features = feature_loss(
                         student_outputs.values, {k: v.detach() for k, v in teacher_outputs.values.items()}
@@ -382,4 +408,5 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
         loss_last=sum(losses[-tail:]) / tail,
         lr=config.lr,
         temperature=temperature,
+        precision=config.precision,
     )

@@ -80,7 +80,10 @@ def recovery_text(prune_report: dict[str, Any] | None) -> str:
         text += f", {recovery.get('seconds', 0):.1f} s)"
     tuned = report.get("finetune") or {}
     if tuned.get("steps"):
-        text += f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')})"
+        bf16 = " in bf16" if tuned.get("precision") == "bf16" else ""
+        text += (
+            f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')}{bf16})"
+        )
         if tuned.get("cross_fitted_from_round") is not None:  # agents.distillation: after the search, two students
             text += f" after the search, of round {tuned['cross_fitted_from_round']}, cross-fitted (x2)"
     return text
