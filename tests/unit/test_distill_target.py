@@ -149,6 +149,25 @@ def test_after_a_round_came_back_distillation_waits_for_a_round_planned_at_the_t
     assert round_to_distill(rounds, "accuracy", 1.0, 1, 1000) is None  # the one distillation was made
 
 
+def test_a_round_planned_at_the_target_is_distilled_even_when_it_passed_alone_and_is_kept() -> None:
+    # CIFAR ResNet-56: its 18.4 % round came back (0.49 -> -0.28); the round planned at the target (20.6 %) passed
+    # alone at -0.20 in the run and was kept, and lost 1.60 on unseen images: it is distilled, like any round there
+    rounds = [
+        _round(0, 0.13, 950, True, 0.01),
+        _round(1, 0.20, 900, True, 0.02),
+        _round(2, 6.45, 700, False, 0.08),
+        _round(3, 0.49, 860, True, 0.03),
+        _round(4, -0.28, 860, True, 0.03, source=3),
+    ]
+    planned = _round(5, 0.20, 800, True, 0.04)
+    assert round_to_distill([*rounds, planned], "accuracy", 1.0, 3, 1000) is None  # kept, and not planned for it
+    planned["planner_state"][AT_TARGET] = 1.2
+    chosen = round_to_distill([*rounds, planned], "accuracy", 1.0, 3, 1000)
+    assert chosen is not None and chosen["round"] == 5
+    distilled = _round(6, -0.30, 800, True, 0.04, source=5)
+    assert round_to_distill([*rounds, planned, distilled], "accuracy", 1.0, 3, 1000) is None  # once
+
+
 def test_the_rules_planner_plans_the_round_after_a_recovery_at_the_target_damage() -> None:
     rounds = [*_search(), _round(4, -0.19, 900, True, 0.0374, source=1)]
     target = distillation_target(rounds, 1.0)
