@@ -18,7 +18,13 @@ from langgraph.runtime import Runtime
 from agents.common import paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec, rescue_config, rescues_wanted
 from agents.planning.recovery import AT_TARGET
-from agents.planning.selection import accuracy_drop_points, distillation_target, round_to_distill, within_budget
+from agents.planning.selection import (
+    accuracy_drop_points,
+    distillation_target,
+    planned_since_recovery,
+    round_to_distill,
+    within_budget,
+)
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -52,7 +58,7 @@ def distillations_left(state: Any, ctx: Context) -> bool:
     rounds = list(state.get("rounds") or [])
     if sum(1 for r in rounds if r.get("cross_fit")) >= rescues_wanted(dict(state), ctx):
         return False
-    if any(r.get("cross_fit") and r["within_budget"] for r in rounds):  # after one came back: while it can grow
+    if planned_since_recovery(rounds) is not None:  # after one came back: while it can grow
         return distillation_target(rounds, pruning_budget(dict(state), ctx)) is not None
     return True
 
@@ -63,9 +69,7 @@ def target_rounds_left(state: Any, ctx: Context) -> bool:
     (its planner says so, ``recovery.AT_TARGET``; one planned otherwise ends the tries) and fewer than
     :data:`TARGET_TRIES` rounds were planned since the last one came back (a round that overshot the target moves
     the damage line: the next is planned from it)."""
-    rounds = list(state.get("rounds") or [])
-    back = [r["round"] for r in rounds if r.get("cross_fit") and r["within_budget"]]
-    planned = [r for r in rounds if not r.get("cross_fit") and back and r["round"] > max(back)]
+    planned = planned_since_recovery(list(state.get("rounds") or []))
     if not planned or AT_TARGET not in (planned[-1].get("planner_state") or {}):
         return False
     return len(planned) < TARGET_TRIES and distillations_left(state, ctx)

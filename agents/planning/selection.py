@@ -144,6 +144,15 @@ def distillation_target(rounds: list[dict[str, Any]], budget: float) -> float | 
     return recoverable_drop(recoveries_of(rounds), budget, z)
 
 
+def planned_since_recovery(rounds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The rounds the search planned after the last distilled round that came back within budget (oldest first);
+    None before one came back."""
+    back = [r["round"] for r in rounds if r.get("cross_fit") and r["within_budget"]]
+    if not back:
+        return None
+    return [r for r in rounds if not r.get("cross_fit") and r["round"] > max(back)]
+
+
 def round_to_distill(
     rounds: list[dict[str, Any]],
     selection: Selection,
@@ -191,12 +200,11 @@ def round_to_distill(
         and math.isfinite(drop(r))
         and worth_it(r)
     ]
-    recovered = [r["round"] for r in rounds if r.get("cross_fit") and r["within_budget"]]
-    if not recovered:
+    planned = planned_since_recovery(rounds)
+    if planned is None:
         return min(candidates, key=lambda r: (drop(r), r["round"]), default=None)
     target = distillation_target(rounds, budget)
-    planned_since = any(not r.get("cross_fit") and r["round"] > max(recovered) for r in rounds)
-    if target is None or (search_goes_on and not planned_since):
+    if target is None or (search_goes_on and not planned):
         return None
     fits = [r for r in candidates if float(r.get("accuracy_drop_points") or 0.0) <= TARGET_SLACK * target]
     return min(fits, key=lambda r: (r["metrics"]["params"], r["round"]), default=None)
