@@ -18,6 +18,19 @@ import torch
 
 torch.set_num_threads(1)
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """OpenVINO sends usage telemetry from processes forked off a thread (on import, on each conversion): under
+    QEMU (tests/test_emulated_cpu_kind.py) such a fork hung the run. Declined here the way the tool declines it,
+    before a test module imports openvino (``tools.deploy.openvino.convert.telemetry_declined``)."""
+    from importlib.util import find_spec
+
+    if find_spec("openvino") is not None:
+        from tools.deploy.openvino.convert import openvino_module
+
+        openvino_module()
+
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PROFILING_AGENT_SHARED", REPO.parent / "shared"))
 

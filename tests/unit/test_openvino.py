@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,30 @@ def test_bf16_is_built_only_where_the_cpu_computes_bf16(
         load_compressed(out)
     named = [r.message for r in caplog.records if "computes no bf16 natively" in r.message]
     assert len(named) == 1 and "FP32 here" in named[0] and "\n" not in named[0], "one line, once a process"
+
+
+def test_conversion_declines_openvino_telemetry_and_forks_no_process() -> None:
+    # OpenVINO sends usage telemetry on import and on each conversion, from processes forked off a thread (0.4-0.9 s
+    # a conversion without a network; under QEMU such a fork hung the emulated int8 tests). A fresh process, so
+    # that nothing imported openvino before.
+    import subprocess
+    import sys
+
+    script = """
+import os, sys
+forks = []
+sys.addaudithook(lambda event, args: forks.append(event) if event in ("os.fork", "subprocess.Popen") else None)
+import torch
+from tools.deploy.openvino.convert import convert_openvino
+from tools.deploy.openvino.model import core
+convert_openvino(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval(), torch.randn(1, 3, 8, 8))
+core()
+import openvino_telemetry
+print(len(forks), openvino_telemetry.Telemetry().consent, os.environ.get("CI"))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["0", "False", "None"]  # no fork, declined, the variable restored

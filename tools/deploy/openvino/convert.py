@@ -46,6 +46,37 @@ def _conversion_quiet() -> Iterator[None]:
         yield
 
 
+#: The variable OpenVINO's converter and NNCF read to decline their usage telemetry (both initialise it with
+#: ``disable_in_ci``): see :func:`telemetry_declined`.
+TELEMETRY_OFF_VARIABLE = "CI"
+
+
+@contextmanager
+def telemetry_declined() -> Iterator[None]:
+    """OpenVINO's converter and NNCF send usage telemetry unless declined, each event from a process forked off a
+    sender thread and waited for up to a second: measured 0.4-0.9 s of each 0.5-1.0 s conversion of a small CNN
+    (no network), and a fork from a thread that hung the QEMU-emulated int8 tests. This tool declines it the way
+    both do on CI machines: their (shared, process-wide) telemetry object is set up while ``CI=true``, and keeps
+    that answer for the process. Nothing else reads the variable while it is set."""
+    before = os.environ.get(TELEMETRY_OFF_VARIABLE)
+    os.environ[TELEMETRY_OFF_VARIABLE] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TELEMETRY_OFF_VARIABLE, None)
+        else:
+            os.environ[TELEMETRY_OFF_VARIABLE] = before
+
+
+def openvino_module() -> Any:
+    """The ``openvino`` package, imported with its telemetry declined (importing it sends an event)."""
+    with telemetry_declined():
+        import openvino
+
+    return openvino
+
+
 def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
     """``model`` (FP32, eval mode, on the CPU) as an ``openvino.Model``: input ``[?, C, H, W]``, output logits.
 
@@ -53,7 +84,7 @@ def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
     channels, height and width are those of ``example_input``. The model is left in the mode and on the
     device it was in.
     """
-    import openvino as ov
+    ov = openvino_module()
 
     if example_input.ndim != 4:
         raise OpenVinoError(f"expected an example input N x C x H x W, got shape {tuple(example_input.shape)}")
@@ -63,7 +94,7 @@ def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
     example = example_input[:1].detach().cpu().float()
     _, channels, height, width = (int(d) for d in example.shape)
     try:
-        with _conversion_quiet(), torch.no_grad():
+        with _conversion_quiet(), telemetry_declined(), torch.no_grad():
             # one call first: a model that fills a cache on its first call in eval mode (LeViT's attention biases)
             # traces differently on the next, and the tracer's check that two invocations agree would fail
             wrapper(example)
@@ -86,7 +117,7 @@ def save_openvino(ov_model: Any, xml_path: Path) -> Path:
     Both files are written in a temporary directory beside the target and moved into place, the
     ``.bin`` first: an ``.xml`` that exists has its weights.
     """
-    import openvino as ov
+    ov = openvino_module()
 
     xml_path = Path(xml_path)
     xml_path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tools.deploy.openvino.convert import OpenVinoError
+from tools.deploy.openvino.convert import OpenVinoError, openvino_module
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ def core() -> Any:
     """The process's one ``openvino.Core`` (created on first use)."""
     global _CORE
     if _CORE is None:
-        import openvino as ov
+        ov = openvino_module()
 
         _CORE = ov.Core()
     return _CORE
@@ -49,7 +49,7 @@ class OpenVinoModel:
     max_compiled = 4
 
     def __init__(self, path: Path | str, *, threads: int | None = None, precision: str | None = "f32") -> None:
-        import openvino as ov
+        ov = openvino_module()
 
         self.path = Path(path)
         if not self.path.is_file() or not self.path.with_suffix(".bin").is_file():

@@ -24,7 +24,7 @@ from torch import nn
 
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.cpu import Int8Settings, NncfPreset, OverflowFix, int8_settings
-from tools.deploy.openvino.convert import OpenVinoError, convert_openvino, save_openvino
+from tools.deploy.openvino.convert import OpenVinoError, convert_openvino, save_openvino, telemetry_declined
 from tools.deploy.openvino.model import core
 from tools.text import first_line
 
@@ -89,7 +89,8 @@ def quantize_openvino(
     ``accuracy_control``, :func:`nncf.quantize_with_accuracy_control` then keeps the quantizers that cost the most
     in float until the budget holds (:func:`_controlled`).
     """
-    import nncf
+    with telemetry_declined():
+        import nncf
 
     overflow_fix = overflow_fix or int8_settings().nncf_overflow_fix(transformer)
     chosen_preset = nncf.QuantizationPreset(preset or int8_settings().nncf_preset(transformer))
@@ -102,7 +103,7 @@ def quantize_openvino(
         "ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
     }
     try:
-        with _nncf_quiet(), warnings.catch_warnings():
+        with _nncf_quiet(), telemetry_declined(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
             if accuracy_control is not None:
