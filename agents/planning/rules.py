@@ -402,12 +402,15 @@ class RulesPlanner:
         between = [(good * bad) ** 0.5] + [good + (bad - good) * k / 8 for k in (4, 2, 6, 1, 3, 5, 7)]
         return [(b, note) for b in between]
 
-    def _coordinate_step(self, ctx: PlanningContext, seen: list[Any]) -> PlanResult | None:
+    def _coordinate_step(
+        self, ctx: PlanningContext, seen: list[Any], base_round: RoundRecord | None = None
+    ) -> PlanResult | None:
         """When the budget search only finds tried allocations: move one unit of the best one by one step.
 
-        From the smallest within-budget allocation (else the last one), grow one unit by 0.1, cheapest measured
-        damage first; failing that, shrink one unit by 0.1, most damaging first. The first allocation not
-        tried yet is planned; None when every neighbour was tried.
+        From ``base_round``'s allocation, by default the smallest within-budget one (else the last one), grow one
+        unit by 0.1, cheapest measured damage first; failing that (or first, without a round within budget), shrink
+        one unit by 0.1, most damaging first; from a given ``base_round``, only grow. The first allocation not tried
+        yet is planned; None when every neighbour was tried.
         """
         sens = ctx.profile.sensitivity
         assert sens is not None
@@ -415,7 +418,11 @@ class RulesPlanner:
         good = [r for r in rounds if r.within_budget]
         if not rounds:
             return None
-        base_round = min(good, key=lambda r: r.params) if good else rounds[-1]
+        steps: tuple[float, ...] = (0.1, -0.1) if good else (-0.1, 0.1)
+        if base_round is None:
+            base_round = min(good, key=lambda r: r.params) if good else rounds[-1]
+        else:
+            steps = (0.1,)
         base = {str(k): float(v) for k, v in base_round.planner_state["allocation"].items()}
         budget = float(base_round.planner_state.get("damage_budget", 0.0))
         model = DamageModel.fit(sens)
@@ -425,7 +432,7 @@ class RulesPlanner:
             cost = model.cost(unit, ratio)
             return float("inf") if cost is None else cost
 
-        for step in (0.1, -0.1) if good else (-0.1, 0.1):
+        for step in steps:
             for unit in sorted(sens.units, key=lambda u: damage_after(u, step), reverse=step < 0):
                 current = base.get(unit.pattern, 0.0)
                 ratio = _next_reachable(unit, current, step)
@@ -483,14 +490,38 @@ class RulesPlanner:
         )
         return [(planned * k, note) for k in (1.0, 0.9, 0.8)]
 
+    def _step_toward_target(self, ctx: PlanningContext, seen: list[Any]) -> PlanResult | None:
+        """When the damage budgets at the distillation target only give tried allocations (the units' ratios are
+        coarse): one unit one step beyond the most pruned round that lost at most the target before distillation
+        (:meth:`_coordinate_step`). Before, the search fell back to growing its budget from the rounds within budget
+        and planned far past the target: CIFAR ResNet-20, target 1.7 points, lost 8.9."""
+        target = ctx.distillation_target_points
+        under = [
+            r
+            for r in ctx.history
+            if r.distilled_from is None
+            and r.accuracy_drop_points is not None
+            and target is not None
+            and r.accuracy_drop_points <= target
+            and isinstance(r.planner_state.get("allocation"), dict)
+        ]
+        if not under:
+            return None
+        return self._coordinate_step(ctx, seen, base_round=min(under, key=lambda r: r.params))
+
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
         seen = [r.planner_state.get("allocation") for r in ctx.history]  # every round's, kept or not
         if ctx.profile.sensitivity is not None and ctx.profile.sensitivity.units:
-            for budget, note in self._distillation_budgets(ctx):
+            at_target = self._distillation_budgets(ctx)
+            for budget, note in at_target:
                 planned = self._allocated(ctx, budget, note)
                 if planned.planner_state["allocation"] not in seen:
                     planned.planner_state[AT_TARGET] = ctx.distillation_target_points
                     return planned
+            stepped = self._step_toward_target(ctx, seen) if at_target else None
+            if stepped is not None:
+                stepped.planner_state[AT_TARGET] = ctx.distillation_target_points
+                return stepped
         if any(r.distilled_from is not None for r in ctx.history):
             # once a round came back within budget by distillation, the rounds after it are distilled too: a
             # pruned round over the budget says nothing about its distilled version, so the search forgets them

@@ -228,3 +228,29 @@ def test_distillation_images_leave_evaluation_the_larger_share() -> None:
     # evaluation asked for less than the rest: finetune keeps what it leaves; everything fits: nothing changes
     assert len(split_indices(5000, {**sizes, "evaluation": 2000}, seed=3)["finetune"]) == 2744
     assert len(split_indices(20000, sizes, seed=3)["evaluation"]) == 5000
+
+
+def test_at_the_target_with_its_allocations_tried_one_unit_grows_past_the_most_pruned_round_under_it() -> None:
+    # CIFAR ResNet-20: the damage budgets at the target gave only tried allocations (coarse ratios), the search fell
+    # back to growing its budget from the rounds within budget and planned a round losing 8.9 points (target 1.7)
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    grown = planner.next_plan(_ctx([_record(0, first.planner_state, True, 2000)]))
+    drops = {0: 0.3, 1: 1.2, 2: -0.1}
+    history = [
+        _record(0, first.planner_state, True, 2000),
+        _record(1, grown.planner_state, False, 1500),
+        _record(2, grown.planner_state, True, 1500).model_copy(update={"distilled_from": 1}),
+    ]
+    history = [r.model_copy(update={"accuracy_drop_points": drops[r.round]}) for r in history]
+    ctx = dataclasses.replace(_ctx(history), distillation_target_points=1.5)
+    at_target = [planner._allocated(ctx, b, note).planner_state for b, note in planner._distillation_budgets(ctx)]
+    assert at_target
+    tried = [_record(3 + i, state, False, 1000) for i, state in enumerate(at_target)]  # every one tried already
+    stepped = planner.next_plan(dataclasses.replace(_ctx(history + tried), distillation_target_points=1.5))
+    assert stepped.planner_state[AT_TARGET] == 1.5
+    allocation, base = stepped.planner_state["allocation"], grown.planner_state["allocation"]
+    assert allocation not in [r.planner_state["allocation"] for r in history + tried]
+    changed = [p for p in allocation if allocation[p] != base.get(p, 0.0)]
+    assert len(changed) == 1 and allocation[changed[0]] > base.get(changed[0], 0.0)
+    assert all(allocation.get(p, 0.0) >= r for p, r in base.items())
