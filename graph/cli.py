@@ -128,7 +128,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         type=parse_steps,
         default=defaults.distill_rescues,
         help="distillations after the search of rounds over the budget, judged cross-fitted on halves of the "
-        "evaluation images (with --finetune-steps 0): N, 0 or auto (default: about 20 min at most, at most 3)",
+        "evaluation images (with --finetune-steps 0): N, 0 or auto (default: about 20 min at most, at most 5)",
     )
     parser.add_argument(
         "--distill-precision",

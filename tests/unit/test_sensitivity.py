@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
 from agents.planning.recovery import AT_TARGET
 from agents.planning.rules import RulesPlanner, allocate
@@ -192,8 +192,8 @@ def test_after_a_distilled_round_the_search_still_never_repeats_a_round_over_the
         history.append(_record(i, result.planner_state, False, 1400 - 100 * i))
 
 
-def test_a_round_planned_at_the_distillation_target_says_so() -> None:
-    planner = RulesPlanner()
+def _distilled_history(planner: RulesPlanner) -> tuple[PlanResult, list[RoundRecord]]:
+    """A first round within budget (0.3 points), a grown one over it (1.2) and that one distilled back (-0.1)."""
     first = planner.analyze(_ctx())
     grown = planner.next_plan(_ctx([_record(0, first.planner_state, True, 2000)]))
     drops = {0: 0.3, 1: 1.2, 2: -0.1}
@@ -202,7 +202,12 @@ def test_a_round_planned_at_the_distillation_target_says_so() -> None:
         _record(1, grown.planner_state, False, 1500),
         _record(2, grown.planner_state, True, 1500).model_copy(update={"distilled_from": 1}),
     ]
-    history = [r.model_copy(update={"accuracy_drop_points": drops[r.round]}) for r in history]
+    return grown, [r.model_copy(update={"accuracy_drop_points": drops[r.round]}) for r in history]
+
+
+def test_a_round_planned_at_the_distillation_target_says_so() -> None:
+    planner = RulesPlanner()
+    _, history = _distilled_history(planner)
     targeted = planner.next_plan(dataclasses.replace(_ctx(history), distillation_target_points=1.5))
     assert targeted.planner_state[AT_TARGET] == 1.5
     assert AT_TARGET not in planner.next_plan(_ctx(history)).planner_state
@@ -234,15 +239,7 @@ def test_at_the_target_with_its_allocations_tried_one_unit_grows_past_the_most_p
     # CIFAR ResNet-20: the damage budgets at the target gave only tried allocations (coarse ratios), the search fell
     # back to growing its budget from the rounds within budget and planned a round losing 8.9 points (target 1.7)
     planner = RulesPlanner()
-    first = planner.analyze(_ctx())
-    grown = planner.next_plan(_ctx([_record(0, first.planner_state, True, 2000)]))
-    drops = {0: 0.3, 1: 1.2, 2: -0.1}
-    history = [
-        _record(0, first.planner_state, True, 2000),
-        _record(1, grown.planner_state, False, 1500),
-        _record(2, grown.planner_state, True, 1500).model_copy(update={"distilled_from": 1}),
-    ]
-    history = [r.model_copy(update={"accuracy_drop_points": drops[r.round]}) for r in history]
+    grown, history = _distilled_history(planner)
     ctx = dataclasses.replace(_ctx(history), distillation_target_points=1.5)
     at_target = [planner._allocated(ctx, b, note).planner_state for b, note in planner._distillation_budgets(ctx)]
     assert at_target
