@@ -17,6 +17,7 @@ from tools.compression.distill import (
     AUTO_DISTILL_IMAGES,
     AUTO_DISTILL_STEPS,
     AUTO_FEATURE_WEIGHT,
+    AUTO_RESCUE_SECONDS,
     auto_distill_config,
     auto_distill_steps,
     auto_rescue_config,
@@ -92,7 +93,7 @@ def test_distillations_after_the_search_follow_the_macs() -> None:
     assert auto_rescue_plan(127_881_866) == (1, 300)
     assert auto_rescue_plan(41_398_922) == (1, 1000)  # CIFAR ResNet-20: 1,060 s a pair of 1,000 steps
     assert auto_rescue_plan(32_637_706) == (1, 1000)  # the shared CIFAR ViT-tiny: 835 s
-    assert auto_rescue_plan(5_247_242) == (3, 1000)  # the shared ResNet-tiny: the cap
+    assert auto_rescue_plan(5_247_242) == (AUTO_RESCUE_SECONDS[1], 1000)  # the shared ResNet-tiny: the cap
     assert auto_rescue_plan(69_000_000) == (2, 300)  # a CIFAR ResNet-32: 530 s a pair of 300 steps
     assert auto_rescues(41_398_922) == auto_rescue_plan(41_398_922)[0]
     rescue, per_round = auto_rescue_config(41_398_922, seed=3), auto_distill_config(41_398_922, seed=3)
