@@ -24,6 +24,7 @@ from runtimes_vs_original import NNCF_DEFAULTS, OPENVINO_DEFAULT, build_nncf_def
 from tools import load_compressed, ops
 from tools.artifacts.io import deployed_files
 from tools.deploy.config import QuantizationConfig
+from tools.deploy.export_form import plain_export
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.evaluation.cost import compare_latencies, file_size_mb
 from tools.models.base import example_input
@@ -51,9 +52,10 @@ def main() -> None:
         "openvino": "OpenVINO FP32 of the original",
         "openvino-int8": "OpenVINO int8 of the original",
     }
-    for backend in builds:
+    for backend in builds:  # as the runtimes' own conversion exports the model (no export rewrite of the tool's)
         config = QuantizationConfig(backend=backend)
-        ops.quantize(original, original, ALL_LAYERS, out / backend, config, shape=shape, calibration=calibration)
+        with plain_export():
+            ops.quantize(original, original, ALL_LAYERS, out / backend, config, shape=shape, calibration=calibration)
     label = f"deployed ({report['quantized'].get('backend')})"
     paths = {"original (PyTorch FP32)": original, label: deployed}
     paths |= {name: out / backend for backend, name in builds.items()}

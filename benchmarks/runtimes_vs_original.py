@@ -9,6 +9,8 @@ For each finished run, in one process at batch 1 and ``--threads`` (default 1) t
   CPUs with AMX-BF16 or AVX512-BF16: what a user gets there from OpenVINO without asking), and the original in the
   deployed runtime at FP32 and at the deployed precision (``tools.ops.quantize``, into ``--out``; static int8 is
   calibrated on the run's own calibration images, taken from ``--calibration``, by default the run's dataset);
+  the baselines are exported as the runtimes' own conversion exports a model (no export rewrite of the tool's,
+  ``tools.deploy.export_form``), the original in the deployed runtime the way the tool deploys;
 - times them with the original FP32 PyTorch model, the best pruned model and the deployed model, interleaved
   in a seeded random order after warm-up (``tools.evaluation.cost.compare_latencies``, medians);
 - evaluates each on every image of ``--data`` (images the run never saw), paired with the original;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_
 from tools import deployment, load_compressed, ops
 from tools.artifacts.io import load_original
 from tools.deploy.config import QuantizationConfig
+from tools.deploy.export_form import plain_export
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.deploy.registry import FLOAT, float_reference_of, runtime_and_precision
 from tools.deploy.speedup import SpeedupFactors
@@ -102,16 +106,25 @@ RUNTIME_ORIGINAL = "original, deployed runtime and precision"
 
 
 def build_original(
-    run: RunInfo, backend: str, recs: list[QuantizationRecommendation], out: Path, images: torch.Tensor
+    run: RunInfo,
+    backend: str,
+    recs: list[QuantizationRecommendation],
+    out: Path,
+    images: torch.Tensor,
+    *,
+    plain: bool = False,
 ) -> Path | str:
-    """The original model in ``backend`` (built once into ``out``); the reason as a string when it cannot be."""
+    """The original model in ``backend`` (built once into ``out``); the reason as a string when it cannot be.
+    ``plain``: exported as the runtime's own conversion exports it (``tools.deploy.export_form.plain_export``), as a
+    user gets it without this tool; otherwise the way the tool deploys (its export form)."""
     if backend == FLOAT:
         return run.original
     whole = [(r.layer, r.dtype) for r in recs] == [(r.layer, r.dtype) for r in ALL_LAYERS]
-    target = out / (backend if whole else f"{backend}-plan")
+    target = out / ((backend if whole else f"{backend}-plan") + ("-plain" if plain else ""))
     config = QuantizationConfig(backend=backend)
     try:
-        ops.quantize(run.original, run.original, recs, target, config, shape=run.shape, calibration=images)
+        with plain_export() if plain else nullcontext():
+            ops.quantize(run.original, run.original, recs, target, config, shape=run.shape, calibration=images)
     except Exception as exc:  # a runtime this machine lacks is reported, not fatal
         return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     return target
@@ -120,7 +133,7 @@ def build_original(
 def build_nncf_defaults(run: RunInfo, out: Path, images: torch.Tensor) -> Path | str:
     """The original through ``nncf.quantize(model, dataset)`` with NNCF's defaults (built once into ``out``), as a
     user gets OpenVINO int8 in one call: ``out/model.xml``; the reason as a string when it cannot be built."""
-    target = out / "openvino-int8-nncf-defaults"
+    target = out / "openvino-int8-nncf-defaults-plain"
     if (target / "model.xml").is_file():
         return target
     try:
@@ -129,7 +142,8 @@ def build_nncf_defaults(run: RunInfo, out: Path, images: torch.Tensor) -> Path |
         from tools.deploy.openvino.convert import convert_openvino, save_openvino
         from tools.deploy.openvino.quantize import calibration_items
 
-        converted = convert_openvino(load_original(run.original).model.eval(), images[:1])
+        with plain_export():
+            converted = convert_openvino(load_original(run.original).model.eval(), images[:1])
         quantized = nncf.quantize(converted, nncf.Dataset(calibration_items(images)), subset_size=len(images))
         save_openvino(quantized, target / "model.xml")
     except Exception as exc:
@@ -150,17 +164,17 @@ def models_of(run: RunInfo, out: Path, images: torch.Tensor) -> tuple[list[Timed
         Timed(PRUNED, Path(str(report.pruned.artifact)), FLOAT),
         Timed(deployed_label(deployed_backend), deployed, deployed_backend),
     ]
-    wanted: list[tuple[str, str, list[QuantizationRecommendation]]] = [
-        (RUNTIME_FP32, float_reference_of(deployed_backend), ALL_LAYERS),
-        (RUNTIME_ORIGINAL, deployed_backend, plan_recommendations(run)),
-        *((label, backend, ALL_LAYERS) for backend, label in BASELINES.items()),
+    wanted: list[tuple[str, str, list[QuantizationRecommendation], bool]] = [
+        (RUNTIME_FP32, float_reference_of(deployed_backend), ALL_LAYERS, False),
+        (RUNTIME_ORIGINAL, deployed_backend, plan_recommendations(run), False),
+        *((label, backend, ALL_LAYERS, True) for backend, label in BASELINES.items()),
     ]
     missing: dict[str, str] = {}
-    for label, backend, recs in wanted:
+    for label, backend, recs, plain in wanted:
         if label == RUNTIME_ORIGINAL and source.resolve() == run.original.resolve():
             models.append(Timed(label, deployed, backend))  # nothing was pruned: the deployed model is the original
             continue
-        built = build_original(run, backend, recs, out, images)
+        built = build_original(run, backend, recs, out, images, plain=plain)
         if isinstance(built, str):
             missing[label] = f"{backend}: {built}"
         else:

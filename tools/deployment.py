@@ -21,7 +21,7 @@ from tools import ops
 from tools.artifacts.io import load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
+from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose, runoff
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
@@ -550,6 +550,14 @@ def deploy(
             pool = [c for c in candidates if c.source is None]
             chosen, why = choose(pool, original_latency)
             why = f"{why}; {doubt}"
+    if not forced:
+        chosen, why = runoff(
+            pool,
+            chosen,
+            why,
+            lambda close: ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed),
+            other_source_margin=ALTERNATIVE_MARGIN,
+        )
     if forced and backends[-1] != chosen:
         wanted = next(c for c in candidates if c.backend == backends[-1])
         if wanted.ran:

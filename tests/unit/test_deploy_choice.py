@@ -371,3 +371,40 @@ def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(tmp_pa
     assert rows["openvino"].ran and rows["openvino"].latency_s is not None
     assert choice.chosen != "onnxruntime-fp32"
     assert sorted(p.name for p in out_root.glob(".*.attempt")) == [crashed.name]  # only the one that died
+
+
+def test_close_candidates_are_timed_again_alone_and_the_fastest_there_deploys() -> None:
+    """Among many interleaved models every call is cache-cold, which can rank runtimes differently from a model
+    served alone: the candidates within the runoff margin of the fastest (each backend's fastest row) are timed again
+    alone, and the fastest there deploys; a clear winner is not timed again."""
+    from tools.deploy.choice import runoff
+
+    def row(backend: str, ms: float, source: str | None = None, ok: bool = True) -> DeployCandidate:
+        return _c(backend, ms, ok=ok).model_copy(update={"artifact": f"/run/deploy/{backend}", "source": source})
+
+    pool = [
+        row("onnxruntime", 1.72),
+        row("openvino", 1.95),
+        row("openvino", 1.90, source="/run/rounds/round-00/model"),  # the backend's fastest row stands for it
+        row("openvino-int8", 2.50),  # not close
+        row("onnxruntime-static", 1.00, ok=False),  # over budget
+        row(FLOAT, 1.80),  # the float model is not a runtime rival
+    ]
+    timed: list[dict[str, Path]] = []
+
+    def again(artifacts: dict[str, Path]) -> dict[str, float]:
+        timed.append(artifacts)
+        return {name: {"onnxruntime": 1.44e-3}.get(name, 1.18e-3) for name in artifacts}
+
+    chosen, why = runoff(pool, "onnxruntime", "fastest", again)
+    assert chosen == "openvino" and set(timed[-1]) == {"onnxruntime", "openvino (round-00)"}
+    assert "timed again alone: openvino (round-00) 1.18 ms, onnxruntime 1.44 ms: openvino (round-00) deploys" in why
+    clear = [row("onnxruntime", 1.0), row("openvino", 1.5)]
+    assert runoff(clear, "onnxruntime", "fastest", again) == ("onnxruntime", "fastest")
+    assert len(timed) == 1, "a clear winner is not timed again"
+    assert runoff(pool, FLOAT, "float", again) == (FLOAT, "float")
+    # a candidate built from another model deploys only when that much faster than the best model's own
+    chosen, _ = runoff(pool, "onnxruntime", "fastest", again, other_source_margin=0.05)
+    assert chosen == "openvino"  # 1.18 ms against 1.44: 18 % faster
+    chosen, why = runoff(pool, "onnxruntime", "fastest", again, other_source_margin=0.20)
+    assert chosen == "onnxruntime" and not why.endswith("deploys")

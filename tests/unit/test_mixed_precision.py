@@ -272,3 +272,27 @@ def test_the_int8_sensitivity_sample_count_follows_the_model_size() -> None:
     assert int8_samples(300_000_000, 21, 256) == 43  # a 224-px MobileNetV2
     assert int8_samples(17_500_000_000, 14, 256) == 32  # ViT-B/16: the floor
     assert int8_samples(300_000_000, 21, 20) == 20 and int8_samples(0, 3, 50) == 50
+
+
+def test_nncf_accuracy_control_is_planned_from_the_model_size() -> None:
+    from tools.deploy.openvino.quantize import NNCF_RANKING_IMAGES, nncf_control_plan
+
+    assert nncf_control_plan(40_000_000, 20, 4744, 0.5) == (300, 8)  # a small CIFAR model: NNCF's ranking subset
+    assert nncf_control_plan(125_000_000, 57, 4744, 0.5) == (90, 2)  # CIFAR ResNet-56 on 4,744 images
+    assert nncf_control_plan(300_000_000, 53, 375, 0.5) == (44, 3)  # a 224-px MobileNetV2 on 375 images
+    assert nncf_control_plan(7_800_000_000, 105, 2000, 0.5) is None  # ResNet-101 at 224 px: not built
+    assert nncf_control_plan(0, 20, 100, 0.5) == (100, 10)  # MACs unknown: NNCF's defaults
+    assert nncf_control_plan(1_000_000, 20, 50, 0.5) == (50, 10)  # never more ranking images than there are
+    assert NNCF_RANKING_IMAGES[0] == 32
+
+
+def test_openvino_accuracy_control_too_costly_for_the_model_is_not_built(
+    vit: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("openvino")
+    from tools.deploy.base import BackendNotApplicable
+    from tools.deploy.openvino import backend
+
+    monkeypatch.setattr(backend, "nncf_control_plan", lambda *args: None)  # as if the tiny ViT were enormous
+    with pytest.raises(BackendNotApplicable, match="accuracy control would rank"):
+        _mixed_build(vit, tmp_path / "ov", "openvino-int8-mixed", _control(vit, 100.0))

@@ -45,7 +45,8 @@ class AccuracyControl:
     other indices to the one a prediction counts as. ``reference_pred`` / ``reference_correct`` are the original
     model's answers on the same images (the budget is against the original, not the model being quantized).
     ``max_float_share``: at most this share of the quantizable layers is kept in float before giving up (a model
-    mostly in float is slower than the float deployments it competes with).
+    mostly in float is slower than the float deployments it competes with). ``macs_per_image``: the model's MACs
+    per image (0: unknown), which a backend plans the cost of its control with.
     """
 
     images: torch.Tensor
@@ -55,6 +56,7 @@ class AccuracyControl:
     max_drop_points: float
     same_class: dict[int, int] = field(default_factory=dict)
     max_float_share: float = 0.5
+    macs_per_image: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.images)

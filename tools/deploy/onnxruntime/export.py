@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tools.deploy.export_form import export_form
 from tools.models.base import LogitsOnly
 from tools.text import first_line
 
@@ -70,7 +71,7 @@ def export_onnx(model: nn.Module, example_input: torch.Tensor, path: Path, *, op
             warnings.filterwarnings("ignore", category=UserWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
             torch.onnx.export(
-                wrapper,
+                export_form(wrapper, example),
                 (example,),
                 str(tmp),
                 dynamo=False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,7 +25,15 @@ from tools.deploy.base import (
 from tools.deploy.cpu import detect_cpu, int8_settings
 from tools.deploy.openvino.convert import BIN_FILENAME, XML_FILENAME
 from tools.deploy.openvino.model import OpenVinoModel
-from tools.deploy.openvino.quantize import deploy_openvino
+from tools.deploy.openvino.quantize import (
+    NNCF_CONTROL_SECONDS,
+    NNCF_RANKING_IMAGES,
+    NNCF_VARIANT_SECONDS,
+    OPENVINO_INT8_MACS_PER_SECOND,
+    deploy_openvino,
+    nncf_control_plan,
+)
+from tools.profiling.static import weight_layer_macs
 from tools.schemas import QuantDType
 
 logger = logging.getLogger(__name__)
@@ -108,6 +117,8 @@ class OpenVinoBackend:
             return report.model_copy(update=update)
         settings = report.int8 or int8_settings()
         weighted = [name for name, m in float_model.named_modules() if type(m) in self.layer_kinds and name]
+        if self.controlled and accuracy_control is not None:
+            accuracy_control = self._planned(float_model, example[:1], accuracy_control, len(weighted))
         keep_float = [name for name in weighted if name not in report.layers]
         int8, unnamed = deploy_openvino(
             float_model,
@@ -138,6 +149,22 @@ class OpenVinoBackend:
                 "runtime_properties": self.runtime_properties,
             }
         )
+
+    def _planned(
+        self, float_model: nn.Module, example: torch.Tensor, control: AccuracyControl, layers: int
+    ) -> AccuracyControl:
+        """``control`` with the model's MACs per image, which NNCF's accuracy control is planned with
+        (:func:`~tools.deploy.openvino.quantize.nncf_control_plan`); not applicable where it would take too long."""
+        macs = int(sum(weight_layer_macs(float_model, example).values()))
+        if nncf_control_plan(macs, layers, len(control.images), control.max_float_share) is None:
+            low = NNCF_RANKING_IMAGES[0]
+            seconds = layers * (NNCF_VARIANT_SECONDS + low * macs / OPENVINO_INT8_MACS_PER_SECOND)
+            raise BackendNotApplicable(
+                f"NNCF's accuracy control would rank {layers} layers on at least {low} images each, about "
+                f"{seconds:.0f} s at {OPENVINO_INT8_MACS_PER_SECOND:.0e} MAC/s (over {2 * NNCF_CONTROL_SECONDS[0]:.0f}"
+                " s): not built; onnxruntime-static-mixed ranks from the int8 profile"
+            )
+        return replace(control, macs_per_image=macs)
 
     @property
     def runtime_properties(self) -> dict[str, str]:

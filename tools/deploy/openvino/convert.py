@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tools.deploy.export_form import export_form
 from tools.models.base import LogitsOnly
 from tools.text import first_line
 
@@ -98,8 +99,9 @@ def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
             # one call first: a model that fills a cache on its first call in eval mode (LeViT's attention biases)
             # traces differently on the next, and the tracer's check that two invocations agree would fail
             wrapper(example)
+            exported = export_form(wrapper, example)
             converted = ov.convert_model(
-                wrapper, example_input=(example,), input=[ov.PartialShape([-1, channels, height, width])]
+                exported, example_input=(example,), input=[ov.PartialShape([-1, channels, height, width])]
             )
     except Exception as exc:
         raise OpenVinoError(f"OpenVINO conversion of {type(model).__name__} failed: {first_line(exc)}") from exc
