@@ -119,8 +119,10 @@ REWRITES: dict[str, Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], nn.Mo
 }
 
 
-def _calls(model: nn.Module, names: list[str], example: torch.Tensor) -> dict[str, tuple[tuple[Any, ...], Any]]:
-    """The arguments each named module is called with on ``example`` (its first call)."""
+def _calls(
+    model: nn.Module, names: list[str], example: torch.Tensor
+) -> tuple[dict[str, tuple[tuple[Any, ...], Any]], torch.Tensor]:
+    """The arguments each named module is called with on ``example`` (its first call), and the model's logits."""
     modules = dict(model.named_modules())
     calls: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
@@ -133,11 +135,11 @@ def _calls(model: nn.Module, names: list[str], example: torch.Tensor) -> dict[st
     handles = [modules[n].register_forward_pre_hook(keep(n), with_kwargs=True) for n in names]
     try:
         with torch.no_grad():
-            forward_logits(model, example)
+            logits = forward_logits(model, example).float()
     finally:
         for handle in handles:
             handle.remove()
-    return calls
+    return calls, logits
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -155,7 +157,7 @@ def export_form(model: nn.Module, example_input: torch.Tensor, *, atol: float = 
     example = example_input[:1].detach().cpu().float()
     try:
         rewritten = copy.deepcopy(model).eval()
-        calls = _calls(rewritten, names, example)
+        calls, expected = _calls(rewritten, names, example)  # the copy, before any rewrite: the model's logits
         modules = dict(rewritten.named_modules())
         kinds: list[str] = []
         for name in names:
@@ -167,7 +169,6 @@ def export_form(model: nn.Module, example_input: torch.Tensor, *, atol: float = 
         if not kinds:
             return model
         with torch.no_grad():
-            expected = forward_logits(model, example).float()
             got = forward_logits(rewritten, example).float()
         error = float((got - expected).abs().max()) / max(1.0, float(expected.abs().max()))
     except Exception as exc:  # a rewrite must never cost the export
