@@ -25,7 +25,13 @@ from figure_common import read_run
 
 from agents.planning.selection import selection_z
 from tools import load_compressed, ops
-from tools.compression.distill import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, DistillConfig, distill_
+from tools.compression.distill import (
+    AUTO_DISTILL_BATCH,
+    AUTO_DISTILL_LR,
+    DISTILL_TEMPERATURE,
+    DistillConfig,
+    distill_,
+)
 from tools.compression.forward import forward_logits
 from tools.evaluation.datasets import load_eval_dataset
 
@@ -60,6 +66,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--features", type=float, default=0.0, help="weight of block-output matching")
     parser.add_argument("--batch", type=int, default=AUTO_DISTILL_BATCH)
+    parser.add_argument("--temperature", type=float, default=DISTILL_TEMPERATURE, help="of the KL loss on logits")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="of the forward passes")
     args = parser.parse_args()
     ops.set_threads(args.threads)
@@ -101,6 +108,7 @@ def main() -> None:
                 batch_size=args.batch,
                 feature_weight=args.features,
                 precision=args.precision,
+                temperature=args.temperature,
             )
             distill_(student, original, torch.cat([calibration, evaluation[seen]]), config)
             merged[held_out] = top1(student, evaluation[held_out])

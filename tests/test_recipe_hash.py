@@ -21,6 +21,7 @@ from tools.artifacts.io import load_module
 from tools.compression.distill import DistillConfig
 from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.config import QuantizationConfig
+from tools.deploy.export_form import plain_export
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
 from tools.store.files import atomic_write_json, read_json
 
@@ -135,6 +136,18 @@ def test_quantize_rebuilds_when_its_source_was_rebuilt(original: Path, tmp_path:
     assert structure == read_json(pruned / "artifact.json")["structure"], "quantized from the new pruned model"
     other = ops.quantize(pruned, original, [recs[0].model_copy(update={"layer": FC1})], quantized, config)
     assert other["rebuilt"], "other layers: rebuilt"
+
+
+def test_an_export_built_in_another_form_is_rebuilt(original: Path, tmp_path: Path) -> None:
+    # a run resumed from a version that exported models as they are must not reuse those exports
+    out = tmp_path / "onnx"
+    recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="all")]
+    config = QuantizationConfig(backend="onnxruntime-fp32")
+    with plain_export():
+        assert ops.quantize(original, original, recs, out, config)["rebuilt"] is None
+        assert ops.quantize(original, original, recs, out, config)["rebuilt"] is None, "same form: reused"
+    again = ops.quantize(original, original, recs, out, config)
+    assert again["rebuilt"] and "another recipe" in again["rebuilt"]
 
 
 # --- a resumed run whose plan changed -------------------------------------------------------------------------

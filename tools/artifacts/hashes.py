@@ -115,11 +115,12 @@ def quantize_recipe_hash(
     *,
     int8_target: str | None = None,
     accuracy_control: str | None = None,
+    export_form: str | None = None,
 ) -> str:
     """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
     pruned model changes it), the recommendations without their justifications, the backend asked for, the
-    export shape, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``) and what
-    accuracy control judges by (its digest)."""
+    export shape, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``), what
+    accuracy control judges by (its digest) and the export form (``tools.deploy.export_form.export_form_key``)."""
     return recipe_hash(
         {
             "kind": "quantized",
@@ -130,6 +131,7 @@ def quantize_recipe_hash(
             "calibration": tensor_digest(calibration),
             "int8_target": int8_target,
             "accuracy_control": accuracy_control,
+            "export_form": export_form,
         }
     )
 

@@ -119,6 +119,18 @@ REWRITES: dict[str, Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], nn.Mo
 }
 
 
+#: Bumped whenever a rewrite changes what it exports, so artifacts built with another form are rebuilt.
+EXPORT_FORM_VERSION = 1
+
+
+def export_form_key() -> str:
+    """What decides the exported form in effect (part of a quantized artifact's recipe hash): ``plain`` inside
+    :func:`plain_export`, else the rewrites and their version."""
+    if not _ENABLED.get():
+        return "plain"
+    return f"v{EXPORT_FORM_VERSION}:" + ",".join(sorted(REWRITES))
+
+
 def _calls(
     model: nn.Module, names: list[str], example: torch.Tensor
 ) -> tuple[dict[str, tuple[tuple[Any, ...], Any]], torch.Tensor]:
@@ -186,4 +198,4 @@ def export_form(model: nn.Module, example_input: torch.Tensor, *, atol: float = 
     return rewritten
 
 
-__all__ = ["REWRITES", "GatheredSwinLayer", "export_form", "plain_export"]
+__all__ = ["EXPORT_FORM_VERSION", "REWRITES", "GatheredSwinLayer", "export_form", "export_form_key", "plain_export"]
