@@ -408,3 +408,41 @@ def test_close_candidates_are_timed_again_alone_and_the_fastest_there_deploys() 
     assert chosen == "openvino"  # 1.18 ms against 1.44: 18 % faster
     chosen, why = runoff(pool, "onnxruntime", "fastest", again, other_source_margin=0.20)
     assert chosen == "onnxruntime" and not why.endswith("deploys")
+
+
+def test_the_second_student_is_the_best_model_when_the_first_fails_its_half() -> None:
+    """Alternatives count in their order of preference: when every runtime of the kept round's first student fails
+    the budget on its half, its second student (the same round) is the best model; a round with more headroom that
+    runs a hair faster is not deployed for it (measured: Swin-tiny deployed round 0, 20 % fewer parameters, over the
+    48 % round's second student, 1.25 against 1.26 ms alone)."""
+    from tools.deploy.choice import runoff
+    from tools.deployment import ALTERNATIVE_MARGIN, _eligible, own_source
+
+    second, headroom = "/run/rounds/round-06/model-second", "/run/rounds/round-00/model"
+
+    def row(backend: str, ms: float, source: str | None = None, ok: bool = True) -> DeployCandidate:
+        return _c(backend, ms, ok=ok).model_copy(update={"artifact": f"/run/{source}/{backend}", "source": source})
+
+    candidates = [
+        row("openvino", 1.77, ok=False),  # the first student: over the budget on its half
+        row("openvino", 1.70, source=second),
+        row("onnxruntime-fused", 1.63, source=second),
+        row("openvino-int8", 1.99, source=headroom),
+        row("onnxruntime", 1.71, source=headroom),
+    ]
+    own = own_source(candidates, [None, second, headroom])
+    assert own == second
+    assert own_source(candidates[:1] + candidates[3:], [None, second, headroom]) == headroom
+    pool = _eligible(candidates, None, own)
+    assert all(c.source != headroom for c in pool), "not 5 % faster than the second student's fastest"
+    chosen, why = runoff(
+        pool, "onnxruntime-fused", "fastest", lambda a: dict.fromkeys(a, 1.3e-3), other_source_margin=ALTERNATIVE_MARGIN
+    )
+    assert chosen in {"onnxruntime-fused", "openvino"}
+    # in the runoff itself, a headroom candidate 1 % faster than the second student's does not win
+    close = [row("openvino", 1.26, source=second), row("openvino-int8", 1.25, source=headroom)]
+    times = {"openvino (model-second)": 1.26e-3, "openvino-int8 (round-00)": 1.25e-3}
+    chosen, _ = runoff(
+        close, "openvino", "fastest", lambda a: {k: times[k] for k in a}, other_source_margin=0.05, own_source=second
+    )
+    assert chosen == "openvino"
