@@ -350,11 +350,9 @@ def _usable(c: DeployCandidate) -> bool:
 
 
 def own_source(candidates: list[DeployCandidate], preference: Sequence[str | None]) -> str | None:
-    """The source that counts as the best model's (``DeployCandidate.source``): the first of ``preference`` (None,
-    the best model itself, then the alternatives in their order) with a runtime candidate within budget. When every
-    runtime of a distilled round's first student fails the budget on its half, its second student (the same round)
-    is the best model, not a round with more headroom that happens to run 1 % faster (Swin-tiny: 48 % of the
-    parameters against 20 %, OpenVINO 1.26 ms against 1.25 alone)."""
+    """The source counted as the best model's: the first of ``preference`` (None, the best model, then the
+    alternatives in order) with a runtime candidate within budget. A distilled round's second student comes before
+    a round with more headroom that runs 1 % faster (Swin-tiny: 48 % fewer parameters against 20 %)."""
     return next(
         (s for s in preference if any(c.source == s and _usable(c) and c.backend != FLOAT for c in candidates)),
         None,
@@ -394,11 +392,9 @@ def _unconfirmed_alternative(
     best model's fastest within budget, the two alone, interleaved, with ``repeats``: why it does not stay (no longer
     :data:`ALTERNATIVE_MARGIN` faster), or None when it does (or when it is the best model's own)."""
 
-    def usable(c: DeployCandidate) -> bool:
-        return c.ran and c.within_budget and c.latency_s is not None and c.artifact is not None
-
-    winners = [c for c in eligible if c.backend == chosen and usable(c)]
-    mains = [c for c in eligible if c.source == own and usable(c) and c.backend != FLOAT]
+    usable = [c for c in eligible if _usable(c) and c.artifact is not None]
+    winners = [c for c in usable if c.backend == chosen]
+    mains = [c for c in usable if c.source == own and c.backend != FLOAT]
     if not winners or not mains:
         return None
     winner = min(winners, key=lambda c: c.latency_s or 0.0)

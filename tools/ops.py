@@ -404,7 +404,6 @@ def quantize(
     """
     from tools.deploy.base import ModuleBackend, QuantizationError, QuantReport
     from tools.deploy.cpu import resolve_target
-    from tools.deploy.export_form import export_form_key
     from tools.deploy.onnxruntime.export import OnnxRuntimeError
     from tools.deploy.registry import AUTO, DEFAULT_BACKEND, get_backend, plan_quantization
 
@@ -413,14 +412,7 @@ def quantize(
     target = resolve_target(config.int8_cpu)
     control = accuracy_control.digest() if accuracy_control is not None else None
     key = quantize_recipe_hash(
-        source_dir,
-        recommendations,
-        backend,
-        shape,
-        calibration,
-        int8_target=target,
-        accuracy_control=control,
-        export_form=export_form_key(),
+        source_dir, recommendations, backend, shape, calibration, int8_target=target, accuracy_control=control
     )
     stale = stale_reason(out_dir, key)
     if stale is not None:

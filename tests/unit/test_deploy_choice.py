@@ -435,7 +435,7 @@ def test_the_second_student_is_the_best_model_when_the_first_fails_its_half() ->
     assert own_source(candidates[:1] + candidates[3:], [None, second, headroom]) == headroom
     pool = _eligible(candidates, None, own)
     assert all(c.source != headroom for c in pool), "not 5 % faster than the second student's fastest"
-    chosen, why = runoff(
+    chosen, _ = runoff(
         pool, "onnxruntime-fused", "fastest", lambda a: dict.fromkeys(a, 1.3e-3), other_source_margin=ALTERNATIVE_MARGIN
     )
     assert chosen in {"onnxruntime-fused", "openvino"}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tools.artifacts.io import is_complete
+from tools.deploy.export_form import export_form_key
 from tools.store.files import META_FILE, read_json, sha256_of
 
 if TYPE_CHECKING:
@@ -115,7 +116,6 @@ def quantize_recipe_hash(
     *,
     int8_target: str | None = None,
     accuracy_control: str | None = None,
-    export_form: str | None = None,
 ) -> str:
     """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
     pruned model changes it), the recommendations without their justifications, the backend asked for, the
@@ -131,7 +131,7 @@ def quantize_recipe_hash(
             "calibration": tensor_digest(calibration),
             "int8_target": int8_target,
             "accuracy_control": accuracy_control,
-            "export_form": export_form,
+            "export_form": export_form_key(),
         }
     )
 

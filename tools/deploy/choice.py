@@ -134,8 +134,8 @@ def runoff(
     """The backend to deploy and why, after the candidates within :data:`RUNOFF_MARGIN` of ``chosen`` (the fastest
     row of each runtime backend, within budget) are timed again alone (``time_alone``: artifact by name -> seconds,
     interleaved): the fastest there deploys, one built from another model than the best one (whose ``source`` is
-    ``own_source``) only when it is ``other_source_margin`` faster than the best model's fastest there. ``chosen`` and ``why`` unchanged when it
-    has no close rival (or is the float model)."""
+    ``own_source``) only when it is ``other_source_margin`` faster than the best model's fastest there. ``chosen``
+    and ``why`` unchanged when it has no close rival (or is the float model)."""
     usable = sorted(
         (c for c in pool if c.ran and c.within_budget and c.latency_s and c.artifact and c.backend != FLOAT),
         key=lambda c: c.latency_s or 0.0,
@@ -152,9 +152,7 @@ def runoff(
     times = time_alone({c.key: Path(str(c.artifact)) for c in close})
     ranked = sorted(close, key=lambda c: times[c.key])
     best_own = min((times[c.key] for c in close if c.source == own_source), default=float("inf"))
-    winner = next(
-        c for c in ranked if c.source == own_source or times[c.key] <= (1.0 - other_source_margin) * best_own
-    )
+    winner = next(c for c in ranked if c.source == own_source or times[c.key] <= (1.0 - other_source_margin) * best_own)
     shown = ", ".join(f"{c.key} {1e3 * times[c.key]:.2f} ms" for c in ranked)
     note = f"the {len(close)} within {100 * RUNOFF_MARGIN:.0f} % of the fastest, timed again alone: {shown}"
     return winner.backend, f"{why}; {note}" + (f": {winner.key} deploys" if winner.backend != chosen else "")
