@@ -4,11 +4,13 @@ CPU convolution kernels compute channels in blocks (oneDNN's and ONNX Runtime's 
 AVX2, 16 on AVX-512), so a count between two blocks runs as the next one. This script narrows every block-internal
 convolution of one stage of a CIFAR ResNet (random weights: latency only) to each width given and times the
 result against the unpruned net in OpenVINO FP32 and ONNX Runtime FP32 (and OpenVINO bf16 where the CPU computes
-it natively), batch 1, interleaved in one process.
+it natively; with ``--int8`` also OpenVINO int8, the tool's NNCF build calibrated on 32 random inputs), batch 1,
+interleaved in one process.
 It is the measurement behind ``--round-to`` (``tools.compression.channels.channel_step``)::
 
     python benchmarks/channel_blocks.py --threads 1                     # ResNet-56, the widths of the README
     python benchmarks/channel_blocks.py --depth 20 --widths 1:14,1:12,1:8,2:28,2:24,3:60,3:56
+    python benchmarks/channel_blocks.py --depth 20 --int8 --widths 3:56,3:48,3:32
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from torch import nn
 from tools.deploy.cpu import detect_cpu
 from tools.deploy.onnxruntime.export import export_onnx
 from tools.deploy.onnxruntime.session import OrtModel
-from tools.deploy.openvino.convert import export_openvino
-from tools.deploy.openvino.model import OpenVinoModel
+from tools.deploy.openvino.convert import export_openvino, openvino_module
+from tools.deploy.openvino.model import OpenVinoModel, core
+from tools.deploy.openvino.quantize import quantize_openvino
 from tools.evaluation.cost import compare_latencies
 from tools.zoo.cifar_resnet import CifarResNet
 
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--widths", default=DEFAULT_WIDTHS, help=f"STAGE:WIDTH,... (default {DEFAULT_WIDTHS})")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--int8", action="store_true", help="also OpenVINO int8 (the tool's NNCF build)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))
@@ -60,6 +64,8 @@ def main() -> None:
         variants[f"stage {stage} inner at {width}"] = (stage, width)
     x = torch.randn(1, 3, 32, 32)
     runtimes = ["OpenVINO FP32", "ONNX Runtime FP32", *(["OpenVINO bf16"] * detect_cpu().bf16)]
+    runtimes += ["OpenVINO int8"] * args.int8
+    calibration = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (stage, width) in variants.items():
@@ -69,6 +75,10 @@ def main() -> None:
             models[f"{name}|OpenVINO FP32"] = OpenVinoModel(xml, threads=args.threads)
             if "OpenVINO bf16" in runtimes:
                 models[f"{name}|OpenVINO bf16"] = OpenVinoModel(xml, threads=args.threads, precision="bf16")
+            if args.int8:
+                int8 = quantize_openvino(core().read_model(str(xml)), calibration, transformer=False)
+                openvino_module().save_model(int8, str(stem.with_suffix(".int8.xml")), compress_to_fp16=False)
+                models[f"{name}|OpenVINO int8"] = OpenVinoModel(stem.with_suffix(".int8.xml"), threads=args.threads)
             onnx = export_onnx(model, x, stem.with_suffix(".onnx"))
             models[f"{name}|ONNX Runtime FP32"] = OrtModel(onnx, threads=args.threads, fixed_batch=True)
         seconds = compare_latencies(models, x, warmup=10, repeats=args.repeats)

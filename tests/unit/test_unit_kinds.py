@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,7 @@ from tools.artifacts.structure import apply_structure, describe_structure
 from tools.compression.pruning import apply_pruning, prunable_layers
 from tools.compression.recovery import RecoveryConfig, recover_
 from tools.compression.sensitivity import measure_sensitivity
-from tools.compression.shortcuts import ChannelSelect, find_channel_shortcuts
+from tools.compression.shortcuts import ChannelSelect, channel_segments, find_channel_shortcuts
 from tools.compression.units import UNIT_KINDS, prunable_units
 from tools.schemas import PruningRecommendation
 from tools.zoo.cifar_resnet import resnet20
@@ -189,10 +190,26 @@ def test_a_pruned_padding_shortcut_exports_to_onnx_and_runs_the_same(tmp_path: P
     rec = PruningRecommendation(layer="^layer2\\.0\\.conv2$", pruning_type="structured", pruning_ratio=0.5)
     apply_pruning(model, [rec], _images(1))
     assert isinstance(model.layer3[0].shortcut, ChannelSelect) and model.layer3[0].shortcut.in_channels == 16
-    deployed = OrtModel(export_onnx(model, _images(1), tmp_path / "model.onnx"), threads=1)
+    path = export_onnx(model, _images(1), tmp_path / "model.onnx")
+    deployed = OrtModel(path, threads=1)
     x = _images(4)
     with torch.no_grad():
         assert torch.allclose(deployed(x), model(x), atol=1e-4)
+    # slices and pads, as the original's shortcut exports: no index computed and gathered per call
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert "Pad" in ops and not ops & {"Gather", "Where", "Shape"}
+
+
+def test_a_channel_select_computes_any_index_as_a_gather_of_the_same_channels() -> None:
+    x = torch.randn(2, 6, 8, 8)
+    for index in ([-1, -1, 0, 1, 2, -1], [0, -1, 1], [1, 0], [-1, -1], [3, -1, 0, -1, 2, -1, 1, -1, 5]):
+        wanted = torch.tensor(index)
+        expected = F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, 0, 1)).index_select(1, torch.where(wanted < 0, 6, wanted))
+        select = ChannelSelect(6, len(index), 2)
+        select.load_state_dict({"index": wanted})  # as a saved model loads: the runs follow the loaded index
+        assert torch.equal(select(x), expected), index
+    assert channel_segments([-1, -1, 0, 1, 2, -1]) == [(0, 3, 2, 1)]
+    assert channel_segments([3, -1, 0, -1, 2, -1, 1, -1, 5]) is None  # more runs than MAX_SEGMENTS: one gather
 
 
 def test_ratios_are_what_rounding_leaves_in_whole_channel_blocks_and_only_narrow_layers_keep_fine_steps() -> None:
