@@ -46,7 +46,7 @@ class ChannelSelect(nn.Module):
 
     Computed as slices of contiguous input channels padded with zero channels (:func:`channel_segments`): a padding
     shortcut stays one ``Slice`` + ``Pad`` when exported, as the original's is, where a gather of a computed index
-    (``ShapeOf``/``Select``/``Gather``) ran CIFAR ResNet-20's pruned rounds 3-6 % slower in OpenVINO int8 and ONNX
+    (``ShapeOf``/``Select``/``Gather``) ran CIFAR ResNet-20's pruned rounds 2-6 % slower in OpenVINO int8 and ONNX
     Runtime static int8 (AMD EPYC, AVX512-VNNI, batch 1), slower than the unpruned original. An index of more than
     :data:`MAX_SEGMENTS` runs is gathered (a constant index)."""
 
