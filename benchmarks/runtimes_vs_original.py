@@ -1,6 +1,6 @@
 """A run's deployed model against other runtimes' int8 of the original, and where its speed-up comes from.
 
-    python benchmarks/runtimes_vs_original.py RUN_DIR [RUN_DIR ...] --data HALF_B [--calibration HALF_A]
+    python benchmarks/runtimes_vs_original.py RUN_DIR [RUN_DIR ...] --data HALF_B [--calibration HALF_A] [--block 20]
 
 For each finished run, in one process at batch 1 and ``--threads`` (default 1) threads:
 
@@ -12,7 +12,9 @@ For each finished run, in one process at batch 1 and ``--threads`` (default 1) t
   the baselines are exported as the runtimes' own conversion exports a model (no export rewrite of the tool's,
   ``tools.deploy.export_form``), the original in the deployed runtime the way the tool deploys;
 - times them with the original FP32 PyTorch model, the best pruned model and the deployed model, interleaved
-  in a seeded random order after warm-up (``tools.evaluation.cost.compare_latencies``, medians);
+  in a seeded random order after warm-up (``tools.evaluation.cost.compare_latencies``, medians); each call
+  follows another model's, cache-cold among a dozen models, or with ``--block 20`` twenty calls of a model in a
+  row (warm, as a service runs one model; the order of the blocks still interleaved);
 - evaluates each on every image of ``--data`` (images the run never saw), paired with the original;
 - splits the deployed model's speed-up over the original into runtime x precision x pruning
   (``tools.deploy.speedup.SpeedupFactors``): all four latencies come from the same timing run.
@@ -34,6 +36,7 @@ from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_
 from tools import deployment, load_compressed, ops
 from tools.artifacts.io import load_original
 from tools.deploy.config import QuantizationConfig
+from tools.deploy.cpu import detect_cpu
 from tools.deploy.export_form import plain_export
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.deploy.registry import FLOAT, float_reference_of, runtime_and_precision
@@ -181,7 +184,8 @@ def models_of(run: RunInfo, out: Path, images: torch.Tensor) -> tuple[list[Timed
             models.append(Timed(label, built, backend))
     openvino_fp32 = next((m for m in models if m.label == BASELINES["openvino"]), None)
     if openvino_fp32 is not None:  # the same IR; its own key (the file, not the directory): timed apart
-        models.append(Timed(OPENVINO_DEFAULT, openvino_fp32.artifact / "model.xml", "openvino"))
+        default = "openvino-bf16" if detect_cpu().bf16 else "openvino"  # what OpenVINO picks on this CPU
+        models.append(Timed(OPENVINO_DEFAULT, openvino_fp32.artifact / "model.xml", default))
     defaults = build_nncf_defaults(run, out, images)
     if isinstance(defaults, str):
         missing[NNCF_DEFAULTS] = f"nncf.quantize: {defaults}"
@@ -260,6 +264,7 @@ def compare_run(
     repeats: int,
     batch_size: int,
     batches: list[int],
+    block: int = 1,
 ) -> dict[str, Any]:
     print(f"{run.run_dir} ({Path(str(run.report.model.get('spec', ''))).name})")
     images, calibrated_on = calibration_images(run, calibration)
@@ -268,7 +273,7 @@ def compare_run(
     # naming the same artifact are one measurement and SpeedupFactors says so)
     key = {m.label: str(m.artifact.resolve()) for m in models}
     loaded = {key[m.label]: load_timed(m) for m in models}
-    times = compare_latencies(loaded, example_input(run.shape, seed=0), warmup=warmup, repeats=repeats)
+    times = compare_latencies(loaded, example_input(run.shape, seed=0), warmup=warmup, repeats=repeats, block=block)
     batch_times = {
         batch: compare_latencies(
             loaded, example_input(run.shape, batch=batch, seed=0), warmup=2, repeats=max(10, repeats // 10)
@@ -280,7 +285,8 @@ def compare_run(
     predictions: dict[str, Predictions] = {path: data.predict(model) for path, model in loaded.items()}
     original = predictions[key[ORIGINAL]]
     deployed_s = times[key[deployed_label(backend)]]
-    print(f"  batch 1, {warmup} warm-up + {repeats} interleaved calls each; accuracy on {data.samples} unseen images")
+    calls = f"{repeats} interleaved calls" if block == 1 else f"{repeats} interleaved blocks of {block} calls"
+    print(f"  batch 1, {warmup} warm-up + {calls} each; accuracy on {data.samples} unseen images")
     print(f"  static int8 of the original calibrated on {calibrated_on}")
     extra = "".join(f" {f'b{b} ms':>9s} {'ratio':>6s}" for b in batch_times)
     print(f"  {'model':46s} {'runtime':38s} {'ms':>8s} {'deployed is':>12s}{extra}  accuracy, Δ vs original [95 %]")
@@ -328,12 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch, ONNX Runtime and OpenVINO threads")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=300, help="interleaved timed calls of each model")
+    parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="batch-1 calls of a model in a row per repetition (default 1: every call cache-cold among the models; "
+        "20: warm, as a service runs one model)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="evaluation batch (the run's default, 32)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="timed batch sizes (1 always)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    if args.threads < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1:
-        raise fail("--threads, --repeats and --batch-size must be >= 1 and --warmup >= 0")
+    if args.threads < 1 or args.repeats < 1 or args.warmup < 0 or args.batch_size < 1 or args.block < 1:
+        raise fail("--threads, --repeats, --block and --batch-size must be >= 1 and --warmup >= 0")
     ops.set_threads(args.threads)  # before any session opens: ONNX Runtime and OpenVINO take torch's count
     if not Path(args.data).exists():
         raise fail(f"{args.data} not found: make the halves with benchmarks/split_halves.py, or pass --data")
@@ -348,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             repeats=args.repeats,
             batch_size=args.batch_size,
             batches=args.batches,
+            block=args.block,
         )
         for run_dir in args.run_dirs
     ]

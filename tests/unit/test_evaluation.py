@@ -165,6 +165,13 @@ def test_compare_latencies_interleaves_in_varying_orders() -> None:
     calls.clear()
     compare_latencies(models, torch.zeros(1, 3, 4, 4), warmup=1, repeats=12)
     assert [tuple(calls[i : i + 3]) for i in range(3, len(calls), 3)] == rounds, "the order is seeded"
+    calls.clear()
+    compare_latencies(models, torch.zeros(1, 3, 4, 4), warmup=1, repeats=12, block=4)  # warm: runs of 4 calls
+    blocks = [tuple(calls[i : i + 4]) for i in range(3, len(calls), 4)]
+    assert len(blocks) == 36 and all(len(set(b)) == 1 for b in blocks)
+    assert [b[0] for b in blocks] == [name for r in rounds for name in r], "the blocks keep the seeded order"
+    with pytest.raises(EvaluationError, match="block"):
+        compare_latencies(models, torch.zeros(1, 3, 4, 4), block=0)
 
 
 def test_compare_latencies_modules_and_callables() -> None:

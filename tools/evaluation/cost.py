@@ -54,6 +54,7 @@ def compare_latencies(
     *,
     warmup: int = 3,
     repeats: int = 10,
+    block: int = 1,
 ) -> dict[str, float]:
     """Median seconds per call of each model on ``example_input``, measured interleaved.
 
@@ -63,9 +64,13 @@ def compare_latencies(
     Works for nn.Modules (run in eval mode; the warm-up calls under ``torch.no_grad``, so that a cache a model
     fills on its first call holds an ordinary tensor, the timed ones under ``torch.inference_mode``, as a user
     would serve it) and any callable (e.g. an ONNX Runtime wrapper).
-    A dict input is passed as keyword arguments.
+    A dict input is passed as keyword arguments. ``block``: each model runs that many calls in a row per repetition
+    (all timed): with 1 every call follows another model's, so it runs with cold caches among many models; with
+    20 most calls find the model's weights and code in cache, as in a service that runs one model.
     """
     _check_counts(warmup, repeats)
+    if block < 1:
+        raise EvaluationError(f"block must be >= 1, got {block}")
     if not models:
         raise EvaluationError("no models to time: pass a mapping name -> model")
     names = list(models)
@@ -81,12 +86,13 @@ def compare_latencies(
         order = random.Random(0)
         for _ in range(repeats):
             for name in order.sample(names, len(names)):
-                start = time.perf_counter()
-                with torch.inference_mode():
-                    _invoke(models[name], example_input)
-                if sync:
-                    torch.cuda.synchronize()
-                times[name].append(time.perf_counter() - start)
+                for _ in range(block):
+                    start = time.perf_counter()
+                    with torch.inference_mode():
+                        _invoke(models[name], example_input)
+                    if sync:
+                        torch.cuda.synchronize()
+                    times[name].append(time.perf_counter() - start)
     return {name: float(statistics.median(values)) for name, values in times.items()}
 
 
