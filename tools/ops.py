@@ -582,19 +582,17 @@ def compare_latency(
 ) -> dict[str, float]:
     """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds.
 
-    Float models run on ``device`` (on CUDA each call is synchronised, after warm-up), quantized ones on
-    the CPU; the artifacts of each device are timed interleaved with each other.
+    Float models run on ``device`` (CUDA calls synchronised), quantized ones on the CPU; each device's artifacts
+    interleaved, ``repeats`` times :data:`~tools.evaluation.cost.SERVING_BLOCK` calls in a row (warm, as one serves).
     """
-    from tools.evaluation.cost import compare_latencies
+    from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 
     by_device: dict[str, dict[str, Path]] = {}
     for name, path in artifacts.items():
         by_device.setdefault(latency_device(path, device), {})[name] = path
     times: dict[str, float] = {}
     for where, group in by_device.items():
-        # an nn.Module, or an OrtModel / OpenVINO model for runtime artifacts
-        models: dict[str, Callable[[torch.Tensor], Any]] = {
-            name: load_compressed(path, device=where) for name, path in group.items()
-        }
-        times |= compare_latencies(models, example_input(shape, device=where, seed=seed), warmup=3, repeats=repeats)
+        models = {n: load_compressed(p, device=where) for n, p in group.items()}  # modules, ORT or OpenVINO models
+        example = example_input(shape, device=where, seed=seed)
+        times |= compare_latencies(models, example, repeats=repeats, block=SERVING_BLOCK)
     return times

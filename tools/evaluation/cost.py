@@ -14,7 +14,7 @@ import torch
 
 from tools.evaluation.common import EvaluationError, eval_mode
 
-__all__ = ["compare_latencies", "file_size_mb", "measure_latency", "measure_throughput"]
+__all__ = ["SERVING_BLOCK", "compare_latencies", "file_size_mb", "measure_latency", "measure_throughput"]
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -46,6 +46,16 @@ def _check_counts(warmup: int, repeats: int) -> None:
         raise EvaluationError(f"warmup must be >= 0, not {warmup}")
     if repeats < 1:
         raise EvaluationError(f"repeats must be >= 1, not {repeats}")
+
+
+#: Calls of a model in a row per interleaved repetition when the tool times deployment candidates
+#: (``tools.ops.compare_latency``): a deployed model serves call after call with its weights and code in cache, while
+#: a call that follows another model's runs cold, and cold caches slow runtimes unequally. Measured on an AMD EPYC
+#: with AVX512-VNNI (``benchmarks/runtimes_vs_original.py``, 1 thread, batch 1): cifar10-swin-tiny's deployed OpenVINO
+#: FP32 ran 0.87 ms against 1.00 for the original's (1.15x) one call each, 0.37 against 0.52 (1.41x) in blocks of 20;
+#: CIFAR ResNet-32's original in OpenVINO int8 0.52 ms against bf16 0.58 one call each, 0.26 against 0.36 in blocks.
+#: Five calls make the median a warm call; timing costs five times the calls.
+SERVING_BLOCK = 5
 
 
 def compare_latencies(
