@@ -23,13 +23,12 @@ from tools.schemas import PairedAccuracy
 __all__ = ["RUNOFF_MARGIN", "DeployCandidate", "DeployChoice", "available_backends", "choose", "runoff"]
 
 #: Candidates (the fastest of each backend) within this share of the fastest within budget are timed again alone
-#: before one deploys (:func:`runoff`): among 30-40 interleaved models every call runs with cold caches, which ranks
-#: runtimes differently from a model served alone (``cifar10-swin-tiny``'s distilled round beside another run: ONNX
-#: Runtime dynamic int8 1.72 ms and OpenVINO FP32 1.95 ms among 38 models; the two alone 1.44 and 1.18 ms). Cold
-#: caches slow runtimes unequally: CIFAR ResNet-20's pruned round on an AMD EPYC with AVX512-VNNI (no AMX) ran
-#: OpenVINO int8 at 0.42 ms and ONNX Runtime static int8 at 0.32 ms in the table, 0.19 and 0.23 ms alone (and the
-#: original's OpenVINO int8 0.236 ms against its ONNX Runtime static 0.264 in ``benchmarks/runtimes_vs_original.py``),
-#: so a margin of 25 % left the fastest runtime out.
+#: before one deploys (:func:`runoff`): the table times 30-40 models interleaved, and what runs between two calls
+#: ranks runtimes differently from a model served alone. With one call each (cold caches; the table is timed in
+#: blocks since, ``tools.evaluation.cost.SERVING_BLOCK``): ``cifar10-swin-tiny``'s distilled round ran ONNX Runtime
+#: dynamic int8 at 1.72 ms and OpenVINO FP32 at 1.95 among 38 models, 1.44 and 1.18 alone; CIFAR ResNet-20's pruned
+#: round on an AMD EPYC with AVX512-VNNI (no AMX) OpenVINO int8 at 0.42 ms and ONNX Runtime static int8 at 0.32,
+#: 0.19 and 0.23 alone, which a margin of 25 % left out.
 RUNOFF_MARGIN = 0.5
 
 

@@ -41,11 +41,13 @@ def _batch_size_of(example: Any) -> int:
     raise EvaluationError("cannot tell the batch size: pass a tensor (or dict of tensors) with a batch dim")
 
 
-def _check_counts(warmup: int, repeats: int) -> None:
+def _check_counts(warmup: int, repeats: int, block: int = 1) -> None:
     if warmup < 0:
         raise EvaluationError(f"warmup must be >= 0, not {warmup}")
     if repeats < 1:
         raise EvaluationError(f"repeats must be >= 1, not {repeats}")
+    if block < 1:
+        raise EvaluationError(f"block must be >= 1, not {block}")
 
 
 #: Calls of a model in a row per interleaved repetition when the tool times deployment candidates
@@ -78,9 +80,7 @@ def compare_latencies(
     (all timed): with 1 every call follows another model's, so it runs with cold caches among many models; with
     20 most calls find the model's weights and code in cache, as in a service that runs one model.
     """
-    _check_counts(warmup, repeats)
-    if block < 1:
-        raise EvaluationError(f"block must be >= 1, got {block}")
+    _check_counts(warmup, repeats, block)
     if not models:
         raise EvaluationError("no models to time: pass a mapping name -> model")
     names = list(models)
