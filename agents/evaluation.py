@@ -32,14 +32,19 @@ MIN_CROSS_FIT_IMAGES = 100
 
 
 def distill_precision(ctx: Context) -> Precision:
-    """``--distill-precision``, with ``auto`` resolved: bf16 where distillation runs on a CPU that computes it
-    natively (``tools.deploy.cpu``: AMX-BF16, AVX512-BF16), else fp32."""
+    """``--distill-precision``, with ``auto`` resolved: bf16 where distillation runs on a device that computes it
+    natively (a CPU with AMX-BF16 or AVX512-BF16, ``tools.deploy.cpu``; a GPU with bf16 tensor cores), else fp32."""
     if ctx.distill_precision != "auto":
         return "bf16" if ctx.distill_precision == "bf16" else "fp32"
+    import torch
+
     from tools.deploy.cpu import detect_cpu
     from tools.models.base import resolve_device
 
-    return "bf16" if resolve_device(ctx.device).type == "cpu" and detect_cpu().bf16 else "fp32"
+    device = resolve_device(ctx.device)
+    if device.type == "cuda":  # bf16 tensor cores from Ampere (compute capability 8.0) on; older GPUs emulate it
+        return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp32"
+    return "bf16" if detect_cpu().bf16 else "fp32"
 
 
 def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:

@@ -151,7 +151,7 @@ class PrefixCache:
                 outputs[name] = _detached(output)
 
             handles.append(model.get_submodule(name).register_forward_hook(hook))
-        logits = forward_with_hooks(model, images, handles).float()
+        logits = forward_with_hooks(model, images, handles).float().cpu()  # compared on the CPU, as every probe's
         logger.debug("prefix cache: %d module outputs, %.1f MB", len(outputs), per_image * images.shape[0] / 1e6)
         return cls(model, first_call, order, outputs, int(images.shape[0])), logits
 

@@ -210,7 +210,7 @@ def operator_profile(
     warmup: int = 1,
     top_k: int = 40,
 ) -> tuple[list[OperatorProfile], float]:
-    """Top operators by self CPU time, and peak memory, from ``torch.profiler``.
+    """Top operators by self time (CPU time; on CUDA, device time), and peak memory, from ``torch.profiler``.
 
     Times, memory figures and counts are per forward pass (averaged over ``iters``); operators are
     grouped by input shapes. ``peak_memory_mb`` (10^6 bytes) is, on CUDA, ``max_memory_allocated``
@@ -241,7 +241,9 @@ def operator_profile(
             peak_bytes = weights_bytes(model) + _cpu_activity_peak_bytes(prof)
 
     events = list(prof.key_averages(group_by_input_shape=True))
-    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    # on a GPU the kernels' time is what costs; the CPU's there is mostly launching them
+    on_gpu = device.type == "cuda"
+    events.sort(key=lambda e: -(getattr(e, "self_device_time_total", 0) if on_gpu else e.self_cpu_time_total))
     operators = [
         OperatorProfile(
             name=str(e.key),
