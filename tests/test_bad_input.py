@@ -133,6 +133,32 @@ def test_damaged_model_weights_name_the_file(
     assert not (tmp_path / "run").exists()
 
 
+def test_an_image_processor_that_cannot_be_read_is_an_error_not_a_guessed_normalisation(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    damaged = tmp_path / "vit"
+    shutil.copytree(model_dir, damaged)
+    processor = damaged / "preprocessor_config.json"
+    processor.write_text("{not json")
+    message = _error(capsys, "run", "--model", str(damaged), "--dataset", "digits", "--run-dir", str(tmp_path / "r1"))
+    assert f"cannot read {processor}" in message and "fix or remove it" in message
+    assert not (tmp_path / "r1").exists()
+
+    # transformers 5.17 reads no image processor without torchvision: say so, do not fall back to mean 0.5
+    import transformers
+
+    def needs_torchvision(*args: object, **kwargs: object) -> None:
+        raise ImportError("\nAutoImageProcessor requires the Torchvision library but it was not found")
+
+    monkeypatch.setattr(transformers.AutoImageProcessor, "from_pretrained", needs_torchvision)
+    message = _error(capsys, "run", "--model", str(model_dir), "--dataset", "digits", "--run-dir", str(tmp_path / "r2"))
+    assert "requires the Torchvision library" in message and "install transformers>=" in message
+    from tools.models.pretrained import MIN_TRANSFORMERS
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert f'"transformers>={MIN_TRANSFORMERS},' in pyproject  # the error names what the install asks for
+
+
 def test_factory_weights_missing_or_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = "tests.helpers_torch:tiny_grey_cnn"
     run = ["run", "--model", model, "--dataset", "digits", "--run-dir", str(tmp_path / "r")]

@@ -37,6 +37,30 @@ def test_fused_copy_computes_the_same_logits_and_leaves_the_original_alone() -> 
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 
+def test_a_traced_all_attend_mask_is_ignored_and_an_eager_mask_refused() -> None:
+    """transformers 5.17 builds an all-attend mask for an image while the model is traced for export (found on a
+    machine with it: the fused ONNX Runtime candidate failed); it changes nothing, so the trace ignores it."""
+    fused, _ = fuse_attention(tiny_vit().eval(), _x(1))
+    attention = next(m for m in fused.modules() if isinstance(m, PackedAttention))
+    hidden = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(2))
+    everyone = torch.ones(2, 1, 17, 17, dtype=torch.bool)
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = attention
+
+        def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.attention(h, mask)[0]
+
+    with torch.no_grad():
+        plain = attention(hidden)[0]
+        traced = torch.jit.trace(Masked(), (hidden, everyone), check_trace=False)
+        assert torch.allclose(traced(hidden, everyone), plain, atol=1e-6)
+        with pytest.raises(AttentionFusionError, match="takes no attention mask"):
+            attention(hidden, everyone)
+
+
 def test_a_model_without_vit_attention_is_refused() -> None:
     with pytest.raises(AttentionFusionError, match="no attention module that can be fused"):
         fuse_attention(ResidualCNN().eval(), torch.randn(1, 3, 16, 16))

@@ -116,6 +116,18 @@ def _weights_error(spec: str, source: str, exc: BaseException) -> ModelLoadError
     return ModelLoadError(f"cannot read weights file {file}: {reason}; {todo}")
 
 
+#: An image processor's file in a ``save_pretrained`` directory.
+PROCESSOR_FILE = "preprocessor_config.json"
+#: The oldest transformers that reads image processors without torchvision (5.17 needs it), as pyproject.toml says.
+MIN_TRANSFORMERS = "5.18"
+
+
+def _version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
 def load_pretrained(spec: str, source: str) -> LoadedModel:
     """An image classifier and its image processor from a ``save_pretrained`` directory or a hub id."""
     from transformers import AutoImageProcessor, AutoModelForImageClassification
@@ -134,7 +146,19 @@ def load_pretrained(spec: str, source: str) -> LoadedModel:
         raise _weights_error(spec, source, exc) from exc
     try:
         processor = AutoImageProcessor.from_pretrained(spec)
-    except Exception:  # no preprocessor_config.json; said once, when the model is acquired, not for the run's copy
+    except ImportError as exc:  # a library the processor needs is missing: guessing its normalisation would be wrong
+        raise ModelLoadError(
+            f"cannot read the image processor of {spec}: {first_line(exc)} (transformers {_version()}); "
+            f"install transformers>={MIN_TRANSFORMERS} (pip install -e . does), which reads it without torchvision"
+        ) from exc
+    except Exception as exc:
+        processor_file = Path(spec) / PROCESSOR_FILE
+        if processor_file.is_file():
+            raise ModelLoadError(
+                f"cannot read {processor_file}: {first_line(exc)}; fix or remove it (without it images are "
+                "normalised with mean 0.5 and std 0.5)"
+            ) from exc
+        # no preprocessor_config.json; said once, when the model is acquired, not for the run's copy
         logger.log(
             logging.INFO if (Path(spec) / MARKER_FILE).is_file() else logging.WARNING,
             "%s has no image processor (preprocessor_config.json): images are resized to the model's input size and "
