@@ -67,6 +67,22 @@ def _second_student(state: State, source: Path) -> Path | None:
     return None
 
 
+def half_luck(state: dict[str, Any], model_dir: Path) -> float:
+    """Points a distilled round's student did better on the half of the evaluation images it is judged on than the
+    round's cross-fitted estimate on every image (0 for any other model, or where it did worse): the budget test
+    takes that much off each of its builds judged there (``tools.deploy.choice.luck_removed``)."""
+    for r in state.get("rounds") or []:
+        estimate = ((r.get("metrics") or {}).get("paired") or {}).get("delta_points")
+        for student in (r.get("cross_fit") or {}).get("students") or []:
+            if (
+                estimate is not None
+                and student.get("paired")
+                and Path(student["artifact"]).resolve() == model_dir.resolve()
+            ):
+                return max(0.0, round(float(student["paired"]["delta_points"]) - float(estimate), 4))
+    return 0.0
+
+
 def _second_student_note(round_index: int, artifact: Path) -> str:
     return (
         f"deployment: round {round_index}'s first student (its model) is over the accuracy budget in the runtimes "
@@ -133,6 +149,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         int8_cpu=ctx.int8_cpu,
         control=control,
         spec_of=lambda model_dir: spec_for(data, ctx, model_dir),
+        luck_of=lambda model_dir: half_luck(data, model_dir),
     )
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []

@@ -21,12 +21,12 @@ from tools import ops
 from tools.artifacts.io import load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose, runoff
+from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose, luck_removed, runoff
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
 from tools.models.base import example_input
-from tools.profiling.static import weight_layer_macs
+from tools.profiling.static import mac_shares
 from tools.schemas import AccuracyBudget, InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.stats import drop_points
 from tools.text import first_line
@@ -225,6 +225,7 @@ def _measure(
     control: Callable[[], AccuracyControl | None] = lambda: None,
     prebuilt: Sequence[Path] = (),
     source: str | None = None,
+    luck_of: Callable[[Path], float] = lambda _: 0.0,
 ) -> DeployCandidate:
     """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
     mixed-precision backend gets the plan's recommendations and ``control``; the others the full-int8 ones.
@@ -270,7 +271,8 @@ def _measure(
                 "accuracy": metrics.accuracy,
                 "paired": metrics.paired,
                 "accuracy_drop_points": drop,
-                "within_budget": within_budget(drop, metrics.paired),
+                "within_budget": within_budget(drop, luck_removed(metrics.paired, luck := luck_of(source_dir))),
+                "half_luck_points": luck if luck > 0 else None,
                 "throughput_ips": metrics.throughput_ips,
                 "memory_mb": metrics.memory_mb,
             }
@@ -290,13 +292,6 @@ def _measure(
 def attempt_marker(artifact_dir: Path) -> Path:
     """The file that exists while the candidate at ``artifact_dir`` is built and evaluated (see :func:`_measure`)."""
     return artifact_dir.parent / f".{artifact_dir.name}.attempt"
-
-
-def mac_shares(model: nn.Module, example: torch.Tensor) -> dict[type[nn.Module], float]:
-    """The share of ``model``'s Conv2d and Linear MACs on ``example`` each of the two types does."""
-    macs = weight_layer_macs(model, example)
-    total = sum(macs.values())
-    return {kind: count / total for kind, count in macs.items()} if total else {}
 
 
 def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputShape) -> list[DeployCandidate]:
@@ -496,6 +491,7 @@ def deploy(
     int8_cpu: str = "auto",
     control: ControlSource = None,
     spec_of: Callable[[Path], ops.EvalSpec] | None = None,
+    luck_of: Callable[[Path], float] = lambda _: 0.0,
 ) -> DeployChoice:
     """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
 
@@ -515,7 +511,7 @@ def deploy(
     that makes it, called only then); its row says why it was not built otherwise.
 
     ``spec_of(model_dir)``: the evaluation a model's candidates are judged by (default ``spec``): a model distilled
-    on some evaluation images is judged on the others only.
+    on some evaluation images is judged on the others only, less ``luck_of(model_dir)`` points (``luck_removed``).
     """
     images, calibrated_on = calibration_images(original_dir, shape, spec)
     judge = _Judge(control)
@@ -530,6 +526,7 @@ def deploy(
         int8_cpu=int8_cpu,
         control=judge,
         prebuilt=prebuilt,
+        luck_of=luck_of,
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
     mixed_backends = [b for b in backends if b not in full]

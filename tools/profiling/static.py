@@ -43,7 +43,7 @@ from tools.profiling.modules import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StaticDetails", "static_details", "static_profile", "weight_layer_macs"]
+__all__ = ["StaticDetails", "mac_shares", "static_details", "static_profile", "weight_layer_macs"]
 
 _MATMUL_NAMES = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm"})
 # Operations ptflops' pytorch backend already counts through its patched torch.* functions.
@@ -313,3 +313,10 @@ def weight_layer_macs(model: nn.Module, example: torch.Tensor) -> dict[type[nn.M
         for h in handles:
             h.remove()
     return macs
+
+
+def mac_shares(model: nn.Module, example: torch.Tensor) -> dict[type[nn.Module], float]:
+    """The share of ``model``'s Conv2d and Linear MACs on ``example`` each of the two types does."""
+    macs = weight_layer_macs(model, example)
+    total = sum(macs.values())
+    return {kind: count / total for kind, count in macs.items()} if total else {}

@@ -262,10 +262,13 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0) -> lis
         throughput = f"{c['throughput_ips']:.0f} img/s" if c.get("throughput_ips") else "-"
         memory = f"{c['memory_mb']:.2f} MB" if c.get("memory_mb") is not None else "-"
         paired = PairedAccuracy.model_validate(c["paired"]) if c.get("paired") else None
+        verdict = "yes" if c.get("within_budget") else "NO"
+        if c.get("half_luck_points"):  # a student's build, judged on its half less the student's lead there
+            verdict += f" (judged {c['half_luck_points']:.2f} lower: the student's lead on this half)"
         lines.append(
             f"| {candidate_label(c)}{mark} | {c['runtime']} | {c['precision']} | {millis(c.get('latency_s'))} | "
             f"{throughput} | {memory} | {accuracy_pct(c.get('accuracy'))} | "
-            f"{change_ci(c.get('accuracy_drop_points'), paired)} | {'yes' if c.get('within_budget') else 'NO'} |"
+            f"{change_ci(c.get('accuracy_drop_points'), paired)} | {verdict} |"
         )
     stopped = stopped_text([(candidate_label(c), c.get("paired")) for c in deployment.get("candidates") or []], images)
     lines += ["", stopped] if stopped else []
