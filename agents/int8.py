@@ -21,6 +21,7 @@ from graph.state import State
 from tools import deployment, ops
 from tools.schemas import PairedAccuracy, QuantizationRecommendation
 from tools.stats import within_budget
+from tools.text import first_line
 
 #: Every layer at int8: how the original is deployed before there is a plan.
 ALL_INT8 = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, every layer")]
@@ -36,7 +37,13 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     run, shape, spec = paths(data), shape_of(data), eval_spec(data, ctx)
     update: dict[str, Any] = {}
     notes: list[str] = []
-    sensitivity = ops.int8_sensitivity(run.original, shape, run.profile, spec, int8_cpu=ctx.int8_cpu)
+    # a model ONNX cannot export (Dinov2 with registers: bicubic resizing with antialiasing; MobileViTV2: col2im)
+    # must not end the run: its other runtimes may take it, and the deployment table says which
+    try:
+        sensitivity = ops.int8_sensitivity(run.original, shape, run.profile, spec, int8_cpu=ctx.int8_cpu)
+    except (RuntimeError, ValueError) as exc:
+        sensitivity = None
+        notes.append(f"int8 sensitivity not measured: {first_line(exc)}; the plan's int8 decisions are not per block")
     if sensitivity is not None:
         update["int8_profile"] = {
             "path": str(run.profile / "int8_sensitivity.json"),
@@ -47,7 +54,7 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         }
     baseline = state["baseline"].get("accuracy")
     if not ctx.prune or baseline is None or ctx.quant_backend == "torch":
-        return update
+        return {**update, "notes": notes} if notes else update
     backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
 
     def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:

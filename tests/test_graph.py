@@ -215,3 +215,22 @@ def test_int8_profile_budget_split_and_mixed_precision(tiny_model_dir: Path, tmp
     assert "## Int8: the CPU, the budget, the layers kept in float" in text
     assert "accuracy budget: 0 points" in text and "| onnxruntime-static-mixed" in text
     assert 'id="int8"' in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_a_model_onnx_cannot_export_still_runs_to_the_end(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dinov2 with registers and MobileViTV2 use operators the ONNX exporter has not (a sweep over unseen
+    architectures): the int8 profile, which exports to ONNX, stopped the run there. It is a note now."""
+    from tools import ops
+    from tools.deploy.onnxruntime.export import OnnxRuntimeError
+
+    def no_onnx(*args: Any, **kwargs: Any) -> None:
+        raise OnnxRuntimeError(
+            "ONNX export failed: Exporting the operator 'aten::col2im' to ONNX opset 17 is not supported"
+        )
+
+    monkeypatch.setattr(ops, "int8_sensitivity", no_onnx)
+    report = _run(str(tiny_model_dir), tmp_path / "run", iterations=1, max_accuracy_drop=100.0)
+    assert report["quantized"]["artifact"]
+    assert any(n.startswith("int8 sensitivity not measured: ONNX export failed") for n in report["notes"])

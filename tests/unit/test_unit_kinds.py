@@ -15,6 +15,7 @@ from torch import nn
 
 from tools.artifacts.structure import apply_structure, describe_structure
 from tools.compression.pruning import apply_pruning, prunable_layers
+from tools.compression.recipes import PruningConfig
 from tools.compression.recovery import RecoveryConfig, recover_
 from tools.compression.sensitivity import measure_sensitivity
 from tools.compression.shortcuts import ChannelSelect, channel_segments, find_channel_shortcuts
@@ -254,3 +255,63 @@ def test_the_sensitivity_profile_measures_reachable_ratios_once() -> None:
     (unit,) = profile.units
     assert unit.size == 16 and unit.step == 4
     assert [p.ratio for p in unit.points] == [0.25, 0.75]  # 0.1 removes nothing; 0.2 and 0.3 the same 4 channels
+
+
+class GroupedStage(nn.Module):
+    """A 1x1 convolution feeding a grouped 3x3 one (RegNet's and ResNeXt's pattern), or a GroupNorm (BiT's)."""
+
+    def __init__(self, norm: bool = False) -> None:
+        super().__init__()
+        self.reduce = nn.Conv2d(3, 16, 1, bias=False)
+        self.norm = nn.GroupNorm(4, 16) if norm else nn.Identity()
+        self.grouped = nn.Conv2d(16, 16, 3, padding=1, groups=4, bias=False)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.grouped(F.relu(self.norm(self.reduce(x)))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5])
+def test_channels_feeding_a_grouped_convolution_go_at_the_same_positions_of_every_group(ratio: float) -> None:
+    """Torch-Pruning slices every group of a grouped convolution by the first group's kept positions: channels chosen
+    by one ranking over all groups mis-wired RegNet's grouped convolutions, silently (a sweep over unseen
+    architectures). The pruned model must compute what the original does with the removed channels at zero."""
+    original = GroupedStage().eval()
+    with torch.no_grad():  # a ranking that differs from group to group
+        original.reduce.weight.mul_(torch.linspace(0.2, 2.0, 16).roll(3)[:, None, None, None])
+    pruned = copy.deepcopy(original)
+    config = PruningConfig(importance="l2", round_to=0)
+    report = apply_pruning(
+        pruned,
+        [PruningRecommendation(layer="reduce", pruning_type="structured", pruning_ratio=ratio)],
+        _images(2),
+        config,
+    )
+    assert report.applied and pruned.reduce.out_channels == 16 - round(16 * ratio)
+    kept = [next(i for i in range(16) if torch.equal(row, original.reduce.weight[i])) for row in pruned.reduce.weight]
+    per_group = [sorted(k % 4 for k in kept if k // 4 == g) for g in range(4)]
+    assert all(positions == per_group[0] for positions in per_group)
+    zeroed = copy.deepcopy(original)
+    with torch.no_grad():
+        zeroed.reduce.weight[[i for i in range(16) if i not in kept]] = 0.0
+        torch.testing.assert_close(pruned(_images(4)), zeroed(_images(4)))
+
+
+def test_a_groupnorm_keeps_equal_groups() -> None:
+    """BiT normalises with GroupNorm(32): every 8-channel step broke it, and nothing was pruned."""
+    model = GroupedStage(norm=True).eval()
+    config = PruningConfig(importance="l2", round_to=0)
+    report = apply_pruning(
+        model, [PruningRecommendation(layer="reduce", pruning_type="structured", pruning_ratio=0.5)], _images(2), config
+    )
+    assert report.applied and model.norm.num_channels == 8 and model.norm.num_groups == 4
+    assert model(_images(2)).shape == (2, 10)
+
+
+def test_a_unit_nothing_could_prune_says_why() -> None:
+    """The sensitivity profile said only "nothing was pruned at any ratio" and dropped pruning's reason."""
+    model = GroupedStage(norm=True).eval()
+    model.norm = nn.GroupNorm(16, 16)  # one channel per group: no count below 16 keeps the groups equal
+    units = [u for u in prunable_units(prunable_layers(model, _images(1)).model_dump()) if u.modules == ["reduce"]]
+    result = measure_sensitivity(model, _images(16), units, ratios=(0.25, 0.5))
+    assert "removes no channel of 16" in result.skipped["^reduce$"]

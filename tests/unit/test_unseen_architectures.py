@@ -146,3 +146,55 @@ def test_chance_level_accuracy_is_flagged(accuracy: float, samples: int, classes
     note = chance_note(accuracy, samples, classes)
     assert (note is not None) == flagged
     assert chance_note(None, samples, classes) is None
+
+
+def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() -> None:
+    """ViTMSN's and SegFormer's attention classes have no head pruning here: their q/k/v projections were pruned as
+    plain channels, 11 channels of one head and 5 of the other kept, which the forward's reshape merged into a single
+    head, silently (a sweep over unseen architectures). They are blocked now, with the reason, and the rest prunes."""
+    from transformers import (
+        SegformerConfig,
+        SegformerForImageClassification,
+        ViTMSNConfig,
+        ViTMSNForImageClassification,
+    )
+
+    from tools.compression.pruning import apply_pruning
+    from tools.schemas import PruningRecommendation
+
+    torch.manual_seed(0)
+    vitmsn = ViTMSNForImageClassification(
+        ViTMSNConfig(
+            image_size=32,
+            patch_size=4,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=10,
+        )
+    ).eval()
+    segformer = SegformerForImageClassification(
+        SegformerConfig(
+            image_size=32,
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            sr_ratios=[2, 1],
+            hidden_sizes=[16, 32],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            num_attention_heads=[1, 2],
+            mlp_ratios=[4, 4],
+            num_labels=10,
+        )
+    ).eval()
+    x = torch.randn(1, 3, 32, 32)
+    for model, q in (
+        (vitmsn, "vit.layers.0.attention.q_proj"),
+        (segformer, "segformer.stages.1.blocks.0.attention.q_proj"),
+    ):
+        layers = prunable_layers(model, x)
+        assert "no head pruning" in layers.blocked[q] and q not in layers.structured
+        assert any(name.endswith("fc1") for name in layers.structured)
+        report = apply_pruning(model, [PruningRecommendation(layer=q, pruning_type="structured", pruning_ratio=0.5)], x)
+        assert not report.applied and "no head pruning" in report.skipped[0].reason

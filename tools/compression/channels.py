@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ import torch_pruning as tp
 from torch import nn
 
 from tools.compression.forward import check_forward, forward_logits, one_line, restore, snapshot
-from tools.compression.heads import attention_modules, has_attention, kept_count
+from tools.compression.heads import attention_modules, has_attention, kept_count, other_attention
 from tools.compression.reports import AppliedPruning, SkippedPruning
 from tools.compression.shortcuts import SelectionConv
 from tools.schemas import PruningRecommendation
@@ -76,6 +77,7 @@ class PruningContext:
     input_layers: set[nn.Module] = field(default_factory=set)
     qkv: dict[nn.Module, str] = field(default_factory=dict)
     head_dims: dict[nn.Module, str] = field(default_factory=dict)
+    headless: dict[str, list[nn.Linear]] = field(default_factory=dict)
     transformer: bool = False
 
     def rebuild(self) -> None:
@@ -118,6 +120,9 @@ class PruningContext:
                 self.qkv[getattr(module, proj)] = name
                 self.head_dims[getattr(module, proj)] = name
             self.head_dims[getattr(module, spec.o)] = name
+        self.headless = other_attention(model)  # attention without head pruning: its q/k/v are blocked
+        for name, projections in self.headless.items():
+            self.qkv.update(dict.fromkeys(projections, name))
         self.transformer = has_attention(model)
 
     def ensure_graph(self) -> None:
@@ -183,6 +188,9 @@ def _static_issue(ctx: PruningContext, module: nn.Module) -> str | None:
         return "classifier / output head: its output channels are the logits"
     if module not in ctx.dg.module2node:
         return "not reached by the traced forward pass"
+    if module in ctx.qkv and ctx.qkv[module] in ctx.headless:
+        kind = type(ctx.model.get_submodule(ctx.qkv[module])).__name__
+        return f"q/k/v projection of {ctx.qkv[module]} ({kind}, no head pruning): its channels are split by head"
     if module in ctx.qkv:
         return f"q/k/v projection of {ctx.qkv[module]}: prune it with pruning_type='head'"
     if _out_channels(module) <= 1:
@@ -317,6 +325,30 @@ def channel_step(n: int, round_to: int | None) -> int:
     return max(1, min(round_to, n // MIN_STEPS))
 
 
+def channel_blocks(group: Any) -> int:
+    """Into how many equal blocks a grouped convolution (not a depthwise one) or a GroupNorm in ``group`` splits its
+    channels (1 without one). Each block must lose the same positions: Torch-Pruning slices every group of a grouped
+    convolution by the first's kept positions, and a GroupNorm needs equal groups (RegNet, ResNeXt, BiT)."""
+    blocks = 1
+    for dep, _ in group:
+        layer = dep.target.module
+        if isinstance(layer, nn.Conv2d) and layer.groups > 1 and layer.groups != layer.in_channels:
+            blocks = math.lcm(blocks, layer.groups)
+        elif isinstance(layer, nn.GroupNorm) and layer.num_groups > 1:
+            blocks = math.lcm(blocks, layer.num_groups)
+    return blocks
+
+
+def _least_important(scores: torch.Tensor, n_prune: int, blocks: int) -> list[int]:
+    """The ``n_prune`` channels to remove, by ``scores``: the least important, or with ``blocks`` > 1 the same
+    positions of every block, ranked by their scores summed over the blocks."""
+    if blocks == 1:
+        return sorted(int(i) for i in torch.argsort(scores, stable=True)[:n_prune])
+    per = scores.numel() // blocks
+    positions = torch.argsort(scores.reshape(blocks, per).sum(0), stable=True)[: n_prune // blocks]
+    return sorted(int(p) + b * per for b in range(blocks) for p in positions)
+
+
 def _prune_one(
     ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any
 ) -> tuple[int, int, set[nn.Module], list[str]] | str:
@@ -331,7 +363,10 @@ def _prune_one(
     n = _out_channels(module)
     if n <= 1:
         return f"{n} output channel"
-    keep = kept_count(n, ratio, channel_step(n, round_to))
+    blocks = channel_blocks(group)
+    if n % blocks:
+        return f"{n} channels do not split into the {blocks} groups of a grouped convolution or GroupNorm"
+    keep = kept_count(n, ratio, math.lcm(channel_step(n, round_to) or 1, blocks))
     n_prune = n - keep
     if n_prune <= 0:
         return f"ratio {ratio} removes no channel of {n}"
@@ -339,8 +374,7 @@ def _prune_one(
     if scores is None:
         return "importance undefined: no parameterised layer in its group"
     scores = torch.nan_to_num(scores.detach().float().cpu(), nan=0.0)  # e.g. all-zero weights
-    order = torch.argsort(scores, stable=True)
-    idxs = sorted(int(i) for i in order[:n_prune])
+    idxs = _least_important(scores, n_prune, blocks)
     pruning_group = ctx.dg.get_pruning_group(module, _out_fn(module), idxs)
     if not ctx.dg.check_pruning_group(pruning_group):
         return "would remove every channel of a coupled layer"

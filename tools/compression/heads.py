@@ -88,9 +88,33 @@ def attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, AttentionS
     return found
 
 
+#: What attention modules call their query, key and value projections (transformers 5.x and common code).
+QKV_NAMES = ("q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "qkv", "key_value", "kv")
+#: The attributes that hold an attention module's number of heads.
+HEAD_COUNT_ATTRS = ("num_attention_heads", "num_heads", "heads")
+
+
+def other_attention(model: nn.Module) -> dict[str, list[nn.Linear]]:
+    """Attention modules of classes :data:`ATTENTION_SPECS` has no head pruning for, found by their layout (an
+    integer head count and Linear query/key/value projections), with those projections: their output channels are
+    split by head, so pruning them as plain channels merges heads (ViTMSN, SegFormer, PvT, MobileViT, Swin V2)."""
+    found: dict[str, list[nn.Linear]] = {}
+    for name, module in model.named_modules():
+        if type(module).__name__ in ATTENTION_SPECS or not any(
+            isinstance(getattr(module, a, None), int) for a in HEAD_COUNT_ATTRS
+        ):
+            continue
+        projections = [getattr(module, n) for n in QKV_NAMES if isinstance(getattr(module, n, None), nn.Linear)]
+        if len(projections) >= 2 or isinstance(getattr(module, "qkv", None), nn.Linear):
+            found[name] = projections
+    return found
+
+
 def has_attention(model: nn.Module) -> bool:
-    """Whether ``model`` is of a transformer family: it contains a known or a torch attention module."""
-    return any(type(m).__name__ in ATTENTION_SPECS or isinstance(m, nn.MultiheadAttention) for m in model.modules())
+    """Whether ``model`` is of a transformer family: it contains a known, a torch or another attention module
+    (:func:`other_attention`)."""
+    known = any(type(m).__name__ in ATTENTION_SPECS or isinstance(m, nn.MultiheadAttention) for m in model.modules())
+    return known or bool(other_attention(model))
 
 
 def _head_scores(

@@ -223,6 +223,7 @@ def _measure(
         measured = unit.model_copy(deep=True)
         measured.size = _module_size(original, unit.modules[0], unit.pruning_type, unit.size)
         measured.step = unit_step(measured, pruning)
+        why_not = "no ratio removes a channel"  # else the last reason pruning gave
         try:
             for requested in ratios:
                 ratio = reachable_ratio(measured, requested)  # what rounding leaves of the ratio
@@ -240,6 +241,7 @@ def _measure(
                 report = apply_pruning(model, [rec], example, pruning, channel_scores=scores)
                 done += 1
                 if not report.applied:
+                    why_not = "; ".join(dict.fromkeys(sk.reason for sk in report.skipped)) or why_not
                     continue
                 consumers = report.consumers()
                 with contextlib.ExitStack() as replay:
@@ -285,7 +287,7 @@ def _measure(
         if measured.points:
             result.units.append(measured)
         else:
-            result.skipped[unit.pattern] = "nothing was pruned at any ratio"
+            result.skipped[unit.pattern] = f"nothing was pruned at any ratio ({why_not})"
     result.seconds = round(time.perf_counter() - start, 2)
     logger.info(
         "sensitivity: %d units x %d ratios on %d images in %.1f s (%.1f%% of %d params probed)",
