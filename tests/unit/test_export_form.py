@@ -116,3 +116,33 @@ def test_openvino_int8_of_the_rewritten_swin_names_its_block_layers(tmp_path: Pa
     int8, _ = deploy_openvino(swin, tmp_path / "model.xml", example_input=_x(1), calibration=_x(16), int8=True)
     inside = [name for name in int8 if ".blocks." in name]
     assert "swin.encoder.layers.0.blocks.1.mlp.fc1" in inside and len(inside) >= 8
+
+
+class WholeMapPool(torch.nn.Module):
+    """Hugging Face EfficientNet's pooler: an AvgPool2d with a kernel of the channel count and ``ceil_mode``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, stride=4, padding=1)
+        self.pool = torch.nn.AvgPool2d(16, ceil_mode=True)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(self.conv(x)).flatten(1))
+
+
+def test_a_pooling_window_over_the_whole_map_converts_to_openvino_as_a_global_average(tmp_path: Path) -> None:
+    """OpenVINO refused every HF EfficientNet: a pooling kernel larger than its input (a sweep over unseen
+    architectures). The rewrite computes the same; the conversion error now says why where it still fails."""
+    from tools.deploy.openvino.convert import convert_openvino, save_openvino
+    from tools.deploy.openvino.model import OpenVinoModel
+
+    torch.manual_seed(0)
+    model, x = WholeMapPool().eval(), torch.randn(2, 3, 32, 32)
+    rewritten = export_form(model, x)
+    assert isinstance(rewritten.pool, torch.nn.AdaptiveAvgPool2d) and isinstance(model.pool, torch.nn.AvgPool2d)
+    xml = save_openvino(convert_openvino(model, x[:1]), tmp_path / "model.xml")
+    with torch.no_grad():
+        torch.testing.assert_close(OpenVinoModel(xml)(x), model(x), atol=1e-4, rtol=1e-4)
+    with plain_export(), pytest.raises(Exception, match="avg_pool2d"):  # the cause, not "Check .false. failed at"
+        convert_openvino(model, x[:1])

@@ -112,10 +112,25 @@ def _gathered_swin_layer(layer: nn.Module, args: tuple[Any, ...], kwargs: dict[s
         return None
 
 
+def _global_average(pool: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> nn.Module | None:
+    """An average pooling whose window covers its whole input, as a global average: Hugging Face's EfficientNet
+    pools with a kernel of its channel count (1,280 for B0 on a 7x7 map) and ``ceil_mode``, which PyTorch averages
+    over the input and OpenVINO refuses ("Kernel after dilation has size ... larger than the data shape"): no HF
+    EfficientNet converted (a sweep over unseen architectures)."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        return None
+    kernel, padding = (tuple(v) if isinstance(v, tuple | list) else (v, v) for v in (pool.kernel_size, pool.padding))
+    if any(padding) or kernel[0] < x.shape[-2] or kernel[1] < x.shape[-1]:
+        return None
+    return nn.AdaptiveAvgPool2d(1)
+
+
 #: Rewritable modules by class name: a factory given the module and the positional and keyword arguments of its
 #: call on the example input, returning its replacement (None: left as it is).
 REWRITES: dict[str, Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], nn.Module | None]] = {
     "SwinLayer": _gathered_swin_layer,
+    "AvgPool2d": _global_average,
 }
 
 

@@ -78,6 +78,13 @@ def openvino_module() -> Any:
     return openvino
 
 
+def _cause(exc: BaseException) -> str:
+    """What an OpenVINO conversion error says: its last line where the first is only where a check failed
+    ("Check 'false' failed at src/frontends/...": the reason comes last)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if len(lines) > 1 and lines[0].startswith("Check '") else first_line(exc)
+
+
 def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
     """``model`` (FP32, eval mode, on the CPU) as an ``openvino.Model``: input ``[?, C, H, W]``, output logits.
 
@@ -104,7 +111,7 @@ def convert_openvino(model: nn.Module, example_input: torch.Tensor) -> Any:
                 exported, example_input=(example,), input=[ov.PartialShape([-1, channels, height, width])]
             )
     except Exception as exc:
-        raise OpenVinoError(f"OpenVINO conversion of {type(model).__name__} failed: {first_line(exc)}") from exc
+        raise OpenVinoError(f"OpenVINO conversion of {type(model).__name__} failed: {_cause(exc)}") from exc
     finally:
         model.to(device)
         model.train(was_training)
