@@ -65,11 +65,13 @@ def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
     """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
     were not distilled already (``--finetune-steps 0``), the run has a dataset, calibration images and at least
     :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_rescue_config``);
-    None otherwise."""
+    with ``auto``, not for an original at chance level (untrained, or labels that do not match). None otherwise."""
     from tools.compression.distill import auto_rescue_config
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.get("dataset"):
         return None
+    if ctx.distill_rescues == AUTO_STEPS and (state.get("baseline") or {}).get("at_chance"):
+        return None  # an original at chance level has nothing to teach: minutes spent for no answer (said at its start)
     parts = (state.get("baseline") or {}).get("data_parts") or {}
     if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
         return None
@@ -168,7 +170,8 @@ def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         if resolution:
             logger.warning("%s", resolution)
             notes.append(resolution)
-    return {"baseline": {**metrics.model_dump(), "data_parts": ops.part_sizes(eval_spec(data, ctx))}, "notes": notes}
+    baseline = {**metrics.model_dump(), "data_parts": ops.part_sizes(eval_spec(data, ctx)), "at_chance": bool(note)}
+    return {"baseline": baseline, "notes": notes}
 
 
 def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

@@ -103,3 +103,19 @@ def test_distillations_after_the_search_follow_the_macs() -> None:
     assert Context(distill_rescues=AUTO_STEPS).distill_rescues == AUTO_STEPS == Context().distill_rescues
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--distill-rescues", "0"])
     assert args.distill_rescues == 0
+
+
+def test_no_distillation_after_the_search_for_an_original_at_chance_level() -> None:
+    """A sweep over unseen architectures (random weights) spent 60 s a distillation, four or five times, on models
+    the run had already said score at chance: `auto` leaves them out; an explicit count is still honoured."""
+    from agents.evaluation import rescue_config
+
+    state: dict[str, Any] = {
+        "dataset": "digits",
+        "baseline": {"data_parts": {"calibration": 256, "evaluation": 2000}, "at_chance": False},
+        "profile_summary": {"total_macs": 41_398_922},
+    }
+    assert rescue_config(state, Context()) is not None
+    state["baseline"]["at_chance"] = True
+    assert rescue_config(state, Context()) is None
+    assert rescue_config(state, Context(distill_rescues=2)) is not None
