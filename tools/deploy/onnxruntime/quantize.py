@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
@@ -90,16 +91,21 @@ def quantize_onnx(
     return out_path
 
 
+#: Warnings ONNX Runtime's quantizer logs on the root logger that say nothing a user can act on: its advice to
+#: preprocess (preprocess_onnx ran, or said why it could not), and one line per normalisation constant whose rank
+#: has no channel axis (about a hundred on PoolFormer and BiT: a sweep over unseen architectures).
+_NOISE = re.compile(r"^(Please consider to run pre-|Axis -?\d+ is out-of-range for weight)")
+
+
 class _DropRootInfo(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        # also its advice to preprocess: preprocess_onnx ran, or said why it could not
-        return record.levelno >= logging.WARNING and not str(record.msg).startswith("Please consider to run pre-")
+        return record.levelno >= logging.WARNING and not _NOISE.match(str(record.msg))
 
 
 @contextmanager
 def _root_info_muted() -> Iterator[None]:
     """Drop the per-tensor INFO lines ``quantize_dynamic`` logs through ``logging.info`` (the root logger),
-    and its warning to preprocess the model.
+    and its warnings that say nothing to act on (:data:`_NOISE`).
 
     A filter on the root logger sees only records logged on it directly, not those propagated from
     named loggers, so the application's own logging is untouched.
