@@ -85,12 +85,17 @@ def _signed(points: float) -> str:
     return f"{round(points, 2) + 0.0:+.2f}"
 
 
-def stopped_text(rows: list[tuple[str, PairedAccuracy | dict[str, Any] | None]], images: int) -> str | None:
-    """One line naming the candidates sequential evaluation stopped (fewer than ``images`` paired), None if none."""
+def stopped_text(
+    rows: list[tuple[str, PairedAccuracy | dict[str, Any] | None]], images: int, halves: set[int] | None = None
+) -> str | None:
+    """One line naming the candidates sequential evaluation stopped (fewer than ``images`` paired), None if none;
+    ``halves``: the sizes a distilled round's students are judged on, which are not stops."""
     stopped = [
         f"{name} after {p.samples:,}"
         for name, raw in rows
-        if raw is not None and (p := PairedAccuracy.model_validate(raw)).samples < images
+        if raw is not None
+        and (p := PairedAccuracy.model_validate(raw)).samples < images
+        and p.samples not in (halves or set())
     ]
     if not stopped or images <= 0:
         return None

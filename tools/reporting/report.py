@@ -213,7 +213,8 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     full = report.baseline.samples if report.baseline else 0
     stopped = stopped_text([(f"round {r.round}", r.metrics.paired) for r in report.rounds], full)
     lines += ["", stopped] if stopped else []
-    lines += _deployment_lines(report.deployment, full)
+    halves = {st.samples for r in report.rounds if r.cross_fit for st in r.cross_fit.students if st.samples}
+    lines += _deployment_lines(report.deployment, full, halves)
     lines += int8_lines(report)
     lines += speedup_lines(report.speedup)
     lines += _planner_decisions(report)
@@ -238,9 +239,9 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0) -> list[str]:
+def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves: set[int] | None = None) -> list[str]:
     """The runtime table: every runtime and precision measured for deployment, and the one chosen; ``images``: the
-    evaluation images a candidate not stopped early is judged on."""
+    evaluation images a candidate not stopped early is judged on (``halves``: a distilled round's student's)."""
     if not deployment:
         return []
     lines = [
@@ -270,7 +271,8 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0) -> lis
             f"{throughput} | {memory} | {accuracy_pct(c.get('accuracy'))} | "
             f"{change_ci(c.get('accuracy_drop_points'), paired)} | {verdict} |"
         )
-    stopped = stopped_text([(candidate_label(c), c.get("paired")) for c in deployment.get("candidates") or []], images)
+    rows = [(candidate_label(c), c.get("paired")) for c in deployment.get("candidates") or []]
+    stopped = stopped_text(rows, images, halves)
     lines += ["", stopped] if stopped else []
     original = deployment.get("original_latency_s")
     if original:
