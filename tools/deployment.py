@@ -265,13 +265,14 @@ def _measure(
             candidate.float_layers = dict(built.get("float_layers") or {})
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = drop_points(baseline_accuracy, metrics.accuracy, metrics.paired)
+        luck = luck_of(source_dir)
         return candidate.model_copy(
             update={
                 "artifact": str(artifact),
                 "accuracy": metrics.accuracy,
                 "paired": metrics.paired,
                 "accuracy_drop_points": drop,
-                "within_budget": within_budget(drop, luck_removed(metrics.paired, luck := luck_of(source_dir))),
+                "within_budget": within_budget(drop, luck_removed(metrics.paired, luck)),
                 "half_luck_points": luck if luck > 0 else None,
                 "throughput_ips": metrics.throughput_ips,
                 "memory_mb": metrics.memory_mb,

@@ -155,8 +155,8 @@ class PackedAttention(nn.Module):
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
     ) -> tuple[torch.Tensor, None]:
         if self.relative_position_bias is None:
-            # an image has no padding: traced for export, transformers before 5.2x builds an all-attend mask anyway
-            # (its SDPA mask is not skipped while tracing), which changes nothing; eagerly, a mask is refused
+            # an image has no padding: traced for export, transformers 5.17 builds an all-attend mask anyway (its
+            # SDPA mask is not skipped while tracing; 5.18 skips it), which changes nothing; eagerly, a mask is refused
             if attention_mask is not None and not (torch.jit.is_tracing() or torch.compiler.is_compiling()):
                 raise AttentionFusionError("a fused ViT attention takes no attention mask")
             fused = _PackedAttentionFunction.apply(
