@@ -1,11 +1,12 @@
-"""CIFAR ResNets of He et al. (2016), section 4.2: ResNet-20/32/44/56 with the option-A shortcut.
+"""CIFAR ResNets of He et al. (2016), section 4.2: ResNet-20/32/44/56/110/1202 with the option-A shortcut.
 
 The structure and parameter names match the widely used checkpoints (e.g. Yerlan Idelbayev's
-``resnet20.th`` ... ``resnet56.th``, once their ``module.`` prefix is stripped):
+``resnet20.th`` ... ``resnet1202.th``, once their ``module.`` prefix is stripped):
 
 * ``conv1`` 3x3, 3 -> 16, stride 1, no bias; ``bn1``; ReLU;
 * ``layer1``, ``layer2``, ``layer3``: ``n`` :class:`BasicBlock` each, 16 / 32 / 64 channels, the first
-  block of a stage with stride 1 / 2 / 2 (ResNet-6n+2: n = 3, 5, 7, 9 for depth 20, 32, 44, 56);
+  block of a stage with stride 1 / 2 / 2 (ResNet-6n+2: n = 3, 5, 7, 9, 18, 200 for depth 20, 32, 44, 56,
+  110, 1202);
 * global average pooling and ``linear`` 64 -> ``num_classes``.
 
 A block is ``conv1`` 3x3 (stride s, no bias) -> ``bn1`` -> ReLU -> ``conv2`` 3x3 -> ``bn2``, added to the
@@ -119,6 +120,14 @@ def resnet56() -> CifarResNet:
     return resnet(56)
 
 
+def resnet110() -> CifarResNet:
+    return resnet(110)
+
+
+def resnet1202() -> CifarResNet:
+    return resnet(1202)
+
+
 __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR_IMAGE_SIZE",
@@ -132,4 +141,6 @@ __all__ = [
     "resnet32",
     "resnet44",
     "resnet56",
+    "resnet110",
+    "resnet1202",
 ]
