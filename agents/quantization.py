@@ -22,7 +22,7 @@ from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.deploy.choice import DeployChoice, is_chosen
+from tools.deploy.choice import DeployChoice, is_chosen, is_original, is_usable
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
@@ -91,13 +91,22 @@ def _second_student_note(round_index: int, artifact: Path) -> str:
     )
 
 
-def _original_note(choice: DeployChoice, pruned_source: Path) -> str:
-    """Why the unpruned original is deployed: no pruned model had a runtime within the accuracy budget."""
+def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path) -> str:
+    """Why the unpruned original is deployed: no pruned model had a runtime within the accuracy budget, or the
+    original's runtime is faster and no larger than the pruned model's fastest within it (``choice.dominates``)."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
+    kept = "(the pruned model stays in RUN/models and the report)"
+    pruned_within = any(is_usable(c) and not is_original(c, original_dir) for c in choice.candidates)
+    if pruned_within:
+        return (
+            f"deployment: the unpruned original in {choice.chosen} is faster than every runtime of the pruned model "
+            f"({round_name}) within the accuracy budget and no larger, so it is deployed {kept}: pruning gave this "
+            "model nothing the original in that runtime does not give"
+        )
     return (
         f"deployment: no runtime of the pruned model ({round_name}) or of a round with more headroom passed the "
         f"accuracy budget test on the images it is judged on: the unpruned original is deployed in {choice.chosen} "
-        "(the pruned model stays in RUN/models and the report)"
+        f"{kept}"
     )
 
 
@@ -165,7 +174,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         if ctx.holdout_samples > 0:
             headroom_notes += evaluate_holdout(data, ctx, changes["pruned"])
     elif original_wins:  # no pruned model passed the budget in any runtime: the unpruned original deploys
-        headroom_notes = [_original_note(choice, source)]
+        headroom_notes = [_original_note(choice, source, run.original)]
         source = run.original
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced

@@ -21,7 +21,18 @@ from tools import ops
 from tools.artifacts.io import load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose, luck_removed, runoff
+from tools.deploy.choice import (
+    ALTERNATIVE_MARGIN,
+    DeployCandidate,
+    DeployChoice,
+    available_backends,
+    choose,
+    eligible,
+    is_usable,
+    luck_removed,
+    own_source,
+    runoff,
+)
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
@@ -66,9 +77,6 @@ class _Judge:
 
 #: Synthetic inputs static int8 is calibrated on when the run has no data.
 SYNTHETIC_SAMPLES = 32
-#: A candidate built from another source than the best model (a round with more headroom, the unpruned original)
-#: is deployed only when it is at least this much faster than the best model's fastest within budget.
-ALTERNATIVE_MARGIN = 0.05
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
 INT8_MARGIN = 0.10
@@ -336,61 +344,16 @@ def _time(
     return times.get("__original__")
 
 
-def _is_original(candidate: DeployCandidate, original_dir: Path | None) -> bool:
-    source = candidate.source
-    return original_dir is not None and source is not None and Path(source).resolve() == Path(original_dir).resolve()
-
-
-def _usable(c: DeployCandidate) -> bool:
-    return c.ran and c.within_budget and c.latency_s is not None
-
-
-def own_source(candidates: list[DeployCandidate], preference: Sequence[str | None]) -> str | None:
-    """The source counted as the best model's: the first of ``preference`` (None, the best model, then the
-    alternatives in order) with a runtime candidate within budget. A distilled round's second student comes before
-    a round with more headroom that runs 1 % faster (Swin-tiny: 48 % fewer parameters against 20 %)."""
-    return next(
-        (s for s in preference if any(c.source == s and _usable(c) and c.backend != FLOAT for c in candidates)),
-        None,
-    )
-
-
-def _eligible(
-    candidates: list[DeployCandidate], original_dir: Path | None = None, own: str | None = None
-) -> list[DeployCandidate]:
-    """The candidates the choice is made among: every one of the best model (``own``: :func:`own_source`), and
-    those of another source only when at least :data:`ALTERNATIVE_MARGIN` faster than the best model's fastest
-    within budget (or when it has none).
-    The unpruned original's (``original_dir``'s) only when no pruned model has a candidate within budget: it gives
-    back every parameter pruning removed, which a faster runtime does not pay for in a compression tool (CIFAR
-    ResNet-32 on an AMX CPU: the original in bf16 0.45 ms, the pruned rounds' 0.56 ms; their OpenVINO int8 0.60 ms,
-    the original's 0.61 ms); the run's note on a pruned model that runs slower names the original's artifact."""
-
-    main = [c.latency_s or 0.0 for c in candidates if c.source == own and _usable(c) and c.backend != FLOAT]
-    fastest = min(main) if main else float("inf")
-    pruned_within = any(_usable(c) and not _is_original(c, original_dir) for c in candidates)
-    return [
-        c
-        for c in candidates
-        if c.source == own
-        or not _usable(c)
-        or (
-            not (pruned_within and _is_original(c, original_dir))
-            and (c.latency_s or 0.0) <= (1.0 - ALTERNATIVE_MARGIN) * fastest
-        )
-    ]
-
-
 def _unconfirmed_alternative(
-    eligible: list[DeployCandidate], chosen: str, shape: InputShape, repeats: int, seed: int, own: str | None = None
+    pool: list[DeployCandidate], chosen: str, shape: InputShape, repeats: int, seed: int, own: str | None = None
 ) -> str | None:
     """When the candidate deployed for ``chosen`` comes from another model than the best one, time it again with the
     best model's fastest within budget, the two alone, interleaved, with ``repeats``: why it does not stay (no longer
     :data:`ALTERNATIVE_MARGIN` faster), or None when it does (or when it is the best model's own)."""
 
-    usable = [c for c in eligible if _usable(c) and c.artifact is not None]
-    winners = [c for c in usable if c.backend == chosen]
-    mains = [c for c in usable if c.source == own and c.backend != FLOAT]
+    ready = [c for c in pool if is_usable(c) and c.artifact is not None]
+    winners = [c for c in ready if c.backend == chosen]
+    mains = [c for c in ready if c.source == own and c.backend != FLOAT]
     if not winners or not mains:
         return None
     winner = min(winners, key=lambda c: c.latency_s or 0.0)
@@ -555,7 +518,7 @@ def deploy(
             ]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
         own = own_source(candidates, [None, *(str(p) for p in alternatives)])
-        pool = _eligible(candidates, original_dir, own)
+        pool = eligible(candidates, original_dir, own)
         chosen, why = choose(pool, original_latency)
         doubt = _unconfirmed_alternative(pool, chosen, shape, 3 * repeats, spec.seed, own)
         if doubt:  # the margin was timing noise: the best model deploys

@@ -134,37 +134,61 @@ def test_a_headroom_candidate_is_chosen_by_its_own_latency() -> None:
 def test_another_source_is_deployed_only_when_clearly_faster() -> None:
     """The unpruned original (or a round with more headroom) replaces the best model's candidate only when at least
     ALTERNATIVE_MARGIN faster: a pruned model that ties keeps its smaller size."""
-    from tools.deployment import ALTERNATIVE_MARGIN, _eligible
+    from tools.deploy.choice import ALTERNATIVE_MARGIN, eligible
 
     def original(latency_ms: float) -> DeployCandidate:
         return _c("onnxruntime-static", latency_ms).model_copy(update={"source": "/run/models/original"})
 
     best = [_c(FLOAT, 3.0), _c("onnxruntime-static", 0.60)]
     tie = original(0.60 * (1 - ALTERNATIVE_MARGIN / 2))
-    assert tie not in _eligible([*best, tie])
-    assert choose(_eligible([*best, tie]), 4e-3)[0] == "onnxruntime-static"
+    assert tie not in eligible([*best, tie])
+    assert choose(eligible([*best, tie]), 4e-3)[0] == "onnxruntime-static"
     faster = original(0.60 * (1 - 2 * ALTERNATIVE_MARGIN))
-    assert faster in _eligible([*best, faster])
-    assert "(original)" in choose(_eligible([*best, faster]), 4e-3)[1]
+    assert faster in eligible([*best, faster])
+    assert "(original)" in choose(eligible([*best, faster]), 4e-3)[1]
 
 
 def test_the_unpruned_original_deploys_only_when_no_pruned_model_is_within_budget() -> None:
     """Deploying the original gives back every parameter pruning removed: however much faster it runs, it is a
     candidate only when no pruned model (the best one, another round) has one within the budget."""
-    from tools.deployment import ALTERNATIVE_MARGIN, _eligible
+    from tools.deploy.choice import ALTERNATIVE_MARGIN, eligible
 
     original_dir = Path("/run/models/original")
     best = [_c(FLOAT, 3.0), _c("onnxruntime-static", 0.60)]
     much_faster = 0.60 * (1 - 4 * ALTERNATIVE_MARGIN)
     unpruned = _c("openvino-bf16", much_faster).model_copy(update={"source": str(original_dir)})
     other_round = _c("onnxruntime-static", much_faster).model_copy(update={"source": "/run/rounds/round-00/model"})
-    eligible = _eligible([*best, unpruned, other_round], original_dir)
-    assert other_round in eligible and unpruned not in eligible
-    assert unpruned not in _eligible([*best, unpruned], original_dir)
+    pool = eligible([*best, unpruned, other_round], original_dir)
+    assert other_round in pool and unpruned not in pool
+    assert unpruned not in eligible([*best, unpruned], original_dir)
     # every pruned candidate over the budget: the original's are the ones left
     over = [c.model_copy(update={"within_budget": False}) for c in best]
-    assert unpruned in _eligible([*over, unpruned], original_dir)
-    assert choose(_eligible([*over, unpruned], original_dir), 4e-3)[0] == "openvino-bf16"
+    assert unpruned in eligible([*over, unpruned], original_dir)
+    assert choose(eligible([*over, unpruned], original_dir), 4e-3)[0] == "openvino-bf16"
+
+
+def test_the_unpruned_original_deploys_when_faster_and_no_larger_than_the_pruned_models_fastest() -> None:
+    """A pruned model whose int8 kept a layer in float (CIFAR ResNet-20: 0.52 MB, 0.20 ms) against the original's
+    full int8 within the same budget (0.43 MB, 0.18 ms): the original's is better on every count left open, so it is
+    a candidate; one that is faster but larger (or of unknown size) is not."""
+    from tools.deploy.choice import ALTERNATIVE_MARGIN, eligible
+
+    original_dir = Path("/run/models/original")
+    mixed = _c("openvino-int8-mixed", 0.20).model_copy(update={"memory_mb": 0.52})
+    best = [_c(FLOAT, 1.8).model_copy(update={"memory_mb": 1.06}), mixed]
+    faster = 0.20 * (1 - 2 * ALTERNATIVE_MARGIN)
+
+    def unpruned(memory_mb: float | None) -> DeployCandidate:
+        return _c("openvino-int8", faster).model_copy(update={"source": str(original_dir), "memory_mb": memory_mb})
+
+    smaller = unpruned(0.43)
+    assert smaller in eligible([*best, smaller], original_dir)
+    assert "(original)" in choose(eligible([*best, smaller], original_dir), 4e-3)[1]
+    for other in (unpruned(0.60), unpruned(None)):
+        assert other not in eligible([*best, other], original_dir)
+    # as fast as the pruned model's (within the margin): the pruned one stays
+    tie = smaller.model_copy(update={"latency_s": 0.20 * (1 - ALTERNATIVE_MARGIN / 2) / 1e3})
+    assert tie not in eligible([*best, tie], original_dir)
 
 
 def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_error(tmp_path: Path) -> None:
@@ -416,8 +440,7 @@ def test_the_second_student_is_the_best_model_when_the_first_fails_its_half() ->
     the budget on its half, its second student (the same round) is the best model; a round with more headroom that
     runs a hair faster is not deployed for it (measured: Swin-tiny deployed round 0, 20 % fewer parameters, over the
     48 % round's second student, 1.25 against 1.26 ms alone)."""
-    from tools.deploy.choice import runoff
-    from tools.deployment import ALTERNATIVE_MARGIN, _eligible, own_source
+    from tools.deploy.choice import ALTERNATIVE_MARGIN, eligible, own_source, runoff
 
     second, headroom = "/run/rounds/round-06/model-second", "/run/rounds/round-00/model"
 
@@ -434,7 +457,7 @@ def test_the_second_student_is_the_best_model_when_the_first_fails_its_half() ->
     own = own_source(candidates, [None, second, headroom])
     assert own == second
     assert own_source(candidates[:1] + candidates[3:], [None, second, headroom]) == headroom
-    pool = _eligible(candidates, None, own)
+    pool = eligible(candidates, None, own)
     assert all(c.source != headroom for c in pool), "not 5 % faster than the second student's fastest"
     chosen, _ = runoff(
         pool, "onnxruntime-fused", "fastest", lambda a: dict.fromkeys(a, 1.3e-3), other_source_margin=ALTERNATIVE_MARGIN
@@ -527,3 +550,18 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
         "| NO (judged 0.37 lower: the student's lead on this half) |" in line
         for line in _deployment_lines(choice.model_dump())
     )
+
+
+def test_the_note_says_why_the_unpruned_original_deploys() -> None:
+    """The run's note names the reason: no pruned runtime within the budget, or one faster and no larger."""
+    from agents.quantization import _original_note
+    from tools.deploy.choice import DeployChoice
+
+    original, pruned = Path("/run/models/original"), Path("/run/rounds/round-02/model")
+    theirs = _c("openvino-int8", 0.18).model_copy(update={"source": str(original), "memory_mb": 0.43})
+    ours = _c("openvino-int8-mixed", 0.20).model_copy(update={"memory_mb": 0.52})
+    choice = DeployChoice(chosen="openvino-int8", why="", source=str(original), candidates=[ours, theirs])
+    note = _original_note(choice, pruned, original)
+    assert "faster than every runtime of the pruned model (round-02) within the accuracy budget and no larger" in note
+    over = choice.model_copy(update={"candidates": [ours.model_copy(update={"within_budget": False}), theirs]})
+    assert "no runtime of the pruned model (round-02)" in _original_note(over, pruned, original)

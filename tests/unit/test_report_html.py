@@ -244,6 +244,16 @@ def test_tradeoff_chart_size_and_points(report: dict[str, Any]) -> None:
     assert [note for _, note, _ in points if note] == ["R0", "R1", "R2"]
 
 
+def test_an_original_deployed_is_named_so(report: dict[str, Any]) -> None:
+    """When the deployment chose the unpruned original's runtime, its row and chart point say so, not
+    "pruned + quantized"."""
+    report["quantized"] = {**report["quantized"], "source": "/run/models/original"}
+    page = render_html(report, None)
+    assert "<td>original quantized (deployed)" in page and "<td>pruned + quantized" not in page
+    assert "original quantized (deployed)" in {s for s, _, _ in plots.tradeoff_points(report)}
+    _png(plots.tradeoff_charts(report))
+
+
 def test_generic_charts_handle_empty_input(tmp_path: Path) -> None:
     assert _png(plots.share_bar_chart([], title="nothing")).size == (900, 500)
     assert _png(plots.scatter_panels([], title="nothing")).size == (900, 500)

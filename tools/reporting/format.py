@@ -23,10 +23,23 @@ NAMED_MODELS = (
 )
 
 
+#: The deployed model's label when the deployment chose the unpruned original (no pruned model within the budget in
+#: any runtime, or one faster and no larger than the pruned model's).
+ORIGINAL_DEPLOYED = "original quantized (deployed)"
+
+
 def named_entries(report: RunReport) -> list[tuple[str, str, ModelEntry]]:
     """``(key, label, entry)`` of every named model the report holds, in table order."""
     entries = (report.baseline, report.pruned, report.quantized, report.quantized_original)
-    return [(key, label, e) for (key, label), e in zip(NAMED_MODELS, entries, strict=True) if e is not None]
+    original = report.baseline.artifact if report.baseline is not None else None
+    out = []
+    for (key, label), e in zip(NAMED_MODELS, entries, strict=True):
+        if e is None:
+            continue
+        if key == "quantized" and original and getattr(e, "source", None) == original:
+            label = ORIGINAL_DEPLOYED
+        out.append((key, label, e))
+    return out
 
 
 def accuracy_pct(fraction: float | None, missing: str = "n/a") -> str:

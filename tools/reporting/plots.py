@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.reporting.charts import Bar, Panel, Point, SeriesStyle, finite, scatter_panels, share_bar_chart
-from tools.reporting.format import named_entries
+from tools.reporting.format import ORIGINAL_DEPLOYED, named_entries
 from tools.schemas import Metrics, RunReport
 
 
@@ -112,6 +112,7 @@ TRADEOFF_STYLES: dict[str, SeriesStyle] = {
     "best pruned": SeriesStyle(marker="o", color="#1f77b4", size=190, filled=False, zorder=4),
     "pruned + quantized": SeriesStyle(marker="s", color="#9467bd", size=75, zorder=4),
     "original quantized": SeriesStyle(marker="^", color="#ff7f0e", size=75, zorder=4),
+    ORIGINAL_DEPLOYED: SeriesStyle(marker="s", color="#ff7f0e", size=75, zorder=4),
 }
 
 
