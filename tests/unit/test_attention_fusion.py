@@ -37,6 +37,20 @@ def test_fused_copy_computes_the_same_logits_and_leaves_the_original_alone() -> 
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 
+@pytest.mark.parametrize("family", ["Dinov2WithRegisters", "ViTMSN", "IJepa"])
+def test_other_vit_style_attention_classes_fuse_to_the_same_logits(family: str) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = {"image_size": 16, "patch_size": 4, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = getattr(transformers, f"{family}Config")(**sizes, num_labels=3)
+    model = getattr(transformers, f"{family}ForImageClassification")(config).eval()
+    fused, count = fuse_attention(model, _x(1))
+    assert count == 2
+    with torch.inference_mode():
+        assert torch.allclose(fused(_x()).logits, model(_x()).logits, atol=1e-5)
+
+
 def test_a_traced_all_attend_mask_is_ignored_and_an_eager_mask_refused() -> None:
     """transformers 5.17 builds an all-attend mask for an image while the model is traced for export (found on a
     machine with it: the fused ONNX Runtime candidate failed); it changes nothing, so the trace ignores it."""

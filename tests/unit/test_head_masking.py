@@ -21,8 +21,14 @@ from transformers import (
     DeiTForImageClassification,
     Dinov2Config,
     Dinov2ForImageClassification,
+    Dinov2WithRegistersConfig,
+    Dinov2WithRegistersForImageClassification,
+    IJepaConfig,
+    IJepaForImageClassification,
     SwinConfig,
     SwinForImageClassification,
+    ViTMSNConfig,
+    ViTMSNForImageClassification,
 )
 
 from tests.helpers import tiny_vit
@@ -71,6 +77,30 @@ def _dinov2() -> nn.Module:
         image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2
     )
     return _spread(Dinov2ForImageClassification(config))
+
+
+def _dinov2_registers() -> nn.Module:
+    torch.manual_seed(0)
+    config = Dinov2WithRegistersConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2
+    )
+    return _spread(Dinov2WithRegistersForImageClassification(config))
+
+
+def _vit_msn() -> nn.Module:
+    torch.manual_seed(0)
+    config = ViTMSNConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    return _spread(ViTMSNForImageClassification(config))
+
+
+def _ijepa() -> nn.Module:
+    torch.manual_seed(0)
+    config = IJepaConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    return _spread(IJepaForImageClassification(config))
 
 
 def _images(size: int = 16, n: int = 4) -> torch.Tensor:
@@ -152,6 +182,9 @@ def _head_norms(attention: nn.Module, p: int) -> torch.Tensor:
         (_swin, "l2", 0.5),
         (_deit, "l1", 0.5),
         (_dinov2, "l2", 0.5),
+        (_dinov2_registers, "l2", 0.5),
+        (_vit_msn, "l1", 0.25),
+        (_ijepa, "l2", 0.5),
     ],
 )
 def test_head_pruning_equals_the_original_with_those_heads_zeroed(factory, importance: str, ratio: float) -> None:

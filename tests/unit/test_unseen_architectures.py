@@ -149,22 +149,18 @@ def test_chance_level_accuracy_is_flagged(accuracy: float, samples: int, classes
 
 
 def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() -> None:
-    """ViTMSN's and SegFormer's attention classes have no head pruning here: their q/k/v projections were pruned as
-    plain channels, 11 channels of one head and 5 of the other kept, which the forward's reshape merged into a single
-    head, silently (a sweep over unseen architectures). They are blocked now, with the reason, and the rest prunes."""
-    from transformers import (
-        SegformerConfig,
-        SegformerForImageClassification,
-        ViTMSNConfig,
-        ViTMSNForImageClassification,
-    )
+    """BEiT's (its relative position bias lives outside the attention module) and SegFormer's attention classes have
+    no head pruning here: their q/k/v projections were pruned as plain channels (ViTMSN, before it had head pruning:
+    11 channels of one head and 5 of the other kept, which the forward's reshape merged into a single head, silently;
+    a sweep over unseen architectures). They are blocked, with the reason, and the rest prunes."""
+    from transformers import SegformerConfig, SegformerForImageClassification
 
     from tools.compression.pruning import apply_pruning
     from tools.schemas import PruningRecommendation
 
     torch.manual_seed(0)
-    vitmsn = ViTMSNForImageClassification(
-        ViTMSNConfig(
+    beit = BeitForImageClassification(
+        BeitConfig(
             image_size=32,
             patch_size=4,
             hidden_size=32,
@@ -172,6 +168,7 @@ def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() ->
             num_attention_heads=2,
             intermediate_size=64,
             num_labels=10,
+            use_relative_position_bias=True,
         )
     ).eval()
     segformer = SegformerForImageClassification(
@@ -190,7 +187,7 @@ def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() ->
     ).eval()
     x = torch.randn(1, 3, 32, 32)
     for model, q in (
-        (vitmsn, "vit.layers.0.attention.q_proj"),
+        (beit, "beit.layers.0.attention.q_proj"),
         (segformer, "segformer.stages.1.blocks.0.attention.q_proj"),
     ):
         layers = prunable_layers(model, x)

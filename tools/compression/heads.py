@@ -4,7 +4,8 @@ A ``head`` recommendation's ``layer`` is a regex matched against the name of a h
 module *or* the names of its q/k/v/o projections (``attention`` and ``attention\\.q_proj`` select the same
 modules). ``round(ratio * heads)`` heads are removed (at least one is kept), ranked by the norm of each
 head's q/k/v rows and o columns (``HEAD_NORM_P``; other criteria rank randomly). Supported attention
-classes are listed in ``ATTENTION_SPECS`` (ViT, DeiT, Swin, DINOv2); a new family is one table entry.
+classes are listed in ``ATTENTION_SPECS`` (ViT, DeiT, Swin, DINOv2 with and without registers, ViT-MSN,
+I-JEPA); a new family is one table entry.
 
 A ``head_dim`` recommendation keeps every head and narrows each one instead: ``round(ratio * head_dim)``
 of each head's dimensions are removed (at least one is kept), the same number in every head (the forward
@@ -66,6 +67,9 @@ ATTENTION_SPECS: dict[str, AttentionSpec] = {
     "ViTAttention": _VIT_LIKE,
     "DeiTAttention": _VIT_LIKE,
     "Dinov2Attention": _VIT_LIKE,
+    "Dinov2WithRegistersAttention": _VIT_LIKE,
+    "ViTMSNAttention": _VIT_LIKE,
+    "IJepaAttention": _VIT_LIKE,
     "SwinAttention": AttentionSpec(
         per_head_params=(("relative_position_bias.relative_position_bias_table", 1),),
     ),

@@ -29,7 +29,17 @@ __all__ = ["FUSABLE", "AttentionFusionError", "NothingToFuse", "PackedAttention"
 
 #: Attention classes whose forward is softmax(Q K^T / sqrt(head_dim) [+ relative position bias + shifted-window
 #: mask, Swin]) V over q_proj/k_proj/v_proj, then o_proj.
-FUSABLE: frozenset[str] = frozenset({"ViTAttention", "DeiTAttention", "Dinov2Attention", "SwinAttention"})
+FUSABLE: frozenset[str] = frozenset(
+    {
+        "ViTAttention",
+        "DeiTAttention",
+        "Dinov2Attention",
+        "Dinov2WithRegistersAttention",
+        "ViTMSNAttention",
+        "IJepaAttention",
+        "SwinAttention",
+    }
+)
 
 
 class AttentionFusionError(RuntimeError):
