@@ -17,6 +17,8 @@ import pytest
 import torch
 from torch import nn
 from transformers import (
+    BeitConfig,
+    BeitForImageClassification,
     DeiTConfig,
     DeiTForImageClassification,
     Dinov2Config,
@@ -103,6 +105,22 @@ def _ijepa() -> nn.Module:
     return _spread(IJepaForImageClassification(config))
 
 
+def _beit() -> nn.Module:
+    """BEiT with a relative position bias per layer: the layer holds it (one column per head) and passes it to the
+    attention as its mask."""
+    torch.manual_seed(0)
+    config = BeitConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        use_relative_position_bias=True,
+    )
+    return _spread(BeitForImageClassification(config))
+
+
 def _images(size: int = 16, n: int = 4) -> torch.Tensor:
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(2))
 
@@ -185,6 +203,7 @@ def _head_norms(attention: nn.Module, p: int) -> torch.Tensor:
         (_dinov2_registers, "l2", 0.5),
         (_vit_msn, "l1", 0.25),
         (_ijepa, "l2", 0.5),
+        (_beit, "l2", 0.5),
     ],
 )
 def test_head_pruning_equals_the_original_with_those_heads_zeroed(factory, importance: str, ratio: float) -> None:

@@ -149,18 +149,23 @@ def test_chance_level_accuracy_is_flagged(accuracy: float, samples: int, classes
 
 
 def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() -> None:
-    """BEiT's (its relative position bias lives outside the attention module) and SegFormer's attention classes have
-    no head pruning here: their q/k/v projections were pruned as plain channels (ViTMSN, before it had head pruning:
-    11 channels of one head and 5 of the other kept, which the forward's reshape merged into a single head, silently;
-    a sweep over unseen architectures). They are blocked, with the reason, and the rest prunes."""
-    from transformers import SegformerConfig, SegformerForImageClassification
+    """Data2Vec-vision's and SegFormer's attention classes have no head pruning here: their q/k/v projections were
+    pruned as plain channels (ViTMSN, before it had head pruning: 11 channels of one head and 5 of the other kept,
+    which the forward's reshape merged into a single head, silently; a sweep over unseen architectures). They are
+    blocked, with the reason, and the rest prunes."""
+    from transformers import (
+        Data2VecVisionConfig,
+        Data2VecVisionForImageClassification,
+        SegformerConfig,
+        SegformerForImageClassification,
+    )
 
     from tools.compression.pruning import apply_pruning
     from tools.schemas import PruningRecommendation
 
     torch.manual_seed(0)
-    beit = BeitForImageClassification(
-        BeitConfig(
+    data2vec = Data2VecVisionForImageClassification(
+        Data2VecVisionConfig(
             image_size=32,
             patch_size=4,
             hidden_size=32,
@@ -187,11 +192,11 @@ def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() ->
     ).eval()
     x = torch.randn(1, 3, 32, 32)
     for model, q in (
-        (beit, "beit.layers.0.attention.q_proj"),
+        (data2vec, "data2vec_vision.encoder.layer.0.attention.attention.query"),
         (segformer, "segformer.stages.1.blocks.0.attention.q_proj"),
     ):
         layers = prunable_layers(model, x)
         assert "no head pruning" in layers.blocked[q] and q not in layers.structured
-        assert any(name.endswith("fc1") for name in layers.structured)
+        assert any(name.endswith(("fc1", "intermediate.dense")) for name in layers.structured)  # the MLP prunes
         report = apply_pruning(model, [PruningRecommendation(layer=q, pruning_type="structured", pruning_ratio=0.5)], x)
         assert not report.applied and "no head pruning" in report.skipped[0].reason

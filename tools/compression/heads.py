@@ -5,7 +5,7 @@ module *or* the names of its q/k/v/o projections (``attention`` and ``attention\
 modules). ``round(ratio * heads)`` heads are removed (at least one is kept), ranked by the norm of each
 head's q/k/v rows and o columns (``HEAD_NORM_P``; other criteria rank randomly). Supported attention
 classes are listed in ``ATTENTION_SPECS`` (ViT, DeiT, Swin, DINOv2 with and without registers, ViT-MSN,
-I-JEPA); a new family is one table entry.
+I-JEPA, BEiT); a new family is one table entry.
 
 A ``head_dim`` recommendation keeps every head and narrows each one instead: ``round(ratio * head_dim)``
 of each head's dimensions are removed (at least one is kept), the same number in every head (the forward
@@ -44,6 +44,8 @@ class AttentionSpec:
     ``per_head_params``: dotted parameter paths (relative to the attention module) with one slice per
     head along ``dim`` (Swin's relative-position bias table has one column per head).
     ``size_attrs``: attributes holding ``heads * head_dim`` that the forward may read.
+    ``parent_per_head_params``: the same, relative to the module that holds the attention (BEiT's layer holds the
+    relative position bias it passes in as the attention mask); a path that is not there (no such bias) is skipped.
     """
 
     q: str = "q_proj"
@@ -54,6 +56,7 @@ class AttentionSpec:
     head_dim_attr: str = "head_dim"
     size_attrs: tuple[str, ...] = ("all_head_size",)
     per_head_params: tuple[tuple[str, int], ...] = ()
+    parent_per_head_params: tuple[tuple[str, int], ...] = ()
 
     @property
     def projections(self) -> tuple[str, str, str, str]:
@@ -70,6 +73,9 @@ ATTENTION_SPECS: dict[str, AttentionSpec] = {
     "Dinov2WithRegistersAttention": _VIT_LIKE,
     "ViTMSNAttention": _VIT_LIKE,
     "IJepaAttention": _VIT_LIKE,
+    "BeitAttention": AttentionSpec(
+        parent_per_head_params=(("relative_position_bias.relative_position_bias_table", 1),),
+    ),
     "SwinAttention": AttentionSpec(
         per_head_params=(("relative_position_bias.relative_position_bias_table", 1),),
     ),
@@ -204,6 +210,7 @@ def _prune_heads_of(
     gen: torch.Generator,
     scores: ChannelScores | None = None,
     round_to: int = 0,
+    parent: nn.Module | None = None,
 ) -> tuple[int, int] | str:
     heads = int(getattr(module, spec.heads_attr))
     head_dim = int(getattr(module, spec.head_dim_attr))
@@ -220,10 +227,17 @@ def _prune_heads_of(
         for proj in (spec.q, spec.k, spec.v):
             _slice_linear(getattr(module, proj), keep, 0)
         _slice_linear(getattr(module, spec.o), keep, 1)
-        for path, dim in spec.per_head_params:
+        per_head = [(module, path, dim, True) for path, dim in spec.per_head_params]
+        per_head += [(parent, path, dim, False) for path, dim in spec.parent_per_head_params if parent is not None]
+        for root, path, dim, required in per_head:
             owner_path, _, attr = path.rpartition(".")
-            owner = module.get_submodule(owner_path) if owner_path else module
-            param = getattr(owner, attr)
+            try:
+                owner = root.get_submodule(owner_path) if owner_path else root
+                param = getattr(owner, attr)
+            except AttributeError:
+                if required:
+                    raise
+                continue
             new = param.detach().index_select(dim, kept_heads.to(param.device)).clone()
             setattr(owner, attr, nn.Parameter(new, requires_grad=param.requires_grad))
     kept = heads - n_prune
@@ -322,10 +336,14 @@ def apply_heads(
     consumers: list[str] = []
     before = after = 0
     snap = snapshot(model)
-    prune_of = _prune_head_dims_of if rec.pruning_type == "head_dim" else _prune_heads_of
     for name, module, spec in head_targets(model, regex):
         try:
-            result = prune_of(module, spec, rec.pruning_ratio, importance, gen, scores, head_round_to)
+            if rec.pruning_type == "head_dim":
+                result = _prune_head_dims_of(module, spec, rec.pruning_ratio, importance, gen, scores, head_round_to)
+            else:
+                parent = model.get_submodule(name.rpartition(".")[0])
+                ratio = rec.pruning_ratio
+                result = _prune_heads_of(module, spec, ratio, importance, gen, scores, head_round_to, parent)
         except Exception as exc:
             result = f"head pruning raised {one_line(exc)}"
         if isinstance(result, str):
