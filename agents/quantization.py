@@ -93,7 +93,8 @@ def _second_student_note(round_index: int, artifact: Path) -> str:
 
 def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path) -> str:
     """Why the unpruned original is deployed: no pruned model had a runtime within the accuracy budget, or the
-    original's runtime is faster and no larger than the pruned model's fastest within it (``choice.dominates``)."""
+    original's runtime is faster and no larger than the pruned model's fastest within it
+    (:func:`tools.deploy.choice.dominates`)."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
     kept = "(the pruned model stays in RUN/models and the report)"
     pruned_within = any(is_usable(c) and not is_original(c, original_dir) for c in choice.candidates)
@@ -173,7 +174,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         headroom_notes = _headroom_note(changes["pruned"])
         if ctx.holdout_samples > 0:
             headroom_notes += evaluate_holdout(data, ctx, changes["pruned"])
-    elif original_wins:  # no pruned model passed the budget in any runtime: the unpruned original deploys
+    elif original_wins:  # no pruned runtime within budget, or the original's faster and no larger: it deploys
         headroom_notes = [_original_note(choice, source, run.original)]
         source = run.original
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
