@@ -10,7 +10,7 @@ importance picks; for ``l1``/``l2`` it also checks they are the lowest-norm ones
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -65,60 +65,29 @@ def _swin() -> nn.Module:
     return _spread(SwinForImageClassification(config))
 
 
-def _deit() -> nn.Module:
-    torch.manual_seed(0)
-    config = DeiTConfig(
-        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-    )
-    return _spread(DeiTForImageClassification(config))
+#: A tiny random model of each ViT-style family: (config class, model class, extra config).
+_VIT_STYLE: dict[str, tuple[type, type, dict[str, object]]] = {
+    "deit": (DeiTConfig, DeiTForImageClassification, {"intermediate_size": 64}),
+    "dinov2": (Dinov2Config, Dinov2ForImageClassification, {"mlp_ratio": 2}),
+    "dinov2_registers": (Dinov2WithRegistersConfig, Dinov2WithRegistersForImageClassification, {"mlp_ratio": 2}),
+    "vit_msn": (ViTMSNConfig, ViTMSNForImageClassification, {"intermediate_size": 64}),
+    "ijepa": (IJepaConfig, IJepaForImageClassification, {"intermediate_size": 64}),
+    # BEiT with a relative position bias per layer: the layer holds it (one column per head) and passes it to the
+    # attention as its mask
+    "beit": (BeitConfig, BeitForImageClassification, {"intermediate_size": 64, "use_relative_position_bias": True}),
+}
 
 
-def _dinov2() -> nn.Module:
-    torch.manual_seed(0)
-    config = Dinov2Config(
-        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2
-    )
-    return _spread(Dinov2ForImageClassification(config))
+def _vit_style(family: str) -> Callable[[], nn.Module]:
+    config_class, model_class, extra = _VIT_STYLE[family]
 
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        sizes = {"image_size": 16, "patch_size": 4, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+        return _spread(model_class(config_class(**sizes, **extra)))
 
-def _dinov2_registers() -> nn.Module:
-    torch.manual_seed(0)
-    config = Dinov2WithRegistersConfig(
-        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2
-    )
-    return _spread(Dinov2WithRegistersForImageClassification(config))
-
-
-def _vit_msn() -> nn.Module:
-    torch.manual_seed(0)
-    config = ViTMSNConfig(
-        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-    )
-    return _spread(ViTMSNForImageClassification(config))
-
-
-def _ijepa() -> nn.Module:
-    torch.manual_seed(0)
-    config = IJepaConfig(
-        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-    )
-    return _spread(IJepaForImageClassification(config))
-
-
-def _beit() -> nn.Module:
-    """BEiT with a relative position bias per layer: the layer holds it (one column per head) and passes it to the
-    attention as its mask."""
-    torch.manual_seed(0)
-    config = BeitConfig(
-        image_size=16,
-        patch_size=4,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        use_relative_position_bias=True,
-    )
-    return _spread(BeitForImageClassification(config))
+    build.__name__ = f"_{family}"
+    return build
 
 
 def _images(size: int = 16, n: int = 4) -> torch.Tensor:
@@ -198,12 +167,12 @@ def _head_norms(attention: nn.Module, p: int) -> torch.Tensor:
         (_vit, "l2", 0.25),
         (_vit, "random", 0.5),
         (_swin, "l2", 0.5),
-        (_deit, "l1", 0.5),
-        (_dinov2, "l2", 0.5),
-        (_dinov2_registers, "l2", 0.5),
-        (_vit_msn, "l1", 0.25),
-        (_ijepa, "l2", 0.5),
-        (_beit, "l2", 0.5),
+        (_vit_style("deit"), "l1", 0.5),
+        (_vit_style("dinov2"), "l2", 0.5),
+        (_vit_style("dinov2_registers"), "l2", 0.5),
+        (_vit_style("vit_msn"), "l1", 0.25),
+        (_vit_style("ijepa"), "l2", 0.5),
+        (_vit_style("beit"), "l2", 0.5),
     ],
 )
 def test_head_pruning_equals_the_original_with_those_heads_zeroed(factory, importance: str, ratio: float) -> None:
