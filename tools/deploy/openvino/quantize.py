@@ -85,6 +85,8 @@ def quantize_openvino(
     ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what attention models need on CPUs without
     VNNI), the first one (NNCF's default) or none; default: what this CPU's kind needs for this kind of model
     (:meth:`tools.deploy.cpu.Int8Settings.nncf_overflow_fix`).
+    Bias correction: NNCF's full one for models without attention, its fast one for attention models
+    (:meth:`tools.deploy.cpu.Int8Settings.nncf_fast_bias_correction`).
     ``ignored``: op names left in float. Every other Conv/MatMul NNCF's patterns select is quantized; with
     ``accuracy_control``, :func:`nncf.quantize_with_accuracy_control` then keeps the quantizers that cost the most
     in float until the budget holds (:func:`_controlled`).
@@ -100,6 +102,7 @@ def quantize_openvino(
         "model_type": nncf.ModelType.TRANSFORMER if transformer else None,
         "preset": chosen_preset,
         "subset_size": subset,
+        "fast_bias_correction": int8_settings().nncf_fast_bias_correction(transformer),
         "ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
     }
     try:
@@ -115,9 +118,10 @@ def quantize_openvino(
     except Exception as exc:
         raise OpenVinoError(f"NNCF int8 quantization failed: {first_line(exc)}") from exc
     logger.info(
-        "NNCF int8 quantization (%s preset, overflow fix %s%s) calibrated on %d images",
+        "NNCF int8 quantization (%s preset, overflow fix %s, %s bias correction%s) calibrated on %d images",
         chosen_preset.value,
         overflow_fix,
+        "fast" if options["fast_bias_correction"] else "full",
         ", accuracy-controlled" if accuracy_control is not None else "",
         subset,
     )
