@@ -16,7 +16,7 @@ from graph.bench import _cached_run_dir
 from graph.runner import checkpointed_graph, resume_run, start_run
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
-from tools.artifacts.hashes import prune_recipe_hash, recipe_hash, stored_recipe_hash
+from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, recipe_hash, stored_recipe_hash
 from tools.artifacts.io import load_module
 from tools.compression.distill import DistillConfig
 from tools.compression.recipes import PruningConfig, RecoveryConfig
@@ -148,6 +148,22 @@ def test_an_export_built_in_another_form_is_rebuilt(original: Path, tmp_path: Pa
         assert ops.quantize(original, original, recs, out, config)["rebuilt"] is None, "same form: reused"
     again = ops.quantize(original, original, recs, out, config)
     assert again["rebuilt"] and "another recipe" in again["rebuilt"]
+
+
+def test_an_int8_build_with_other_settings_is_rebuilt(original: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run resumed from a version whose int8 settings differed (NNCF's fast bias correction for CNNs) must not
+    reuse its int8 builds: the settings are part of the recipe; a float backend's recipe has none."""
+    import tools.deploy.cpu as cpu
+
+    recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="all")]
+    before = quantize_recipe_hash(original, recs, "openvino-int8", SHAPE, int8_target="vnni")
+    float_before = quantize_recipe_hash(original, recs, "openvino", SHAPE)
+    real = cpu.int8_settings
+    monkeypatch.setattr(
+        cpu, "int8_settings", lambda *a, **k: real(*a, **k).model_copy(update={"fast_bias_correction_cnn": True})
+    )
+    assert quantize_recipe_hash(original, recs, "openvino-int8", SHAPE, int8_target="vnni") != before
+    assert quantize_recipe_hash(original, recs, "openvino", SHAPE) == float_before
 
 
 # --- a resumed run whose plan changed -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tools.artifacts.io import is_complete
+from tools.deploy.cpu import int8_recipe_key
 from tools.deploy.export_form import export_form_key
 from tools.store.files import META_FILE, read_json, sha256_of
 
@@ -119,7 +120,7 @@ def quantize_recipe_hash(
 ) -> str:
     """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
     pruned model changes it), the recommendations without their justifications, the backend asked for, the
-    export shape, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``), what
+    export shape, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``) and its settings, what
     accuracy control judges by (its digest) and the export form (``tools.deploy.export_form.export_form_key``)."""
     return recipe_hash(
         {
@@ -130,6 +131,7 @@ def quantize_recipe_hash(
             "shape": list(shape.as_tuple()) if shape is not None else None,
             "calibration": tensor_digest(calibration),
             "int8_target": int8_target,
+            **({"int8_settings": int8_recipe_key(int8_target)} if int8_target else {}),
             "accuracy_control": accuracy_control,
             "export_form": export_form_key(),
         }

@@ -331,6 +331,14 @@ def resolve_target(target: str = "auto", cpu: CpuFeatures | None = None) -> Int8
     return "vnni" if target == "vnni" else "no-vnni"
 
 
+def int8_recipe_key(target: str) -> str:
+    """What decides an int8 build for ``target`` besides its inputs (part of a quantized artifact's recipe hash):
+    the settings :func:`int8_settings` gives that kind, without the CPU they run on. A setting changed between
+    versions (NNCF's bias correction) so rebuilds an artifact a resumed run would otherwise reuse."""
+    settings = int8_settings(target).model_dump(mode="json", exclude={"built_on", "target"})
+    return ",".join(f"{k}={v}" for k, v in sorted(settings.items()))
+
+
 def int8_settings(target: str = "auto", cpu: CpuFeatures | None = None) -> Int8Settings:
     """The int8 settings that hold accuracy on ``target`` (``auto``: this machine's kind).
 
@@ -366,6 +374,7 @@ __all__ = [
     "Int8Target",
     "channel_block",
     "detect_cpu",
+    "int8_recipe_key",
     "int8_settings",
     "resolve_target",
 ]
