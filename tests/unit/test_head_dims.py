@@ -16,7 +16,7 @@ from torch import nn
 
 from graph.context import Context
 from tests.helpers import tiny_vit
-from tests.unit.test_head_masking import _deit, _dinov2, _images, _logits, _swin, _vit
+from tests.unit.test_head_masking import _images, _logits, _swin, _vit, _vit_style
 from tools.compression.heads import attention_modules
 from tools.compression.pruning import apply_pruning, prunable_layers
 from tools.compression.recipes import PruningConfig
@@ -72,7 +72,11 @@ def _zeroed_reference(original: nn.Module, pruned: nn.Module) -> nn.Module:
     return reference
 
 
-@pytest.mark.parametrize("build", [_vit, _deit, _dinov2, _swin], ids=["vit", "deit", "dinov2", "swin"])
+@pytest.mark.parametrize(
+    "build",
+    [_vit, *(_vit_style(f) for f in ("deit", "dinov2", "dinov2_registers", "vit_msn", "ijepa", "beit")), _swin],
+    ids=["vit", "deit", "dinov2", "dinov2_registers", "vit_msn", "ijepa", "beit", "swin"],
+)
 @pytest.mark.parametrize("importance", ["l2", "random"])
 def test_narrowed_heads_compute_what_the_original_does_with_those_dimensions_zeroed(build, importance) -> None:  # type: ignore[no-untyped-def]
     original = build()
