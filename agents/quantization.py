@@ -22,7 +22,7 @@ from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.deploy.choice import DeployChoice, is_chosen, is_original, is_usable
+from tools.deploy.choice import DeployChoice, has_pruned_within, is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
@@ -97,8 +97,7 @@ def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path
     (:func:`tools.deploy.choice.dominates`)."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
     kept = "(the pruned model stays in RUN/models and the report)"
-    pruned_within = any(is_usable(c) and not is_original(c, original_dir) for c in choice.candidates)
-    if pruned_within:
+    if has_pruned_within(choice.candidates, original_dir):
         return (
             f"deployment: the unpruned original in {choice.chosen} is faster than every runtime of the pruned model "
             f"({round_name}) within the accuracy budget and no larger, so it is deployed {kept}: pruning gave this "

@@ -29,6 +29,7 @@ __all__ = [
     "choose",
     "dominates",
     "eligible",
+    "has_pruned_within",
     "is_original",
     "is_usable",
     "luck_removed",
@@ -228,6 +229,11 @@ def is_usable(c: DeployCandidate) -> bool:
     return c.ran and c.within_budget and c.latency_s is not None
 
 
+def has_pruned_within(candidates: list[DeployCandidate], original_dir: Path | None) -> bool:
+    """Whether a candidate not built from the unpruned original (``original_dir``) ran within the budget."""
+    return any(is_usable(c) and not is_original(c, original_dir) for c in candidates)
+
+
 def own_source(candidates: list[DeployCandidate], preference: Sequence[str | None]) -> str | None:
     """The source counted as the best model's: the first of ``preference`` (None, the best model, then the
     alternatives in order) with a runtime candidate within budget. A distilled round's second student comes before
@@ -253,7 +259,7 @@ def eligible(
     main = [c for c in candidates if c.source == own and is_usable(c) and c.backend != FLOAT]
     lead = min(main, key=lambda c: c.latency_s or 0.0, default=None)
     fastest = (lead.latency_s or 0.0) if lead else float("inf")
-    pruned_within = any(is_usable(c) and not is_original(c, original_dir) for c in candidates)
+    pruned_within = has_pruned_within(candidates, original_dir)
     return [
         c
         for c in candidates
