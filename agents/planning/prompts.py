@@ -23,12 +23,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agents.planning.allocation import exact_pattern
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.prompt_budget import FULL, PromptDetail, capped, compact_schema_text, rounds_shown
 from agents.planning.prompt_int8 import int8_lines
 from agents.planning.prompt_sensitivity import sensitivity_lines, settings_lines
 from agents.planning.recovery import TARGET_SLACK
-from agents.planning.rules import exact_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from agents.planning.allocation import allocate
 from agents.planning.damage import DamageModel
-from agents.planning.rules import allocate
 from tools.schemas import SensitivityPoint, SensitivityProfile, SensitivityUnit
 
 

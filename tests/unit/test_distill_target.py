@@ -17,6 +17,7 @@ from agents.planning.recovery import (
     COMPLETE_RECOVERY_STEP,
     RECOVERY_CAP,
     TARGET_SLACK,
+    WHOLE_RECOVERY_STEP,
     Recovery,
     damage_for_drop,
     recoverable_drop,
@@ -97,11 +98,12 @@ def test_recovery_share_is_capped_and_the_target_follows_the_kept_rounds_check()
 def test_rounds_that_gave_back_the_cap_grow_the_target_one_step_where_the_capped_share_leaves_no_room() -> None:
     z = selection_z(9)
     # CIFAR ResNet-32: 0.55 -> -0.19 and 1.31 -> -0.04, standard errors 0.29 and 0.32: the capped share gives
-    # (1 - z * 0.32) / 0.25 = 1.1, under 1.1 x 1.31; both came back whole, so one step beyond 1.31
+    # (1 - z * 0.32) / 0.25 = 1.1, under 1.1 x 1.31; both came back whole, so one larger step beyond 1.31
     whole = [Recovery(0.55, -0.19, 0.29, True), Recovery(1.31, -0.04, 0.32, True)]
     assert (1.0 - z * 0.32) / (1 - RECOVERY_CAP) < 1.1 * 1.31
-    assert recoverable_drop(whole, 1.0, z) == pytest.approx(COMPLETE_RECOVERY_STEP * 1.31)
-    # ResNet-32's third: 1.56 -> 0.19 gave back 88 %, more than the cap: one more step beyond it
+    assert recoverable_drop(whole, 1.0, z) == pytest.approx(WHOLE_RECOVERY_STEP * 1.31)
+    assert WHOLE_RECOVERY_STEP > COMPLETE_RECOVERY_STEP
+    # ResNet-32's third: 1.56 -> 0.19 gave back 88 %, more than the cap but not all: one smaller step beyond it
     most = [*whole, Recovery(1.56, 0.19, 0.33, True)]
     assert recoverable_drop(most, 1.0, z) == pytest.approx(COMPLETE_RECOVERY_STEP * 1.56)
     # one that gave back less than the cap ends the growth, within budget or not, as does one over the budget

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+from agents.planning.allocation import exact_pattern
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.registry import get_planner
-from agents.planning.rules import RulesPlanner, exact_pattern
+from agents.planning.rules import RulesPlanner
 from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile, OptimizationPlan
 

@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 import torch
 
+from agents.planning.allocation import allocate
 from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
 from agents.planning.recovery import AT_TARGET
-from agents.planning.rules import RulesPlanner, allocate
+from agents.planning.rules import RulesPlanner
 from tests.unit.test_pruning import vit
 from tools.compression.pruning import prunable_layers
 from tools.compression.sensitivity import measure_sensitivity
@@ -61,14 +62,15 @@ def _unit(name: str, kind: str, damage: list[float], saved: int) -> SensitivityU
     )
 
 
-def _sensitivity() -> SensitivityProfile:
+def _sensitivity(units: list[SensitivityUnit] | None = None) -> SensitivityProfile:
     return SensitivityProfile(
         samples=256,
         importance="act",
         recovery="reconstruct",
         ratios=[0.3, 0.6, 0.9],
         seconds=1.0,
-        units=[
+        units=units
+        or [
             _unit("free.fc1", "structured", [0.0, 0.0, 0.001], 1000),
             _unit("costly.fc1", "structured", [0.05, 0.2, 0.5], 1000),
             _unit("head.attention", "head", [0.004, 0.01, 0.02], 300),
@@ -251,3 +253,35 @@ def test_at_the_target_with_its_allocations_tried_one_unit_grows_past_the_most_p
     changed = [p for p in allocation if allocation[p] != base.get(p, 0.0)]
     assert len(changed) == 1 and allocation[changed[0]] > base.get(changed[0], 0.0)
     assert all(allocation.get(p, 0.0) >= r for p, r in base.items())
+
+
+def test_a_converged_search_grows_the_unit_with_the_least_damage_per_saving_not_the_least_damage() -> None:
+    # CIFAR ResNet-32: ranked by damage alone, the step past the kept round halved a 16-channel convolution
+    # (0.5 % of the parameters) and lost a point; per saving, a wide layer's next channels come first
+    sens = _sensitivity(
+        [
+            _unit("narrow.fc1", "structured", [0.001, 0.002, 0.003], 10),
+            _unit("wide.fc1", "structured", [0.003, 0.006, 0.009], 1000),
+        ]
+    )
+    ctx = dataclasses.replace(_ctx(), profile=_ctx().profile.model_copy(update={"sensitivity": sens}))
+    base = _record(0, {"damage_budget": 0.01, "allocation": {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.3}}, True, 2000)
+    stepped = RulesPlanner()._coordinate_step(dataclasses.replace(ctx, history=[base]), seen=[], base_round=base)
+    assert stepped is not None
+    assert stepped.planner_state["allocation"] == {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4}
+
+
+def test_a_round_at_the_target_must_remove_more_than_the_round_distillation_brought_back() -> None:
+    # CIFAR ResNet-32: a damage budget at the target gave an allocation smaller than the kept round's, evaluated for
+    # nothing (0.421 M parameters against the kept 0.417 M); the planner now steps past the kept round instead
+    planner = RulesPlanner()
+    grown, history = _distilled_history(planner)
+    ctx = dataclasses.replace(_ctx(history), distillation_target_points=1.5)
+    kept = {str(k): float(v) for k, v in grown.planner_state["allocation"].items()}
+    assert not planner._larger_than_anchor(ctx, kept)
+    smaller = {p: r - 0.3 for p, r in kept.items() if r > 0.3}
+    assert not planner._larger_than_anchor(ctx, smaller)
+    larger = {**kept, "^costly.fc1$": round(kept.get("^costly.fc1$", 0.0) + 0.3, 4)}
+    assert planner._larger_than_anchor(ctx, larger)
+    targeted = planner.next_plan(ctx)
+    assert planner._larger_than_anchor(ctx, targeted.planner_state["allocation"])

@@ -214,7 +214,7 @@ def test_a_channel_select_computes_any_index_as_a_gather_of_the_same_channels() 
 
 
 def test_ratios_are_what_rounding_leaves_in_whole_channel_blocks_and_only_narrow_layers_keep_fine_steps() -> None:
-    from agents.planning.rules import _next_reachable
+    from agents.planning.allocation import next_reachable
     from tools.compression.channels import channel_step
     from tools.compression.recipes import PruningConfig
     from tools.compression.units import reachable_ratio, unit_step
@@ -233,7 +233,7 @@ def test_ratios_are_what_rounding_leaves_in_whole_channel_blocks_and_only_narrow
     narrow.step = unit_step(narrow, config)
     assert narrow.step == 1
     assert [reachable_ratio(narrow, r) for r in (0.02, 0.1, 0.3, 0.9)] == [0.0, 0.0833, 0.3333, 0.9167]
-    assert _next_reachable(narrow, 0.0, 0.1) == 0.0833 and _next_reachable(narrow, 0.3333, -0.1) == 0.25
+    assert next_reachable(narrow, 0.0, 0.1) == 0.0833 and next_reachable(narrow, 0.3333, -0.1) == 0.25
     heads = SensitivityUnit(pattern="^h$", pruning_type="head", kind="heads", modules=["h"], size=3)
     heads.step = unit_step(heads, config)
     assert [reachable_ratio(heads, r) for r in (0.1, 0.3, 0.9)] == [0.0, 0.3333, 0.6667]  # whole heads, one kept

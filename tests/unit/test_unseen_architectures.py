@@ -22,8 +22,9 @@ from transformers import (
     LevitForImageClassification,
 )
 
+from agents.planning.allocation import exact_pattern
 from agents.planning.base import PlanningContext
-from agents.planning.rules import RulesPlanner, exact_pattern
+from agents.planning.rules import RulesPlanner
 from tools.compression.pruning import prunable_layers
 from tools.evaluation.accuracy import chance_note, predict_logits
 from tools.evaluation.cost import compare_latencies

@@ -157,7 +157,8 @@ def auto_distill_steps(macs: int | None) -> int:
 #: drop from -0.56/-0.92 to -0.38/-0.58 (CIFAR ResNet-20, 14.7 % fewer). So ViT-tiny, Swin-tiny and ResNet-20 get
 #: one pair of 1,000 steps, ResNet-tiny the cap, ResNet-56 one pair of automatic distillation's 300. At most five: the
 #: CIFAR ResNets' pairs take 100-300 s on one Xeon core, and a run whose distilled rounds keep coming back within
-#: budget grows its target one step a distillation (``agents.planning.recovery.COMPLETE_RECOVERY_STEP``); with three,
+#: budget grows its target one step a distillation (``agents.planning.recovery``: ``COMPLETE_RECOVERY_STEP``, or
+#: ``WHOLE_RECOVERY_STEP`` where every one came back whole); with three,
 #: CIFAR ResNet-32 and -44 stopped at 13.7 % and 15.4 % with time left.
 AUTO_RESCUE_SECONDS = (1200.0, 5)
 

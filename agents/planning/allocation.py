@@ -1,0 +1,143 @@
+"""The rules planner's allocation: per-unit ratios from the sensitivity profile under a damage budget, and the
+patterns that name them (:func:`allocate`, :func:`exact_pattern`).
+
+A unit's saving is its share of the model's parameters plus its share of MACs, interpolated between the measured
+points (:func:`unit_saving`); its damage is the damage model's (:class:`~agents.planning.damage.DamageModel`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from agents.planning.damage import DamageModel
+from tools.compression.units import reachable_ratio
+from tools.profiling.profile import name_pattern
+from tools.schemas import SensitivityProfile, SensitivityUnit
+
+__all__ = [
+    "ALLOCATION_RATIOS",
+    "allocate",
+    "exact_pattern",
+    "interpolate",
+    "next_reachable",
+    "params_saved",
+    "unit_saving",
+]
+
+#: Ratios the allocation may choose (those above the run's highest ratio are left out).
+ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def exact_pattern(members: list[str], universe: list[str]) -> str:
+    """A regex selecting exactly ``members`` among ``universe``: block indices generalised where possible."""
+    wanted = set(members)
+
+    def exact(pattern: str) -> bool:
+        rx = re.compile(pattern)
+        return {n for n in universe if rx.search(n)} | wanted == wanted and all(rx.search(n) for n in wanted)
+
+    generic = name_pattern(members[0])
+    if exact(generic):
+        return generic
+    parts = [m.split(".") for m in members]
+    for i, part in enumerate(parts[0]):
+        # only a position every member has and where each has an index: members may differ in depth
+        # (EfficientNet's encoder.blocks.N.projection.project_conv with encoder.top_conv)
+        if not part.isdigit() or any(len(p) != len(parts[0]) or not p[i].isdigit() for p in parts):
+            continue
+        values = sorted({p[i] for p in parts}, key=int)
+        pieces = [
+            ("(?:" + "|".join(values) + ")") if j == i else (r"\d+" if piece.isdigit() else re.escape(piece))
+            for j, piece in enumerate(parts[0])
+        ]
+        candidate = "^" + r"\.".join(pieces) + "$"
+        if exact(candidate):
+            return candidate
+    return "^(?:" + "|".join(re.escape(m) for m in sorted(wanted)) + ")$"
+
+
+def interpolate(points: list[tuple[float, float]], ratio: float) -> float | None:
+    """Piecewise-linear value at ``ratio`` through ``points`` (with (0, 0)); None beyond the last point."""
+    xs = [(0.0, 0.0), *sorted(points)]
+    for (r0, v0), (r1, v1) in itertools.pairwise(xs):
+        if r0 <= ratio <= r1:
+            return v0 if r1 == r0 else v0 + (v1 - v0) * (ratio - r0) / (r1 - r0)
+    return None
+
+
+def next_reachable(unit: SensitivityUnit, current: float, step: float) -> float | None:
+    """The first ratio of ``unit`` past ``current`` in the direction of ``step`` (in steps of ``step``) that removes a
+    different count; None when there is none within [0, 1]."""
+    ratio = current
+    for _ in range(int(1 / abs(step)) + 1):
+        ratio = round(ratio + step, 4)
+        if not 0.0 <= ratio <= 1.0:
+            return None
+        reached = reachable_ratio(unit, ratio)
+        if reached != round(current, 4):
+            return reached
+    return None
+
+
+def unit_saving(unit: SensitivityUnit, ratio: float, total_params: int, total_macs: int) -> float | None:
+    """What pruning ``unit`` at ``ratio`` saves: its share of the model's parameters plus its share of MACs,
+    interpolated between the measured points (None beyond the last)."""
+    saved = [(p.ratio, p.params_saved / max(1, total_params) + p.macs_saved / max(1, total_macs)) for p in unit.points]
+    return interpolate(saved, ratio)
+
+
+def params_saved(sensitivity: SensitivityProfile, allocation: dict[str, float]) -> float:
+    """The parameters an allocation (ratio by unit pattern) removes, from the measured points (units summed)."""
+    units = {u.pattern: u for u in sensitivity.units}
+    return sum(
+        interpolate([(p.ratio, float(p.params_saved)) for p in units[pattern].points], ratio) or 0.0
+        for pattern, ratio in allocation.items()
+        if pattern in units
+    )
+
+
+def allocate(
+    sensitivity: SensitivityProfile, total_params: int, total_macs: int, damage_budget: float, max_ratio: float
+) -> tuple[dict[str, float], float]:
+    """Per-unit ratios (by pattern) whose predicted damage together stays within ``damage_budget`` (a share of images
+    that change class).
+
+    Costs and the budget are the damage model's (:class:`~agents.planning.damage.DamageModel`: KL divergences that
+    add, fitted to the flips). Greedy by saving per cost: at each step every unit may move from its ratio to any
+    larger allowed one; the move with the best marginal saving per marginal cost (free moves first, by saving) is
+    taken. Returns (ratio by unit pattern, predicted damage).
+    """
+    model = DamageModel.fit(sensitivity)
+    budget = model.cost_of(damage_budget)
+    options: dict[str, list[tuple[float, float, float]]] = {}  # pattern -> [(ratio, cost, saving)]
+    for unit in sensitivity.units:
+        choices = []
+        for ratio in sorted({reachable_ratio(unit, r) for r in ALLOCATION_RATIOS} - {0.0}):
+            if ratio > max_ratio + 1e-9:
+                continue
+            d, v = model.cost(unit, ratio), unit_saving(unit, ratio, total_params, total_macs)
+            if d is not None and v is not None:
+                choices.append((ratio, d, v))
+        if choices:
+            options[unit.pattern] = choices
+    chosen: dict[str, tuple[float, float, float]] = {p: (0.0, 0.0, 0.0) for p in options}
+    spent = 0.0
+    while True:
+        best: tuple[float, float, str, tuple[float, float, float]] | None = None
+        for pattern, choices in options.items():
+            _, d0, v0 = chosen[pattern]
+            for option in choices:
+                ratio, d, v = option
+                if ratio <= chosen[pattern][0] or v <= v0 or spent + (d - d0) > budget * (1 + 1e-9) + 1e-12:
+                    continue
+                gain, cost = v - v0, max(d - d0, 0.0)
+                key = (gain / max(cost, 1e-9), gain)
+                if best is None or key > best[:2]:
+                    best = (*key, pattern, option)
+        if best is None:
+            break
+        pattern, option = best[2], best[3]
+        spent += max(option[1] - chosen[pattern][1], 0.0)
+        chosen[pattern] = option
+    return {p: c[0] for p, c in chosen.items() if c[0] > 0}, model.flips(spent)
