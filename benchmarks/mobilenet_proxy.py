@@ -27,25 +27,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from figure_common import REPO
-from PIL import Image
 from transformers import MobileNetV2Config, MobileNetV2ForImageClassification, MobileNetV2ImageProcessor
 
+from tools.evaluation.datasets import load_eval_dataset
 from tools.models.checkpoints import load_state_dict_file, load_weights
 from tools.models.factory import call_factory
 from tools.zoo.cifar_resnet import CIFAR_MEAN, CIFAR_STD
 
 DEFAULT_TEACHER = f"tools.zoo.cifar_resnet:resnet56={REPO.parent / 'shared' / 'models' / 'cifar10-resnet56.th'}"
-
-
-def read_folder(root: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Every image of an image folder as uint8 N x 3 x H x W, its labels and the class names (sorted folders)."""
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    images, labels = [], []
-    for i, name in enumerate(classes):
-        for f in sorted((root / name).iterdir()):
-            images.append(np.asarray(Image.open(f).convert("RGB")))
-            labels.append(i)
-    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), torch.tensor(labels), classes
 
 
 def main() -> None:
@@ -61,7 +50,9 @@ def main() -> None:
     args = parser.parse_args()
     dev = args.device
     torch.manual_seed(0)
-    x8, y, classes = read_folder(args.data)
+    data = load_eval_dataset(str(args.data), samples=None, seed=0)  # every image, as the runs read it
+    x8 = torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in data.images])).permute(0, 3, 1, 2)
+    y, classes = torch.tensor(data.labels), data.label_names
     x8, y = x8.to(dev), y.to(dev)
     teachers = []
     for spec in args.teacher or [DEFAULT_TEACHER]:

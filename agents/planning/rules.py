@@ -344,9 +344,9 @@ class RulesPlanner:
             cost = model.cost(unit, ratio)
             return float("inf") if cost is None else cost
 
-        def damage_per_saving(unit: SensitivityUnit) -> float:
+        def damage_per_saving(unit: SensitivityUnit, step: float) -> float:
             current = base.get(unit.pattern, 0.0)
-            ratio = next_reachable(unit, current, 0.1)
+            ratio = next_reachable(unit, current, step)
             if ratio is None:
                 return float("inf")
             c0, c1 = model.cost(unit, current), model.cost(unit, ratio)
@@ -358,7 +358,7 @@ class RulesPlanner:
 
         def ranked(step: float) -> list[SensitivityUnit]:
             if step > 0:
-                return sorted(sens.units, key=damage_per_saving)
+                return sorted(sens.units, key=lambda u: damage_per_saving(u, step))
             return sorted(sens.units, key=lambda u: damage_after(u, step), reverse=True)
 
         for step in steps:
