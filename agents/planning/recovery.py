@@ -25,6 +25,7 @@ from tools.stats import standard_error_points
 __all__ = [
     "AT_TARGET",
     "COMPLETE_RECOVERY_STEP",
+    "NOISE_DROP",
     "RECOVERY_CAP",
     "TARGET_SLACK",
     "WHOLE_RECOVERY_STEP",
@@ -33,6 +34,9 @@ __all__ = [
     "recoverable_drop",
     "recoveries_of",
 ]
+
+#: Drops at or under this many points are noise to the drop-for-damage fit (:func:`damage_for_drop`).
+NOISE_DROP = 0.05
 
 #: The largest share of a round's drop counted on coming back by distillation, however much came back before:
 #: ResNet-20's rounds losing 4.4 and 8.0 points got 80 % and 73 % back (1,000 steps) where rounds losing under a
@@ -139,11 +143,14 @@ def damage_for_drop(points: list[tuple[float, float]], anchor: tuple[float, floa
     ``(predicted damage, drop)`` of the largest round that came back) and the evaluated rounds' ``points``: on the
     line in log-log between the anchor and the least damaging round beyond it that lost at least ``drop``; without
     one, from the anchor along the slope of a least-squares line of log drop on log damage over the rounds that lost
-    more than 0.05 points, the slope at least 1 (damage grows no faster than the drop: a flat fit of noisy small
-    drops would extrapolate far). None with fewer than two such rounds or an anchor that lost nothing."""
-    usable = [(d, p) for d, p in points if d > 0 and p > 0.05]
-    (anchor_damage, anchor_drop) = anchor
-    if len(usable) < 2 or anchor_damage <= 0 or anchor_drop <= 0:
+    more than :data:`NOISE_DROP` points, the slope at least 1 (damage grows no faster than the drop: a flat fit of
+    noisy small drops would extrapolate far). An anchor that lost less counts as losing :data:`NOISE_DROP`: CIFAR
+    ResNet-56's came back from 0.00 and, with no damage to plan at, the search grew its budget twice over and lost
+    13 points; from 0.05 the line to the round that lost 0.49 plans 5 % past the anchor. None with fewer than two
+    such rounds."""
+    usable = [(d, p) for d, p in points if d > 0 and p > NOISE_DROP]
+    anchor_damage, anchor_drop = anchor[0], max(anchor[1], NOISE_DROP)
+    if len(usable) < 2 or anchor_damage <= 0:
         return None
     beyond = [(d, p) for d, p in usable if d > anchor_damage and p >= drop and p > anchor_drop]
     if beyond:

@@ -15,6 +15,7 @@ from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.recovery import (
     AT_TARGET,
     COMPLETE_RECOVERY_STEP,
+    NOISE_DROP,
     RECOVERY_CAP,
     TARGET_SLACK,
     WHOLE_RECOVERY_STEP,
@@ -128,7 +129,14 @@ def test_damage_for_drop_interpolates_to_a_round_beyond_else_extrapolates_along_
     flat = damage_for_drop([(0.01, 0.5), (0.02, 0.5), (0.04, 0.5)], (0.04, 0.5), 1.0)
     assert flat == pytest.approx(0.08)
     assert damage_for_drop([(0.01, 0.5)], (0.01, 0.5), 1.0) is None  # one round: no slope
-    assert damage_for_drop(points, (0.0559, 0.0), 1.0) is None  # an anchor that lost nothing
+    # an anchor that lost nothing counts as losing the noise floor: ResNet-56's round 5 (0.0508, 0.00) and the round
+    # that lost 0.49 at 0.0555 put a target of 0.16 just past the anchor, not at twice its damage (lost 13 points)
+    zero = [(0.0439, 0.15), (0.0555, 0.49), (0.049, 0.10), (0.0508, 0.0)]
+    at_zero = damage_for_drop(zero, (0.0508, 0.0), 0.16)
+    assert at_zero is not None and 0.0508 < at_zero < 0.0555
+    assert at_zero == pytest.approx(
+        0.0508 * (0.16 / NOISE_DROP) ** (math.log(0.0555 / 0.0508) / math.log(0.49 / NOISE_DROP))
+    )
 
 
 def test_after_a_round_came_back_distillation_waits_for_a_round_planned_at_the_target() -> None:
