@@ -140,3 +140,31 @@ def test_presets_reader_and_registry(tmp_path: Path) -> None:
         CalibrationReader(torch.zeros(3, 16, 16))
     with pytest.raises(OnnxRuntimeError, match="calibration method"):
         static_quantize_onnx(vit, tmp_path / "q.onnx", _images(4, seed=0), method="entropy")  # type: ignore[arg-type]
+
+
+class _DepthwiseConv(nn.Conv2d):
+    """A subclass, as Hugging Face's ``EfficientNetDepthwiseConv2d`` is."""
+
+
+class _MobileBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(3, 8, 3, padding=1)
+        self.depthwise = _DepthwiseConv(8, 8, 3, padding=1, groups=8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.depthwise(self.expand(x)).relu().mean((2, 3)))
+
+
+def test_graph_backends_quantize_subclasses_of_the_layer_kinds_and_torch_ao_only_exact_types(tmp_path: Path) -> None:
+    # EfficientNet's depthwise convolutions are an nn.Conv2d subclass: an exact-type match left all of them in float
+    # in ONNX Runtime static int8, reported as "the plan keeps it in float"
+    model = _MobileBlock().eval()
+    report = plan_quantization(model, ALL, backend="onnxruntime-static")
+    assert set(report.layers) == {"expand", "depthwise", "head"}
+    built = get_backend("onnxruntime-static").save(model, report, tmp_path, calibration=_images(8, seed=1))
+    assert "depthwise" not in built.float_layers and "depthwise" in built.layers
+    attention = nn.MultiheadAttention(8, 2)  # its out_proj is a NonDynamicallyQuantizableLinear
+    assert "out_proj" in plan_quantization(attention, ALL, backend="onnxruntime").layers
+    assert "out_proj" not in plan_quantization(attention, ALL, backend="torch-ao-dynamic").layers

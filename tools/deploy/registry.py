@@ -108,11 +108,16 @@ def resolve_targets(
     model: nn.Module,
     recommendations: Iterable[QuantizationRecommendation],
     kinds: tuple[type[nn.Module], ...] = (nn.Linear,),
+    *,
+    subclasses: bool = False,
 ) -> tuple[dict[str, QuantDType], list[str]]:
     """Module name -> dtype for every layer of ``kinds`` selected (``all``: every one; else a regex over module
     names); later recommendations override earlier ones, so ``all`` at qint8 then one block at float32 keeps that
-    block in float. The patterns that selected nothing come second."""
-    linears = [name for name, m in model.named_modules() if type(m) in kinds]
+    block in float. The patterns that selected nothing come second. ``subclasses``: a subclass of a kind counts
+    (backends that quantize the exported graph's nodes, whatever Python class made them); else the exact types
+    only (torch-ao swaps modules by exact type: ``nn.MultiheadAttention``'s ``NonDynamicallyQuantizableLinear``
+    stays float)."""
+    linears = [name for name, m in model.named_modules() if (isinstance(m, kinds) if subclasses else type(m) in kinds)]
     targets: dict[str, QuantDType] = {}
     unmatched: list[str] = []
     for rec in recommendations:
@@ -142,7 +147,11 @@ def plan_quantization(
     for a backend whose int8 depends on the CPU kind, the settings for ``int8_cpu`` (:func:`tools.deploy.cpu.
     int8_settings`: ``auto`` is this machine's kind)."""
     impl = get_backend(backend)
-    targets, unmatched = resolve_targets(model, recommendations, impl.layer_kinds)
+    # graph backends select subclasses too: EfficientNet's depthwise convolution is an nn.Conv2d subclass, and an
+    # exact-type match left its 16 depthwise layers in float in ONNX Runtime static int8 as if the plan had said so
+    targets, unmatched = resolve_targets(
+        model, recommendations, impl.layer_kinds, subclasses=not isinstance(impl, ModuleBackend)
+    )
     layers, notes = impl.supported(targets)
     if not targets:
         logger.warning("no nn.Linear selected for quantization; the model is left in float32")

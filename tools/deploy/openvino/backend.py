@@ -116,7 +116,7 @@ class OpenVinoBackend:
             update = {"layers": {}, "notes": [*report.notes, *validated], "runtime_properties": self.runtime_properties}
             return report.model_copy(update=update)
         settings = report.int8 or int8_settings()
-        weighted = [name for name, m in float_model.named_modules() if type(m) in self.layer_kinds and name]
+        weighted = [name for name, m in float_model.named_modules() if isinstance(m, self.layer_kinds) and name]
         if self.controlled and accuracy_control is not None:
             accuracy_control = self._planned(float_model, example[:1], accuracy_control, len(weighted))
         keep_float = [name for name in weighted if name not in report.layers]
