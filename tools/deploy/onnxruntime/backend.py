@@ -34,6 +34,7 @@ from tools.deploy.cpu import Int8Settings, int8_settings
 from tools.deploy.onnxruntime import graph as graphs
 from tools.deploy.onnxruntime.export import export_fp32_onnx, export_onnx, preprocess_onnx
 from tools.deploy.onnxruntime.fusion import AttentionFusionError, NothingToFuse, fuse_attention
+from tools.deploy.onnxruntime.outliers import without_outlier_images
 from tools.deploy.onnxruntime.quantize import quantize_onnx, static_quantize_onnx
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.schemas import QuantDType
@@ -214,6 +215,7 @@ class OnnxRuntimeBackend:
             export_fp32_onnx(float_model, example[:1], target, notes=notes)
             return report.model_copy(update={"layers": {}, "notes": notes})
         settings = report.int8 or int8_settings()
+        calibration, outlier_notes = without_outlier_images(float_model, calibration)
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
             fp32 = export_onnx(float_model, example[:1], Path(work) / "float.onnx")
             graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
@@ -229,7 +231,7 @@ class OnnxRuntimeBackend:
                 nodes_to_exclude=[node for name in keep_float for node in nodes[name]],
             )
         planned = dict.fromkeys(keep_float, "the plan keeps it in float")
-        return self._carried_out(report, target, nodes, planned, settings, len(calibration))
+        return self._carried_out(report, target, nodes, planned, settings, len(calibration), outlier_notes)
 
     def _carried_out(
         self,

@@ -29,6 +29,7 @@ from tools.deploy.cpu import Int8Settings, int8_settings
 from tools.deploy.onnxruntime import graph as graphs
 from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend
 from tools.deploy.onnxruntime.export import export_onnx, preprocess_onnx
+from tools.deploy.onnxruntime.outliers import without_outlier_images
 from tools.deploy.onnxruntime.quantize import static_quantize_onnx
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.profiling.static import weight_layer_macs
@@ -94,7 +95,8 @@ class StaticInt8Build:
         settings: Int8Settings | None = None,
     ) -> None:
         self.work = Path(work)
-        self.calibration = calibration
+        # images whose activations would set the min-max ranges on their own are left out, and said (notes)
+        self.calibration, self.notes = without_outlier_images(float_model, calibration)
         self.settings = settings or int8_settings()
         fp32 = export_onnx(float_model, example_input[:1], self.work / "float.onnx")
         self.graph = preprocess_onnx(fp32, self.work / "preprocessed.onnx")
@@ -232,10 +234,11 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
                     f"on {ranking.images} calibration images)"
                 )
         extra = [
+            *build.notes,
             f"{self.name}: accuracy control ({len(accuracy_control.images)} validation images, budget "
             f"{accuracy_control.max_drop_points:g} points with one standard error): " + "; ".join(trail),
         ]
-        return self._carried_out(report, target, build.nodes, why, settings, len(calibration), extra)
+        return self._carried_out(report, target, build.nodes, why, settings, len(build.calibration), extra)
 
     def _control(
         self, build: StaticInt8Build, control: AccuracyControl, planned: list[str], ranked: list[str], target: Path
