@@ -39,6 +39,7 @@ __all__ = [
     "own_params",
     "owner_map",
     "ptflops_mapping",
+    "ptflops_type",
     "sync",
     "weights_bytes",
 ]
@@ -56,6 +57,17 @@ def ptflops_mapping() -> dict[type, Callable[..., Any]]:
     except ImportError:  # pragma: no cover - ptflops is a dependency
         return {}
     return dict(MODULES_MAPPING)
+
+
+def ptflops_type(module: nn.Module, mapping: Mapping[type, Any]) -> type | None:
+    """The class of ``mapping`` that counts ``module``: its own, else the nearest base class's (a
+    ``Conv2dStaticSamePadding(nn.Conv2d)`` that pads through a child module is counted as a Conv2d); None if none."""
+    for cls in type(module).__mro__:
+        if cls in mapping:
+            return cls
+        if cls is nn.Module:
+            break
+    return None
 
 
 def is_quantized(module: nn.Module) -> bool:
@@ -99,7 +111,7 @@ def atomic_modules(model: nn.Module) -> dict[str, nn.Module]:
         if any(name.startswith(p) for p in skip_prefixes):
             continue
         has_children = next(module.children(), None) is not None
-        if not has_children or is_quantized(module) or type(module) in mapping:
+        if not has_children or is_quantized(module) or ptflops_type(module, mapping) is not None:
             atomic[name] = module
             if has_children:
                 skip_prefixes.append(f"{name}." if name else "")

@@ -39,6 +39,7 @@ from tools.profiling.modules import (
     own_params,
     owner_map,
     ptflops_mapping,
+    ptflops_type,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,12 +56,8 @@ def _flops_hook_for(module: nn.Module, mapping: Mapping[type, Callable[..., Any]
     """The ptflops hook that counts ``module``: its type's, else the nearest base class's."""
     if is_quantized(module):
         return _quantized_linear_hook if is_quantized_linear(module) else None
-    for cls in type(module).__mro__:
-        if cls in mapping:
-            return mapping[cls]
-        if cls is nn.Module:
-            break
-    return None
+    counted = ptflops_type(module, mapping)
+    return None if counted is None else mapping[counted]
 
 
 def _quantized_linear_hook(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
