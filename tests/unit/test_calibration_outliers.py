@@ -38,6 +38,15 @@ def test_an_image_far_past_the_median_is_found_and_left_out_with_a_note() -> Non
     assert len(notes) == 1 and "image 7" in notes[0] and "1 of 40" in notes[0]
 
 
+def test_the_same_outliers_are_warned_about_once_but_noted_every_time(caplog: pytest.LogCaptureFixture) -> None:
+    images = _images(40)
+    images[11] *= 3 * OUTLIER_RATIO
+    with caplog.at_level("WARNING", logger="tools.deploy.onnxruntime.outliers"):
+        notes = [without_outlier_images(_Net(), images)[1] for _ in range(2)]
+    assert notes[0] == notes[1] and len(notes[0]) == 1 and "image 11" in notes[0][0]
+    assert sum("image 11" in record.getMessage() for record in caplog.records) == 1
+
+
 def test_ordinary_spread_few_images_or_many_far_out_leave_the_calibration_as_it_is() -> None:
     images = _images(40)
     assert outlier_images(_Net(), images) == {}

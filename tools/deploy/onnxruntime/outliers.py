@@ -35,6 +35,9 @@ MIN_IMAGES = 16
 #: changed 3.5 % of the answers on 200 other images and kept float's accuracy; without the worst one only, 9 %.
 MAX_OUTLIER_SHARE = 0.10
 _BATCH = 32
+#: Notes already logged: the int8 profile and the static build calibrate on the same original's images, and the
+#: warning says the same thing each time.
+_LOGGED: set[str] = set()
 
 
 @torch.no_grad()
@@ -79,8 +82,9 @@ def outlier_images(model: nn.Module, images: torch.Tensor) -> dict[int, tuple[st
 
 def without_outlier_images(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
     """``images`` without their outliers (:func:`outlier_images`), and a note naming them (also logged as a
-    warning: the deployment table shows only the deployed candidate's notes); unchanged with fewer
-    than :data:`MIN_IMAGES` images or more than :data:`MAX_OUTLIER_SHARE` of them out that far."""
+    warning, once per process for the same images: the deployment table shows only the deployed candidate's
+    notes); unchanged with fewer than :data:`MIN_IMAGES` images or more than :data:`MAX_OUTLIER_SHARE` of them out
+    that far."""
     if len(images) < MIN_IMAGES:
         return images, []
     found = outlier_images(model, images)
@@ -92,5 +96,7 @@ def without_outlier_images(model: nn.Module, images: torch.Tensor) -> tuple[torc
         f"static int8 calibration: {len(found)} of {len(images)} calibration image(s) left out, whose activations "
         f"would set ONNX Runtime's min-max ranges on their own: {shown}"
     )
-    logger.warning("%s", note)
+    if note not in _LOGGED:
+        _LOGGED.add(note)
+        logger.warning("%s", note)
     return images[keep], [note]
