@@ -90,6 +90,11 @@ def test_auto_deployment_measures_every_runtime_and_never_deploys_a_slower_one(
     candidates = {name: c for name, c in rows.items() if name not in skipped}
     assert {"torch", "torch-ao-dynamic", "onnxruntime"} <= set(candidates)
     assert all(c["error"] is None for c in candidates.values()), candidates
+    # the float runtimes match the PyTorch model's logits: they take its answers instead of running every image
+    floats = [c for c in candidates.values() if c["precision"] == "fp32" and c["backend"] != "torch"]
+    assert floats and all(c["answers_of"] for c in floats), floats
+    assert all(c["accuracy"] == candidates["torch"]["accuracy"] for c in floats), floats
+    assert "Float runtimes checked by their outputs" in (tmp_path / "run" / "report.md").read_text()
     chosen = candidates[deployment["chosen"]]
     assert report["quantized"]["backend"] == deployment["chosen"]
     assert report["quantized"]["runtime"] == chosen["runtime"] and report["quantized"]["precision"]

@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from tools import ops
-from tools.artifacts.io import load_module
+from tools.artifacts.io import load_compressed, load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
+from tools.deploy.budget import INT8_MARGIN, split_budget
 from tools.deploy.choice import (
     ALTERNATIVE_MARGIN,
     DeployCandidate,
@@ -38,7 +39,7 @@ from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
 from tools.models.base import example_input
 from tools.profiling.static import mac_shares
-from tools.schemas import AccuracyBudget, InputShape, PairedAccuracy, QuantizationRecommendation
+from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.stats import drop_points
 from tools.text import first_line
 
@@ -77,9 +78,12 @@ class _Judge:
 
 #: Synthetic inputs static int8 is calibrated on when the run has no data.
 SYNTHETIC_SAMPLES = 32
-#: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
-#: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
-INT8_MARGIN = 0.10
+#: A float runtime (ONNX Runtime or OpenVINO FP32) computes what the PyTorch model computes, up to rounding: when its
+#: logits on the first FLOAT_CHECK_IMAGES evaluation images are within FLOAT_TOLERANCE of the model's (relative to
+#: their largest magnitude), with the same top-1 answers, it takes the model's answers on every evaluation image
+#: instead of running them all (a 224-px EfficientNet-B0: two runtimes of 375 images, about 20 s a deployment).
+FLOAT_CHECK_IMAGES = 32
+FLOAT_TOLERANCE = 1e-3
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
 
@@ -95,85 +99,6 @@ def candidate_backends(choice: str) -> list[str]:
 def is_mixed(backend: str) -> bool:
     """Whether ``backend`` is a mixed-precision (accuracy-controlled) one."""
     return backend in BACKENDS and BACKENDS[backend].mixed_of is not None
-
-
-def _least_damage_as_fast(chosen: DeployCandidate, int8: list[DeployCandidate]) -> DeployCandidate:
-    """The int8 candidate of the original whose loss is reserved: the least damaging one within budget that runs
-    within :data:`INT8_MARGIN` of ``chosen`` (the fastest), ``chosen`` itself when none loses less. Reserving the
-    fastest's loss when another int8 nearly as fast loses nothing takes pruning room for a few percent of speed
-    (CIFAR ResNet-20 on an AVX2 CPU: OpenVINO int8 3.40 ms, -0.36 points; ONNX Runtime static int8 3.60 ms, +0.25)."""
-    if chosen.latency_s is None:
-        return chosen
-    limit = chosen.latency_s * (1 + INT8_MARGIN)
-    as_fast = [
-        c for c in int8 if c.source is None and c.within_budget and c.latency_s is not None and c.latency_s <= limit
-    ]
-    return min([chosen, *as_fast], key=lambda c: (max(float(c.accuracy_drop_points or 0.0), 0.0), c is not chosen))
-
-
-def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
-    """The accuracy budget split from the original's deployment table (``original``: :func:`deploy` of the original,
-    every int8 at full precision). "int8" here is every precision below FP32 (int8, bf16): the chosen candidate's
-    loss (or that of one nearly as fast that loses less: :func:`_least_damage_as_fast`) is kept for int8 (at least
-    0, at most half the budget); when every int8 candidate ran over the budget, half of it (mixed precision will need
-    room); when an FP32 runtime is chosen, when the int8 chosen is less than :data:`INT8_MARGIN` faster than the
-    fastest FP32 runtime, or when the accuracy is unknown, nothing."""
-
-    def is_int8(c: DeployCandidate) -> bool:
-        return c.precision != PRECISION_FP32
-
-    half = round(total_points / 2, 4)
-    chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)
-    ran = [c for c in original.candidates if c.ran and is_int8(c) and c.accuracy_drop_points is not None]
-    floats = [
-        c.latency_s
-        for c in original.candidates
-        if c.ran and not is_int8(c) and c.source is None and c.within_budget and c.latency_s is not None
-    ]
-    fastest_float = min(floats, default=None)
-    measured: str | None = None
-    if (
-        chosen is not None
-        and is_int8(chosen)
-        and chosen.latency_s is not None
-        and fastest_float is not None
-        and chosen.latency_s > fastest_float * (1 - INT8_MARGIN)
-    ):  # int8 that is not really faster than float here is not worth pruning room
-        reserve = 0.0
-        why = (
-            f"{chosen.backend} of the original, the fastest, runs at {1e3 * chosen.latency_s:.2f} ms, within "
-            f"{100 * INT8_MARGIN:.0f} % of the fastest float runtime ({1e3 * fastest_float:.2f} ms): int8 is not worth "
-            "pruning room on this CPU"
-        )
-    elif chosen is not None and is_int8(chosen) and chosen.accuracy_drop_points is not None:
-        kept = _least_damage_as_fast(chosen, ran)
-        reserve = min(max(float(kept.accuracy_drop_points or 0.0), 0.0), half)
-        paired = kept.paired
-        interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
-        drop = float(kept.accuracy_drop_points or 0.0)
-        change = f"loses {drop:.2f}" if drop >= 0 else f"gains {-drop:.2f}"
-        which = (
-            "the fastest within budget"
-            if kept is chosen
-            else f"the least damaging int8 within {100 * INT8_MARGIN:.0f} % of the fastest ({chosen.backend})"
-        )
-        why = f"{kept.backend} of the original, {which}, {change} points (drop{interval}) on the evaluation images"
-        measured = kept.backend
-    elif ran and not any(c.within_budget for c in ran):
-        reserve, measured = half, None
-        why = "every int8 deployment of the original is over the budget: half is kept for mixed-precision int8"
-    else:
-        reserve, measured = 0.0, None
-        why = "the original deploys in float (no int8 faster within the budget, or accuracy unknown)"
-    reserve = round(reserve, 4)
-    pruning = round(total_points - reserve, 4)
-    return AccuracyBudget(
-        total_points=total_points,
-        int8_reserve_points=reserve,
-        pruning_points=pruning,
-        measured_with=measured,
-        why=f"{total_points:g} points: {reserve:.2f} kept for int8 ({why}), {pruning:.2f} for pruning",
-    )
 
 
 def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
@@ -271,6 +196,8 @@ def _measure(
                 reuse=[Path(root) / backend for root in prebuilt],
             )
             candidate.float_layers = dict(built.get("float_layers") or {})
+            if precision == PRECISION_FP32:
+                candidate.answers_of = _float_twin(artifact, source_dir, original_dir, shape, spec)
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = drop_points(baseline_accuracy, metrics.accuracy, metrics.paired)
         luck = luck_of(source_dir)
@@ -296,6 +223,39 @@ def _measure(
         return candidate
     finally:
         marker.unlink(missing_ok=True)
+
+
+def _float_twin(
+    artifact: Path, source_dir: Path, original_dir: Path, shape: InputShape, spec: ops.EvalSpec
+) -> str | None:
+    """When the float-runtime ``artifact`` matches the PyTorch model at ``source_dir`` (see :data:`FLOAT_TOLERANCE`),
+    that model's answers saved as its own and a line saying how closely it matched; else None (it is evaluated on
+    every image like any other candidate)."""
+    from tools.evaluation.paired import adopt_predictions
+    from tools.models.base import logits_of
+    from tools.run_data import first_evaluated_images
+
+    try:
+        images = first_evaluated_images(original_dir, shape, spec, FLOAT_CHECK_IMAGES)
+        source = ops.predictions_on(source_dir, original_dir, shape, spec, "evaluation", desc="float model")
+        if images is None or source is None or source.stopped_early:
+            return None
+        with torch.no_grad():
+            want = logits_of(load_compressed(source_dir)(images)).float()
+            got = logits_of(load_compressed(artifact)(images)).float()
+    except Exception as exc:  # the check is a shortcut: the full evaluation follows, and says what is wrong
+        logger.info("float runtime %s not checked against its model: %s", artifact, first_line(exc))
+        return None
+    scale = max(float(want.abs().max()), 1e-6)
+    gap = float((want - got).abs().max()) if want.shape == got.shape else float("inf")
+    if gap > FLOAT_TOLERANCE * scale or not torch.equal(want.argmax(-1), got.argmax(-1)):
+        return None
+    how = (
+        f"logits within {gap:.1e} of the PyTorch model's (largest {scale:.3g}), the same top-1, on the first "
+        f"{images.shape[0]} evaluation images: takes its answers on all {len(source.predictions):,}"
+    )
+    adopt_predictions(artifact, spec.part_label("evaluation"), spec.part("evaluation"), spec.model_dump(), source, how)
+    return how
 
 
 def attempt_marker(artifact_dir: Path) -> Path:

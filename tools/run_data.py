@@ -33,6 +33,7 @@ __all__ = [
     "calibration_batch",
     "check_data",
     "finetune_batch",
+    "first_evaluated_images",
     "match_dataset_labels",
     "part_sizes",
     "preprocess_of",
@@ -317,6 +318,20 @@ def calibration_batch(
         mapping = {int(k): int(v) for k, v in (spec.label_match.get("mapping") or {}).items()}
         targets = torch.tensor([mapping.get(int(label), -1) for label in data.labels])
     return Calibration(images=images, targets=targets)
+
+
+def first_evaluated_images(original_dir: Path, shape: InputShape, spec: EvalSpec, count: int) -> torch.Tensor | None:
+    """The first ``count`` images the evaluation runs (those of matched classes, in its order), preprocessed as one
+    batch; None without a dataset or matched labels."""
+    if spec.dataset is None or spec.label_match is None:
+        return None
+    data = spec.part("evaluation")
+    matched = {int(k) for k in (spec.label_match.get("mapping") or {})}
+    keep = [i for i, label in enumerate(data.labels) if int(label) in matched][:count]
+    if not keep:
+        return None
+    images: torch.Tensor = preprocess_of(original_dir, shape)([data.images[i] for i in keep])
+    return images
 
 
 def finetune_batch(original_dir: Path, shape: InputShape, spec: EvalSpec) -> torch.Tensor | None:

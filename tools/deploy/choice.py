@@ -73,6 +73,11 @@ class DeployCandidate(BaseModel):
     source: str | None = Field(
         default=None, description="The model it was built from when not the best one (a round with more headroom)."
     )
+    answers_of: str | None = Field(
+        default=None,
+        description="A float runtime whose logits matched the PyTorch model's on the first evaluation images takes "
+        "that model's answers on the others: how closely it matched (None: evaluated on every image).",
+    )
     half_luck_points: float | None = Field(
         default=None,
         description="Built from a distilled round's student, judged on half the evaluation images: how far the "

@@ -43,6 +43,7 @@ __all__ = [
     "ImagePredictions",
     "PartAccuracy",
     "StopRule",
+    "adopt_predictions",
     "load_predictions",
     "pair",
     "paired_accuracy",
@@ -270,10 +271,30 @@ def predictions_for(
         load(), preprocess, data, match, batch_size=batch_size, device=device, progress=progress, desc=desc, stop=stop
     )
     stopped = len(preds) < sum(1 for label in data.labels if label in match.mapping)
-    shown = {k: v for k, v in spec.items() if k not in ("label_match", "batch_size", "device", "progress")}
-    result = ImagePredictions(key=key, spec=shown, predictions=preds, correct=correct, stopped_early=stopped)
+    result = ImagePredictions(key=key, spec=_shown(spec), predictions=preds, correct=correct, stopped_early=stopped)
     save_predictions(path, result)
     return result
+
+
+def adopt_predictions(
+    artifact_dir: Path, part: str, data: EvalDataset, spec: dict[str, Any], source: ImagePredictions, how: str
+) -> ImagePredictions:
+    """``source``'s predictions saved as ``artifact_dir``'s on ``part`` (:func:`predictions_for` then reads them):
+    for a float runtime of the same model whose outputs were checked to match (``how`` says how closely)."""
+    mapping = (spec.get("label_match") or {}).get("mapping")
+    key = prediction_key(artifact_dir, str(spec.get("dataset")), part, data, mapping)
+    result = ImagePredictions(
+        key=key,
+        spec=_shown(spec) | {"adopted": how},
+        predictions=list(source.predictions),
+        correct=list(source.correct),
+    )
+    save_predictions(predictions_path(artifact_dir, part), result)
+    return result
+
+
+def _shown(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in ("label_match", "batch_size", "device", "progress")}
 
 
 def predictions_path(artifact_dir: Path, part: str) -> Path:

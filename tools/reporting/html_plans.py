@@ -22,7 +22,7 @@ from tools.reporting.html_parts import (
     short,
     table,
 )
-from tools.reporting.paired_text import agreement, delta_ci_html, stopped_text
+from tools.reporting.paired_text import agreement, delta_ci_html, float_twins_text, stopped_text
 from tools.schemas import PairedAccuracy, PruningRecommendation, QuantizationRecommendation, RoundResult, RunReport
 
 
@@ -215,6 +215,8 @@ def deployment(report: RunReport) -> str:
     why = f"<p>Deployed: <b>{esc(choice['chosen'])}</b>{built} — {esc(choice['why'])}.</p>"
     if choice.get("calibration"):
         why += f'<p class="muted small">Static int8 candidates were calibrated on {esc(choice["calibration"])}.</p>'
+    if twins := float_twins_text(choice.get("candidates") or []):
+        why += f'<p class="muted small">{esc(twins)}</p>'
 
     original = choice.get("original_latency_s")
     note = (

@@ -85,6 +85,14 @@ def _signed(points: float) -> str:
     return f"{round(points, 2) + 0.0:+.2f}"
 
 
+def float_twins_text(candidates: list[dict[str, Any]]) -> str | None:
+    """One line naming the float runtimes that took their PyTorch model's answers (``answers_of``), None if none."""
+    twins = [f"{c['backend']}: {c['answers_of']}" for c in candidates if c.get("answers_of")]
+    if not twins:
+        return None
+    return f"Float runtimes checked by their outputs instead of run on every image ({'; '.join(twins)})."
+
+
 def stopped_text(
     rows: list[tuple[str, PairedAccuracy | dict[str, Any] | None]], images: int, halves: set[int] | None = None
 ) -> str | None:

@@ -25,7 +25,15 @@ from tools.reporting.format import (
 )
 from tools.reporting.html_parts import shape_text
 from tools.reporting.int8_view import markdown_lines as int8_lines
-from tools.reporting.paired_text import agreement, change_ci, holdout_text, selection_text, split_text, stopped_text
+from tools.reporting.paired_text import (
+    agreement,
+    change_ci,
+    float_twins_text,
+    holdout_text,
+    selection_text,
+    split_text,
+    stopped_text,
+)
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
 from tools.schemas import Int8Sensitivity, PairedAccuracy, RunReport, SensitivityProfile
 
@@ -274,6 +282,8 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves
     rows = [(candidate_label(c), c.get("paired")) for c in deployment.get("candidates") or []]
     stopped = stopped_text(rows, images, halves)
     lines += ["", stopped] if stopped else []
+    twins = float_twins_text(deployment.get("candidates") or [])
+    lines += ["", twins] if twins else []
     original = deployment.get("original_latency_s")
     if original:
         lines += ["", f"The original FP32 PyTorch model in the same comparison: {millis(original)}."]

@@ -1,0 +1,52 @@
+"""A float runtime whose logits match its PyTorch model's on the first evaluation images takes the model's answers;
+one that differs, or a model whose own evaluation stopped early, is evaluated on every image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tools import deployment
+from tools.evaluation.paired import ImagePredictions
+
+LOGITS = torch.tensor([[2.0, 0.5, -1.0], [0.1, 3.0, 0.2], [1.0, 1.1, 0.9]])
+
+
+class _Spec:
+    def part_label(self, part: str) -> str:
+        return part
+
+    def part(self, part: str) -> str:
+        return part
+
+    def model_dump(self) -> dict[str, Any]:
+        return {}
+
+
+def _twin(monkeypatch: pytest.MonkeyPatch, runtime_logits: torch.Tensor, stopped: bool = False) -> tuple[Any, list]:
+    source = ImagePredictions(key={}, predictions=[0, 1, 1], correct=[1, 1, 0], stopped_early=stopped)
+    adopted: list[Any] = []
+    monkeypatch.setattr("tools.run_data.first_evaluated_images", lambda *a: torch.zeros(3, 3, 4, 4))
+    monkeypatch.setattr(deployment.ops, "predictions_on", lambda *a, **k: source)
+    models = {"model": lambda x: LOGITS, "runtime": lambda x: runtime_logits}
+    monkeypatch.setattr(deployment, "load_compressed", lambda path: models[Path(path).name])
+    monkeypatch.setattr("tools.evaluation.paired.adopt_predictions", lambda *a: adopted.append(a))
+    how = deployment._float_twin(Path("runtime"), Path("model"), Path("model"), None, _Spec())  # type: ignore[arg-type]
+    return how, adopted
+
+
+def test_matching_logits_take_the_models_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    how, adopted = _twin(monkeypatch, LOGITS + 1e-6)
+    assert how and "first 3 evaluation images" in how and len(adopted) == 1
+    assert adopted[0][4].predictions == [0, 1, 1]
+
+
+def test_a_runtime_that_differs_or_a_stopped_model_is_evaluated_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    shifted = LOGITS.clone()
+    shifted[2, 0] += 0.2  # the third image's answer changes: 1 -> 0
+    assert _twin(monkeypatch, shifted) == (None, [])
+    assert _twin(monkeypatch, LOGITS + 0.05) == (None, []), "within rounding of every answer, but 2.5 % off"
+    assert _twin(monkeypatch, LOGITS, stopped=True) == (None, [])

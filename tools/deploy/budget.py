@@ -1,0 +1,97 @@
+"""One accuracy budget for pruning and int8: how much of it the original's int8 deployment keeps back.
+
+The int8 damage of the original is cheap to measure before pruning starts (the original through every runtime,
+:func:`tools.deployment.deploy`); :func:`split_budget` keeps that much of the budget in reserve, so that the pruning
+search does not choose a round that int8 then pushes over.
+"""
+
+from __future__ import annotations
+
+from tools.deploy.base import PRECISION_FP32
+from tools.deploy.choice import DeployCandidate, DeployChoice
+from tools.schemas import AccuracyBudget
+
+__all__ = ["INT8_MARGIN", "split_budget"]
+
+#: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
+#: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
+INT8_MARGIN = 0.10
+
+
+def _least_damage_as_fast(chosen: DeployCandidate, int8: list[DeployCandidate]) -> DeployCandidate:
+    """The int8 candidate of the original whose loss is reserved: the least damaging one within budget that runs
+    within :data:`INT8_MARGIN` of ``chosen`` (the fastest), ``chosen`` itself when none loses less. Reserving the
+    fastest's loss when another int8 nearly as fast loses nothing takes pruning room for a few percent of speed
+    (CIFAR ResNet-20 on an AVX2 CPU: OpenVINO int8 3.40 ms, -0.36 points; ONNX Runtime static int8 3.60 ms, +0.25)."""
+    if chosen.latency_s is None:
+        return chosen
+    limit = chosen.latency_s * (1 + INT8_MARGIN)
+    as_fast = [
+        c for c in int8 if c.source is None and c.within_budget and c.latency_s is not None and c.latency_s <= limit
+    ]
+    return min([chosen, *as_fast], key=lambda c: (max(float(c.accuracy_drop_points or 0.0), 0.0), c is not chosen))
+
+
+def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
+    """The accuracy budget split from the original's deployment table (``original``: :func:`deploy` of the original,
+    every int8 at full precision). "int8" here is every precision below FP32 (int8, bf16): the chosen candidate's
+    loss (or that of one nearly as fast that loses less: :func:`_least_damage_as_fast`) is kept for int8 (at least
+    0, at most half the budget); when every int8 candidate ran over the budget, half of it (mixed precision will need
+    room); when an FP32 runtime is chosen, when the int8 chosen is less than :data:`INT8_MARGIN` faster than the
+    fastest FP32 runtime, or when the accuracy is unknown, nothing."""
+
+    def is_int8(c: DeployCandidate) -> bool:
+        return c.precision != PRECISION_FP32
+
+    half = round(total_points / 2, 4)
+    chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)
+    ran = [c for c in original.candidates if c.ran and is_int8(c) and c.accuracy_drop_points is not None]
+    floats = [
+        c.latency_s
+        for c in original.candidates
+        if c.ran and not is_int8(c) and c.source is None and c.within_budget and c.latency_s is not None
+    ]
+    fastest_float = min(floats, default=None)
+    measured: str | None = None
+    if (
+        chosen is not None
+        and is_int8(chosen)
+        and chosen.latency_s is not None
+        and fastest_float is not None
+        and chosen.latency_s > fastest_float * (1 - INT8_MARGIN)
+    ):  # int8 that is not really faster than float here is not worth pruning room
+        reserve = 0.0
+        why = (
+            f"{chosen.backend} of the original, the fastest, runs at {1e3 * chosen.latency_s:.2f} ms, within "
+            f"{100 * INT8_MARGIN:.0f} % of the fastest float runtime ({1e3 * fastest_float:.2f} ms): int8 is not worth "
+            "pruning room on this CPU"
+        )
+    elif chosen is not None and is_int8(chosen) and chosen.accuracy_drop_points is not None:
+        kept = _least_damage_as_fast(chosen, ran)
+        reserve = min(max(float(kept.accuracy_drop_points or 0.0), 0.0), half)
+        paired = kept.paired
+        interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
+        drop = float(kept.accuracy_drop_points or 0.0)
+        change = f"loses {drop:.2f}" if drop >= 0 else f"gains {-drop:.2f}"
+        which = (
+            "the fastest within budget"
+            if kept is chosen
+            else f"the least damaging int8 within {100 * INT8_MARGIN:.0f} % of the fastest ({chosen.backend})"
+        )
+        why = f"{kept.backend} of the original, {which}, {change} points (drop{interval}) on the evaluation images"
+        measured = kept.backend
+    elif ran and not any(c.within_budget for c in ran):
+        reserve, measured = half, None
+        why = "every int8 deployment of the original is over the budget: half is kept for mixed-precision int8"
+    else:
+        reserve, measured = 0.0, None
+        why = "the original deploys in float (no int8 faster within the budget, or accuracy unknown)"
+    reserve = round(reserve, 4)
+    pruning = round(total_points - reserve, 4)
+    return AccuracyBudget(
+        total_points=total_points,
+        int8_reserve_points=reserve,
+        pruning_points=pruning,
+        measured_with=measured,
+        why=f"{total_points:g} points: {reserve:.2f} kept for int8 ({why}), {pruning:.2f} for pruning",
+    )
