@@ -116,7 +116,7 @@ class PruningContext:
 
         self.qkv, self.head_dims = {}, {}
         for name, (module, spec) in attention_modules(model).items():
-            for proj in (spec.q, spec.k, spec.v):
+            for proj in spec.qkv_layers:
                 self.qkv[getattr(module, proj)] = name
                 self.head_dims[getattr(module, proj)] = name
             self.head_dims[getattr(module, spec.o)] = name

@@ -4,8 +4,9 @@ A ``head`` recommendation's ``layer`` is a regex matched against the name of a h
 module *or* the names of its q/k/v/o projections (``attention`` and ``attention\\.q_proj`` select the same
 modules). ``round(ratio * heads)`` heads are removed (at least one is kept), ranked by the norm of each
 head's q/k/v rows and o columns (``HEAD_NORM_P``; other criteria rank randomly). Supported attention
-classes are listed in ``ATTENTION_SPECS`` (ViT, DeiT, Swin, DINOv2 with and without registers, ViT-MSN,
-I-JEPA, BEiT); a new family is one table entry.
+classes are listed in ``ATTENTION_SPECS`` (Hugging Face ViT, DeiT, Swin, DINOv2 with and without registers, ViT-MSN,
+I-JEPA, BEiT; timm's ``Attention`` of its ViT, DeiT and other transformers and its Swin ``WindowAttention``, whose
+query, key and value share one fused ``qkv`` layer); a new family is one table entry.
 
 A ``head_dim`` recommendation keeps every head and narrows each one instead: ``round(ratio * head_dim)``
 of each head's dimensions are removed (at least one is kept), the same number in every head (the forward
@@ -46,6 +47,8 @@ class AttentionSpec:
     ``size_attrs``: attributes holding ``heads * head_dim`` that the forward may read.
     ``parent_per_head_params``: the same, relative to the module that holds the attention (BEiT's layer holds the
     relative position bias it passes in as the attention mask); a path that is not there (no such bias) is skipped.
+    ``fused_qkv``: one Linear whose outputs hold q, k and v in that order (timm's ``qkv``), instead of q, k and v.
+    ``head_dim_attr``: a module without it (timm's ``WindowAttention``) has ``o``'s inputs / heads dimensions a head.
     """
 
     q: str = "q_proj"
@@ -57,10 +60,24 @@ class AttentionSpec:
     size_attrs: tuple[str, ...] = ("all_head_size",)
     per_head_params: tuple[tuple[str, int], ...] = ()
     parent_per_head_params: tuple[tuple[str, int], ...] = ()
+    fused_qkv: str = ""
 
     @property
-    def projections(self) -> tuple[str, str, str, str]:
-        return (self.q, self.k, self.v, self.o)
+    def qkv_layers(self) -> tuple[str, ...]:
+        """The layers that compute the queries, keys and values: ``q``, ``k``, ``v``, or the one fused layer."""
+        return (self.fused_qkv,) if self.fused_qkv else (self.q, self.k, self.v)
+
+    @property
+    def projections(self) -> tuple[str, ...]:
+        return (*self.qkv_layers, self.o)
+
+
+def head_dim_of(module: nn.Module, spec: AttentionSpec) -> int:
+    """Dimensions of each head of ``module``: its ``head_dim_attr``, else the output projection's inputs per head."""
+    value = getattr(module, spec.head_dim_attr, None)
+    if isinstance(value, int):
+        return value
+    return int(getattr(module, spec.o).in_features) // max(1, int(getattr(module, spec.heads_attr)))
 
 
 _VIT_LIKE = AttentionSpec()
@@ -78,6 +95,12 @@ ATTENTION_SPECS: dict[str, AttentionSpec] = {
     ),
     "SwinAttention": AttentionSpec(
         per_head_params=(("relative_position_bias.relative_position_bias_table", 1),),
+    ),
+    # timm 1.x (timm.layers.Attention: ViT, DeiT and others; its forward reshapes by num_heads, head_dim, attn_dim)
+    "Attention": AttentionSpec(o="proj", heads_attr="num_heads", size_attrs=("attn_dim",), fused_qkv="qkv"),
+    # timm's Swin: the relative-position bias table has a column per head; the forward reshapes by num_heads
+    "WindowAttention": AttentionSpec(
+        o="proj", heads_attr="num_heads", fused_qkv="qkv", per_head_params=(("relative_position_bias_table", 1),)
     ),
 }
 
@@ -135,7 +158,7 @@ def _head_scores(
     gen: torch.Generator,
     scores: ChannelScores | None,
 ) -> Any:
-    head_dim = int(getattr(module, spec.head_dim_attr))
+    head_dim = head_dim_of(module, spec)
     if importance in DATA_AWARE:  # the output projection's scores of the head's channels
         o_proj: nn.Linear = getattr(module, spec.o)
         channel = (scores or {}).get(o_proj)
@@ -146,12 +169,13 @@ def _head_scores(
         return torch.rand(heads, generator=gen)
     p = HEAD_NORM_P[importance]
     magnitude = torch.zeros(heads)
-    for proj in (spec.q, spec.k, spec.v):
+    parts = 3 if spec.fused_qkv else 1  # a fused layer's outputs: q's heads, then k's, then v's
+    for proj in spec.qkv_layers:
         layer: nn.Linear = getattr(module, proj)
-        w = layer.weight.detach().float().abs().pow(p).reshape(heads, head_dim, -1).sum(dim=(1, 2))
+        w = layer.weight.detach().float().abs().pow(p).reshape(parts, heads, head_dim, -1).sum(dim=(0, 2, 3))
         magnitude += w.cpu()
         if layer.bias is not None:
-            magnitude += layer.bias.detach().float().abs().pow(p).reshape(heads, head_dim).sum(1).cpu()
+            magnitude += layer.bias.detach().float().abs().pow(p).reshape(parts, heads, head_dim).sum((0, 2)).cpu()
     o: nn.Linear = getattr(module, spec.o)
     magnitude += o.weight.detach().float().abs().pow(p).reshape(-1, heads, head_dim).sum(dim=(0, 2)).cpu()
     return magnitude
@@ -175,8 +199,9 @@ def _layout_problem(module: nn.Module, spec: AttentionSpec, heads: int, head_dim
     for proj in spec.projections:
         layer = getattr(module, proj)
         size = layer.in_features if proj == spec.o else layer.out_features
-        if size != heads * head_dim:
-            return f"{proj} has {size} features, not {heads} heads x {head_dim}"
+        parts = 3 if proj == spec.fused_qkv else 1
+        if size != parts * heads * head_dim:
+            return f"{proj} has {size} features, not {parts * heads} heads x {head_dim}"
     return None
 
 
@@ -199,7 +224,7 @@ def kept_count(n: int, ratio: float, round_to: int | None) -> int:
 def narrowable(module: nn.Module, spec: AttentionSpec) -> bool:
     """Whether ``module``'s heads can be narrowed: it keeps its softmax scale in ``scaling`` (so narrowing does
     not change it) and its heads have more than one dimension."""
-    return isinstance(getattr(module, "scaling", None), float) and int(getattr(module, spec.head_dim_attr)) > 1
+    return not spec.fused_qkv and isinstance(getattr(module, "scaling", None), float) and head_dim_of(module, spec) > 1
 
 
 def _prune_heads_of(
@@ -213,7 +238,7 @@ def _prune_heads_of(
     parent: nn.Module | None = None,
 ) -> tuple[int, int] | str:
     heads = int(getattr(module, spec.heads_attr))
-    head_dim = int(getattr(module, spec.head_dim_attr))
+    head_dim = head_dim_of(module, spec)
     n_prune = min(heads - 1, math.floor(ratio * heads + 0.5))
     if n_prune <= 0:
         return f"ratio {ratio} removes no head of {heads}" if heads > 1 else "has a single head"
@@ -223,9 +248,11 @@ def _prune_heads_of(
     ranking = _head_scores(module, spec, heads, importance, gen, scores)
     kept_heads = torch.sort(torch.argsort(ranking, descending=True, stable=True)[: heads - n_prune]).values
     keep = (kept_heads[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
+    # a fused layer keeps the same heads of each of its three parts
+    keep_qkv = torch.cat([keep + part * heads * head_dim for part in range(3)]) if spec.fused_qkv else keep
     with torch.no_grad():
-        for proj in (spec.q, spec.k, spec.v):
-            _slice_linear(getattr(module, proj), keep, 0)
+        for proj in spec.qkv_layers:
+            _slice_linear(getattr(module, proj), keep_qkv, 0)
         _slice_linear(getattr(module, spec.o), keep, 1)
         per_head = [(module, path, dim, True) for path, dim in spec.per_head_params]
         per_head += [(parent, path, dim, False) for path, dim in spec.parent_per_head_params if parent is not None]
@@ -266,7 +293,7 @@ def _prune_head_dims_of(
     """Narrow every head of ``module`` (see module doc) to a multiple of ``round_to`` dimensions (0: any
     width). Returns (head_dim before, after) or why not."""
     heads = int(getattr(module, spec.heads_attr))
-    head_dim = int(getattr(module, spec.head_dim_attr))
+    head_dim = head_dim_of(module, spec)
     if not narrowable(module, spec):
         return "its forward derives the softmax scale from head_dim, or heads have one dimension: not narrowed"
     if round_to and head_dim <= round_to:
@@ -379,6 +406,7 @@ __all__ = [
     "apply_heads",
     "attention_modules",
     "has_attention",
+    "head_dim_of",
     "head_targets",
     "kept_count",
     "narrowable",

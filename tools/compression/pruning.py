@@ -57,7 +57,7 @@ from torch import nn
 
 from tools.compression.channels import apply_structured, channel_issue, new_context, prunable_names
 from tools.compression.forward import ExampleInputs, check_forward, one_line, restore, snapshot
-from tools.compression.heads import apply_heads, attention_modules, head_targets, narrowable
+from tools.compression.heads import apply_heads, attention_modules, head_dim_of, head_targets, narrowable
 from tools.compression.importance import DATA_AWARE, get_importance
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
@@ -82,9 +82,7 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     result = PrunableLayers()
     result.heads = {name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention}
     result.head_dims = {
-        f"{name}.{spec.q}": int(getattr(module, spec.head_dim_attr))
-        for name, (module, spec) in attention
-        if narrowable(module, spec)
+        f"{name}.{spec.q}": head_dim_of(module, spec) for name, (module, spec) in attention if narrowable(module, spec)
     }
     shortcuts = find_channel_shortcuts(model, example_inputs)
     if shortcuts:  # traced as convolutions, the model left as it is
