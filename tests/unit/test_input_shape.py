@@ -232,6 +232,29 @@ def test_factory_spec_records_flags_and_defaults() -> None:
     assert old.given("channels") and old.given("image_size")
 
 
+class _TimmStyle(nn.Module):
+    """A model as timm builds it: its ``pretrained_cfg`` says its input size and normalisation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pretrained_cfg = {"input_size": (3, 16, 16), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_a_timm_models_pretrained_cfg_gives_its_normalisation_and_flags_win() -> None:
+    spec = resolve_factory_spec(_TimmStyle().eval(), FactorySpec.from_options("m:timm_style"))
+    assert (spec.image_size, spec.mean, spec.std) == ((16, 16), [0.5] * 3, [0.5] * 3)
+    assert spec.sources["mean"] == "pretrained_cfg.mean" and spec.sources["image_size"] == "pretrained_cfg.input_size"
+    flagged = resolve_factory_spec(_TimmStyle().eval(), FactorySpec.from_options("m:timm_style", mean="0.4"))
+    assert (flagged.mean, flagged.std, flagged.sources["mean"]) == ([0.4] * 3, [0.5] * 3, "--mean")
+    plain = resolve_factory_spec(LeNet().eval(), FactorySpec.from_options(LENET, image_size=28))
+    assert plain.sources["mean"] == "default"
+
+
 def test_lenet_factory_without_channels(lenet_module: Path) -> None:
     loaded = build_factory_model(FactorySpec.from_options(LENET, image_size=28, mean="0", std="1"))
     assert loaded.preprocessing == {"image_size": [28, 28], "channels": 1, "mean": [0.0], "std": [1.0]}

@@ -350,11 +350,48 @@ def _hint_for(model: nn.Module, channels: int) -> str:
 
 
 def resolve_factory_spec(model: nn.Module, spec: FactorySpec) -> FactorySpec:
-    """``spec`` with the channels and image size it did not get from a flag resolved from ``model``.
+    """``spec`` with the channels, image size, mean and std it did not get from a flag resolved from ``model`` (the
+    mean and std from a timm model's ``pretrained_cfg``; else ImageNet's stay).
 
     Flags win: a flag's value is the only candidate for its number, and when the flags do not run the
     model the error says what the model suggests. ``spec.sources`` records where each number came from.
     """
+    return _normalisation_of(model, _resolve_shape_of(model, spec))
+
+
+def _timm_normalisation(model: nn.Module, channels: int) -> tuple[list[float], list[float]] | None:
+    """The per-channel mean and std a timm model was trained with (its ``pretrained_cfg``), when they fit."""
+    for attr in ("pretrained_cfg", "default_cfg"):
+        cfg = getattr(model, attr, None)
+        if not isinstance(cfg, dict):
+            continue
+        mean, std = _floats(cfg.get("mean"), channels), _floats(cfg.get("std"), channels)
+        if mean is not None and std is not None and all(x > 0 for x in std):
+            return mean, std
+    return None
+
+
+def _floats(value: object, count: int) -> list[float] | None:
+    """``value`` as ``count`` floats, None when it is not a sequence of that many numbers."""
+    if isinstance(value, list | tuple) and len(value) == count and all(isinstance(x, int | float) for x in value):
+        return [float(x) for x in value]
+    return None
+
+
+def _normalisation_of(model: nn.Module, spec: FactorySpec) -> FactorySpec:
+    """``spec`` with the mean and std it did not get from a flag taken from the model's timm ``pretrained_cfg``
+    (timm's ViTs trained with AugReg use 0.5, not ImageNet's statistics); unchanged without one."""
+    found = _timm_normalisation(model, spec.channels)
+    wanted = [name for name in ("mean", "std") if not spec.given(name)]
+    if found is None or not wanted:
+        return spec
+    values = dict(zip(("mean", "std"), found, strict=True))
+    update: dict[str, object] = {name: values[name] for name in wanted}
+    update["sources"] = {**spec.sources, **{name: f"pretrained_cfg.{name}" for name in wanted}}
+    return spec.model_copy(update=update)
+
+
+def _resolve_shape_of(model: nn.Module, spec: FactorySpec) -> FactorySpec:
     channels_given, size_given = spec.given("channels"), spec.given("image_size")
     if channels_given and size_given:
         shape = InputShape(channels=spec.channels, height=spec.image_size[0], width=spec.image_size[1])
