@@ -21,18 +21,31 @@ DIM, HEADS, TOKENS = 24, 4, 9
 class Attention(nn.Module):
     """timm.layers.Attention (1.0): one ``qkv`` layer, a forward that reshapes by num_heads, head_dim, attn_dim."""
 
+    fused_attn = True
+
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.attn_dim = num_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, self.attn_dim * 3, bias=True)
         self.proj = nn.Linear(self.attn_dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v)
+        if self.fused_attn:  # the kernel's scale: 1 / sqrt(q's width)
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            x = ((q * self.scale) @ k.transpose(-2, -1)).softmax(-1) @ v
         return self.proj(x.transpose(1, 2).reshape(b, n, self.attn_dim))
+
+
+class UnfusedAttention(Attention):
+    fused_attn = False
+
+
+UnfusedAttention.__name__ = "Attention"
 
 
 class WindowAttention(nn.Module):
@@ -41,6 +54,7 @@ class WindowAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
         self.qkv = nn.Linear(dim, dim * 3)
         self.proj = nn.Linear(dim, dim)
         self.relative_position_bias_table = nn.Parameter(torch.randn(TOKENS * TOKENS, num_heads))
@@ -104,7 +118,7 @@ def _zero_head(attention: nn.Module, head: int) -> None:
         attention.proj.weight[:, head * dim : (head + 1) * dim] = 0
 
 
-@pytest.mark.parametrize("attention", [Attention, WindowAttention])
+@pytest.mark.parametrize("attention", [Attention, UnfusedAttention, WindowAttention])
 def test_a_silent_head_is_removed_and_the_model_computes_what_it_did(attention: type[nn.Module]) -> None:
     model = Net(attention).eval()
     _zero_head(model.blocks[1].attn, 2)
@@ -118,7 +132,7 @@ def test_a_silent_head_is_removed_and_the_model_computes_what_it_did(attention: 
     assert [(a.before, a.after) for a in report.applied] == [(HEADS, HEADS - 1)] and attn.num_heads == HEADS - 1
     width = (HEADS - 1) * DIM // HEADS
     assert attn.qkv.out_features == 3 * width and attn.proj.in_features == width
-    if attention is Attention:
+    if attention is not WindowAttention:
         assert attn.attn_dim == attn.proj.in_features
     else:
         assert attn.relative_position_bias_table.shape[1] == HEADS - 1
@@ -130,7 +144,8 @@ def test_fused_heads_are_sensitivity_units_and_not_channels() -> None:
     layers = prunable_layers(model, _images())
     units = prunable_units(layers.model_dump())
     assert {u.modules[0] for u in units if u.pruning_type == "head"} == {"blocks.0.attn", "blocks.1.attn"}
-    assert not [u for u in units if u.pruning_type == "head_dim"], "its fused softmax scale follows head_dim"
+    assert {u.modules[0] for u in units if u.pruning_type == "head_dim"} == {"blocks.0.attn", "blocks.1.attn"}
+    assert layers.head_dims == {"blocks.0.attn.qkv": DIM // HEADS, "blocks.1.attn.qkv": DIM // HEADS}
     assert not any("qkv" in m for u in units if u.pruning_type == "structured" for m in u.modules)
     assert "blocks.0.attn.qkv" not in layers.structured
 
@@ -143,3 +158,26 @@ def test_a_forward_that_cannot_take_fewer_heads_is_rolled_back_with_its_reason()
     report = apply_pruning(model, [rec], x, PruningConfig(importance="l2"))
     assert not report.applied and report.skipped and model.blocks[0].attn.num_heads == HEADS
     torch.testing.assert_close(model(x), before)
+
+
+@pytest.mark.parametrize("attention", [Attention, UnfusedAttention, WindowAttention])
+def test_narrowed_fused_heads_keep_the_softmax_scale_and_compute_what_they_did(attention: type[nn.Module]) -> None:
+    model = Net(attention).eval()
+    attn = model.blocks[0].attn
+    width, dim = attn.proj.in_features, attn.proj.in_features // HEADS
+    with torch.no_grad():  # dimensions 0 and 1 of every head: silent in q.k, and 2 and 3 silent in v -> o
+        for head in range(HEADS):
+            for part, dims in ((0, (0, 1)), (1, (0, 1)), (2, (2, 3))):
+                rows = [part * width + head * dim + d for d in dims]
+                attn.qkv.weight[rows] = 0
+                attn.qkv.bias[rows] = 0
+            attn.proj.weight[:, [head * dim + 2, head * dim + 3]] = 0
+    x = _images()
+    before = model(x)
+    rec = PruningRecommendation(
+        layer=r"^blocks\.0\.attn\.qkv$", pruning_type="head_dim", pruning_ratio=2 / dim, justification="t"
+    )
+    report = apply_pruning(model, [rec], x, PruningConfig(importance="l2", head_round_to=0))
+    assert [(a.before, a.after) for a in report.applied] == [(dim, dim - 2)]
+    assert attn.qkv.out_features == 3 * HEADS * (dim - 2) and attn.scale == pytest.approx((dim - 2) ** -0.5)
+    torch.testing.assert_close(model(x), before, rtol=0, atol=1e-5)

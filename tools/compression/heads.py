@@ -14,7 +14,9 @@ reshapes Q, K and V by one ``head_dim``). Query/key dimensions (removed from q a
 by the product of their q and k row norms, value dimensions (removed from v and from o's inputs) by the
 data-aware score of o's input channels where there is one, else by the product of their v row and o column
 norms. The attention keeps its original softmax scale (``scaling``), so the remaining dimensions compute
-what they computed before; classes without a ``scaling`` attribute are not narrowed. Narrowed heads lose
+what they computed before; a fused-``qkv`` attention (timm), whose fused kernel takes the scale from the width, has
+its queries scaled by sqrt(new / old width) instead and its ``scale`` set to the new width's; classes with neither
+are not narrowed. Narrowed heads lose
 much more than whole heads before recovery (measured: -13 points on a CIFAR ViT at half the dimensions);
 distillation (``--finetune-steps``) brings them back (-0.6 points at 69 % fewer parameters).
 """
@@ -222,9 +224,12 @@ def kept_count(n: int, ratio: float, round_to: int | None) -> int:
 
 
 def narrowable(module: nn.Module, spec: AttentionSpec) -> bool:
-    """Whether ``module``'s heads can be narrowed: it keeps its softmax scale in ``scaling`` (so narrowing does
-    not change it) and its heads have more than one dimension."""
-    return not spec.fused_qkv and isinstance(getattr(module, "scaling", None), float) and head_dim_of(module, spec) > 1
+    """Whether ``module``'s heads can be narrowed: its heads have more than one dimension, and it keeps its softmax
+    scale in ``scaling`` (Hugging Face: narrowing does not change it) or, with a fused ``qkv``, in ``scale`` (timm:
+    its fused kernel takes the scale from the width, so the queries are scaled to keep the product, and ``scale`` is
+    set for the unfused path)."""
+    scale_attr = "scale" if spec.fused_qkv else "scaling"
+    return isinstance(getattr(module, scale_attr, None), float) and head_dim_of(module, spec) > 1
 
 
 def _prune_heads_of(
@@ -273,12 +278,22 @@ def _prune_heads_of(
     return heads, kept
 
 
-def _norms(layer: nn.Linear, heads: int, head_dim: int) -> torch.Tensor:
-    """(heads, head_dim) norms of a projection's output rows (with their bias)."""
-    rows = layer.weight.detach().float().reshape(heads, head_dim, -1).pow(2).sum(-1)
-    if layer.bias is not None:
-        rows = rows + layer.bias.detach().float().reshape(heads, head_dim).pow(2)
-    return rows.sqrt().cpu()
+def _norms(rows: tuple[torch.Tensor, torch.Tensor | None], heads: int, head_dim: int) -> torch.Tensor:
+    """(heads, head_dim) norms of a projection's output rows (``rows``: its weight and bias)."""
+    weight, bias = rows
+    norms = weight.detach().float().reshape(heads, head_dim, -1).pow(2).sum(-1)
+    if bias is not None:
+        norms = norms + bias.detach().float().reshape(heads, head_dim).pow(2)
+    return norms.sqrt().cpu()
+
+
+def _qkv_rows(module: nn.Module, spec: AttentionSpec) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The weight and bias rows of the queries, keys and values: three layers', or three parts of the fused one."""
+    if not spec.fused_qkv:
+        return [(getattr(module, p).weight, getattr(module, p).bias) for p in (spec.q, spec.k, spec.v)]
+    fused: nn.Linear = getattr(module, spec.fused_qkv)
+    biases = fused.bias.chunk(3) if fused.bias is not None else (None, None, None)
+    return list(zip(fused.weight.chunk(3), biases, strict=True))
 
 
 def _prune_head_dims_of(
@@ -305,7 +320,8 @@ def _prune_head_dims_of(
     problem = _layout_problem(module, spec, heads, head_dim)
     if problem:
         return problem
-    q, k, v, o = (getattr(module, p) for p in spec.projections)
+    q, k, v = _qkv_rows(module, spec)
+    o: nn.Linear = getattr(module, spec.o)
     o_norms = o.weight.detach().float().pow(2).sum(0).sqrt().reshape(heads, head_dim).cpu()
     channel = (scores or {}).get(o) if importance in DATA_AWARE else None
     if importance not in DATA_AWARE and importance not in HEAD_NORM_P:
@@ -323,9 +339,19 @@ def _prune_head_dims_of(
 
     keep_qk, keep_vo = keep_of(qk_rank), keep_of(vo_rank)
     with torch.no_grad():
-        _slice_linear(q, keep_qk, 0)
-        _slice_linear(k, keep_qk, 0)
-        _slice_linear(v, keep_vo, 0)
+        if spec.fused_qkv:
+            fused: nn.Linear = getattr(module, spec.fused_qkv)
+            width = heads * head_dim
+            _slice_linear(fused, torch.cat([keep_qk, keep_qk + width, keep_vo + 2 * width]), 0)
+            # the fused kernel scales by the new width: queries scaled so that q.k keeps its old scale
+            factor = math.sqrt(kept / head_dim)
+            fused.weight[: heads * kept] *= factor
+            if fused.bias is not None:
+                fused.bias[: heads * kept] *= factor
+            module.scale = kept**-0.5
+        else:
+            for proj, keep in ((spec.q, keep_qk), (spec.k, keep_qk), (spec.v, keep_vo)):
+                _slice_linear(getattr(module, proj), keep, 0)
         _slice_linear(o, keep_vo, 1)
     setattr(module, spec.head_dim_attr, kept)
     _set_sizes(module, spec, heads * kept)

@@ -82,7 +82,9 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     result = PrunableLayers()
     result.heads = {name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention}
     result.head_dims = {
-        f"{name}.{spec.q}": head_dim_of(module, spec) for name, (module, spec) in attention if narrowable(module, spec)
+        f"{name}.{spec.qkv_layers[0]}": head_dim_of(module, spec)
+        for name, (module, spec) in attention
+        if narrowable(module, spec)
     }
     shortcuts = find_channel_shortcuts(model, example_inputs)
     if shortcuts:  # traced as convolutions, the model left as it is
