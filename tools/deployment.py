@@ -32,6 +32,7 @@ from tools.deploy.choice import (
     is_usable,
     luck_removed,
     own_source,
+    preferred,
     runoff,
 )
 from tools.deploy.config import QuantizationConfig
@@ -469,6 +470,7 @@ def deploy(
     chosen, why = choose(candidates, original_latency)
     pool = [c for c in candidates if c.source is None]  # the candidates the deployed one is taken from
     own: str | None = None  # the source counted as the best model's
+    order: list[str | None] = [None]  # the sources in order of preference
     if alternatives and not forced:
         retry = list(dict.fromkeys([*_faster_over_budget(candidates, chosen), *([chosen] if chosen != FLOAT else [])]))
         for i, other in enumerate(alternatives):
@@ -477,7 +479,9 @@ def deploy(
                 measure(b, other, out_root / f"alt-{i}" / b, source=str(other), spec=judged_by(other)) for b in retry
             ]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-        own = own_source(candidates, [None, *(str(p) for p in alternatives)])
+        sources = [None, *(str(p) for p in alternatives)]
+        own = own_source(candidates, sources)
+        order = [own, *(s for s in sources if s != own)]  # the best model's, then the alternatives in order
         pool = eligible(candidates, original_dir, own)
         chosen, why = choose(pool, original_latency)
         doubt = _unconfirmed_alternative(pool, chosen, shape, 3 * repeats, spec.seed, own)
@@ -485,14 +489,15 @@ def deploy(
             pool = [c for c in candidates if c.source == own]
             chosen, why = choose(pool, original_latency)
             why = f"{why}; {doubt}"
+    picked: DeployCandidate | None = None  # the runoff's winner, when there was one
     if not forced:
-        chosen, why = runoff(
+        chosen, why, picked = runoff(
             pool,
             chosen,
             why,
             lambda close: ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed),
             other_source_margin=ALTERNATIVE_MARGIN,
-            own_source=own,
+            preference=order,
         )
     if forced and backends[-1] != chosen:
         wanted = next(c for c in candidates if c.backend == backends[-1])
@@ -502,7 +507,11 @@ def deploy(
             reason = f"could not run: {wanted.error}" if wanted.error else f"was not built: {wanted.skipped}"
             why = f"--deploy {wanted.backend} {reason}; {why}"
     usable = [c for c in pool if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
-    source = min(usable, key=lambda c: c.latency_s or 0.0).source if usable and not forced else None
+    source: str | None = None
+    if picked is not None and picked.backend == chosen:
+        source = picked.source
+    elif usable and not forced:
+        source = preferred(usable, {c.key: c.latency_s or 0.0 for c in usable}, order, ALTERNATIVE_MARGIN).source
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)
     return DeployChoice(
         chosen=chosen,

@@ -421,17 +421,22 @@ def test_close_candidates_are_timed_again_alone_and_the_fastest_there_deploys() 
         timed.append(artifacts)
         return {name: {"onnxruntime": 1.44e-3}.get(name, 1.18e-3) for name in artifacts}
 
-    chosen, why = runoff(pool, "onnxruntime", "fastest", again)
-    assert chosen == "openvino" and set(timed[-1]) == {"onnxruntime", "openvino (round-00)"}
-    assert "timed again alone: openvino (round-00) 1.18 ms, onnxruntime 1.44 ms: openvino (round-00) deploys" in why
+    chosen, why, winner = runoff(pool, "onnxruntime", "fastest", again)
+    assert chosen == "openvino" and winner is not None and winner.source == "/run/rounds/round-00/model"
+    assert set(timed[-1]) == {"onnxruntime", "openvino", "openvino (round-00)"}, "each backend's and source's fastest"
+    assert "openvino 1.18 ms" in why and "openvino (round-00) 1.18 ms" in why and "onnxruntime 1.44 ms" in why
+    assert why.endswith("openvino (round-00) deploys"), "no preference given: every source counts the same"
     clear = [row("onnxruntime", 1.0), row("openvino", 1.6)]
-    assert runoff(clear, "onnxruntime", "fastest", again) == ("onnxruntime", "fastest")
+    assert runoff(clear, "onnxruntime", "fastest", again) == ("onnxruntime", "fastest", None)
     assert len(timed) == 1, "a clear winner is not timed again"
-    assert runoff(pool, FLOAT, "float", again) == (FLOAT, "float")
+    assert runoff(pool, FLOAT, "float", again) == (FLOAT, "float", None)
     # a candidate built from another model deploys only when that much faster than the best model's own
-    chosen, _ = runoff(pool, "onnxruntime", "fastest", again, other_source_margin=0.05)
-    assert chosen == "openvino"  # 1.18 ms against 1.44: 18 % faster
-    chosen, why = runoff(pool, "onnxruntime", "fastest", again, other_source_margin=0.20)
+    chosen, _, winner = runoff(pool, "onnxruntime", "fastest", again, other_source_margin=0.05)
+    assert chosen == "openvino" and winner is not None and winner.source is None, "the best model's, as fast"
+    other = [row("onnxruntime", 1.72), row("openvino", 1.90, source="/run/rounds/round-00/model")]
+    chosen, _, winner = runoff(other, "onnxruntime", "fastest", again, other_source_margin=0.05)
+    assert chosen == "openvino" and winner is not None and winner.source  # 1.18 ms against 1.44: 18 % faster
+    chosen, why, _ = runoff(other, "onnxruntime", "fastest", again, other_source_margin=0.20)
     assert chosen == "onnxruntime" and not why.endswith("deploys")
 
 
@@ -459,17 +464,67 @@ def test_the_second_student_is_the_best_model_when_the_first_fails_its_half() ->
     assert own_source(candidates[:1] + candidates[3:], [None, second, headroom]) == headroom
     pool = eligible(candidates, None, own)
     assert all(c.source != headroom for c in pool), "not 5 % faster than the second student's fastest"
-    chosen, _ = runoff(
+    chosen, _, _ = runoff(
         pool, "onnxruntime-fused", "fastest", lambda a: dict.fromkeys(a, 1.3e-3), other_source_margin=ALTERNATIVE_MARGIN
     )
     assert chosen in {"onnxruntime-fused", "openvino"}
     # in the runoff itself, a headroom candidate 1 % faster than the second student's does not win
     close = [row("openvino", 1.26, source=second), row("openvino-int8", 1.25, source=headroom)]
     times = {"openvino (model-second)": 1.26e-3, "openvino-int8 (round-00)": 1.25e-3}
-    chosen, _ = runoff(
-        close, "openvino", "fastest", lambda a: {k: times[k] for k in a}, other_source_margin=0.05, own_source=second
+    chosen, _, _ = runoff(
+        close,
+        "openvino",
+        "fastest",
+        lambda a: {k: times[k] for k in a},
+        other_source_margin=0.05,
+        preference=[second, None, headroom],
     )
     assert chosen == "openvino"
+
+
+def test_alternatives_count_in_order_when_the_first_student_has_a_slow_runtime_within_budget() -> None:
+    """Swin-tiny as timm builds it: the kept round's first student had only ONNX Runtime dynamic int8 within the
+    budget on its half (0.51 ms), so it stood as the best model; its second student's OpenVINO int8 and round 0's
+    (20 % fewer parameters against 48 %) both ran 0.37 ms, and the runoff kept one row per backend, round 0's: it
+    deployed. Sources now count in order (the best model, the second student, the round with more headroom, the
+    original), each later one only when 5 % faster than every earlier one's fastest, and the runoff times each
+    backend's fastest row of every source."""
+    from tools.deploy.choice import ALTERNATIVE_MARGIN, eligible, own_source, preferred, runoff
+
+    second, headroom = "/run/rounds/round-06/model-second", "/run/rounds/round-00/model"
+
+    def row(backend: str, ms: float, source: str | None = None, ok: bool = True) -> DeployCandidate:
+        return _c(backend, ms, ok=ok).model_copy(update={"artifact": f"/run/{source}/{backend}", "source": source})
+
+    candidates = [
+        row("onnxruntime", 0.51),  # the first student: only this within the budget on its half
+        row("openvino-int8", 0.38, ok=False),
+        row("openvino-int8", 0.37, source=headroom),  # listed first among the ties, as the table had it
+        row("openvino-int8", 0.37, source=second),
+        row("openvino", 0.44, source=second),
+    ]
+    sources = [None, second, headroom]
+    own = own_source(candidates, sources)
+    assert own is None
+    pool = eligible(candidates, None, own)
+    times = {"onnxruntime": 0.53e-3, "openvino-int8 (round-00)": 0.41e-3, "openvino-int8 (model-second)": 0.41e-3}
+    times["openvino (model-second)"] = 0.48e-3
+    timed: list[set[str]] = []
+
+    def again(artifacts: dict[str, Path]) -> dict[str, float]:
+        timed.append(set(artifacts))
+        return {k: times[k] for k in artifacts}
+
+    chosen, why, winner = runoff(
+        pool, "openvino-int8", "fastest", again, other_source_margin=ALTERNATIVE_MARGIN, preference=sources
+    )
+    assert "openvino-int8 (model-second)" in timed[-1] and "openvino-int8 (round-00)" in timed[-1]
+    assert chosen == "openvino-int8" and winner is not None and winner.source == second, why
+    # without a runoff, the interleaved latencies decide the same way
+    rows = [c for c in pool if c.backend == "openvino-int8" and c.within_budget]
+    assert preferred(rows, {c.key: c.latency_s or 0.0 for c in rows}, sources, ALTERNATIVE_MARGIN).source == second
+    faster = {**{c.key: c.latency_s or 0.0 for c in rows}, "openvino-int8 (round-00)": 0.30e-3}
+    assert preferred(rows, faster, sources, ALTERNATIVE_MARGIN).source == headroom, "clearly faster still wins"
 
 
 def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test(
