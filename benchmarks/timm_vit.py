@@ -28,6 +28,14 @@ from torch import nn
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 DEPTH = 4
 SWIN_DEPTHS = (2, 2, 2)
+#: A block's layers other than q, k and v: timm's name -> the Hugging Face name (ViT and Swin alike).
+BLOCK_NAMES = {
+    "attn.proj": "attention.output.dense",
+    "norm1": "layernorm_before",
+    "norm2": "layernorm_after",
+    "mlp.fc1": "intermediate.dense",
+    "mlp.fc2": "output.dense",
+}
 
 
 def vit_cifar() -> nn.Module:
@@ -80,13 +88,6 @@ def converted_swin(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "head.fc.weight": hf["classifier.weight"],
         "head.fc.bias": hf["classifier.bias"],
     }
-    names = {
-        "attn.proj": "attention.output.dense",
-        "norm1": "layernorm_before",
-        "norm2": "layernorm_after",
-        "mlp.fc1": "intermediate.dense",
-        "mlp.fc2": "output.dense",
-    }
     for stage, depth in enumerate(SWIN_DEPTHS):
         hf_stage = f"swin.encoder.layers.{stage}."
         for j in range(depth):
@@ -95,7 +96,7 @@ def converted_swin(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[block + "attn.relative_position_bias_table"] = hf[attention + "relative_position_bias_table"]
             for kind in ("weight", "bias"):
                 out[f"{block}attn.qkv.{kind}"] = _qkv(hf, attention, kind)
-                for timm_name, hf_name in names.items():
+                for timm_name, hf_name in BLOCK_NAMES.items():
                     out[f"{block}{timm_name}.{kind}"] = hf[f"{hf_block}{hf_name}.{kind}"]
         if stage + 1 < len(SWIN_DEPTHS):
             merge = f"layers.{stage + 1}.downsample."
@@ -117,19 +118,12 @@ def converted(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "head.weight": hf["classifier.weight"],
         "head.bias": hf["classifier.bias"],
     }
-    names = {
-        "attn.proj": "attention.output.dense",
-        "norm1": "layernorm_before",
-        "norm2": "layernorm_after",
-        "mlp.fc1": "intermediate.dense",
-        "mlp.fc2": "output.dense",
-    }
     for i in range(DEPTH):
         hf_block, block = f"vit.encoder.layer.{i}.", f"blocks.{i}."
         attention = hf_block + "attention.attention."
         for kind in ("weight", "bias"):
             out[f"{block}attn.qkv.{kind}"] = _qkv(hf, attention, kind)
-            for timm_name, hf_name in names.items():
+            for timm_name, hf_name in BLOCK_NAMES.items():
                 out[f"{block}{timm_name}.{kind}"] = hf[f"{hf_block}{hf_name}.{kind}"]
     return {k: v.contiguous() for k, v in out.items()}
 
