@@ -38,13 +38,13 @@ __all__ = [
     "runoff",
 ]
 
-#: Candidates (the fastest of each backend) within this share of the fastest within budget are timed again alone
-#: before one deploys (:func:`runoff`): the table times 30-40 models interleaved, and what runs between two calls
-#: ranks runtimes differently from a model served alone. With one call each (cold caches; the table is timed in
-#: blocks since, ``tools.evaluation.cost.SERVING_BLOCK``): ``cifar10-swin-tiny``'s distilled round ran ONNX Runtime
-#: dynamic int8 at 1.72 ms and OpenVINO FP32 at 1.95 among 38 models, 1.44 and 1.18 alone; CIFAR ResNet-20's pruned
-#: round on an AMD EPYC with AVX512-VNNI (no AMX) OpenVINO int8 at 0.42 ms and ONNX Runtime static int8 at 0.32,
-#: 0.19 and 0.23 alone, which a margin of 25 % left out.
+#: Candidates (the fastest of each backend and source) within this share of the fastest within budget are timed again
+#: alone before one deploys (:func:`runoff`): the table times 30-40 models interleaved, and what runs between two calls
+#: ranks runtimes differently from a model served alone. With one call each (cold caches; the table is timed in blocks
+#: since, ``tools.evaluation.cost.SERVING_BLOCK``): ``cifar10-swin-tiny``'s distilled round ran ONNX Runtime dynamic
+#: int8 at 1.72 ms and OpenVINO FP32 at 1.95 among 38 models, 1.44 and 1.18 alone; CIFAR ResNet-20's pruned round on an
+#: AMD EPYC with AVX512-VNNI (no AMX) OpenVINO int8 at 0.42 ms and ONNX Runtime static int8 at 0.32, 0.19 and 0.23
+#: alone, which a margin of 25 % left out.
 RUNOFF_MARGIN = 0.5
 
 #: A candidate built from another source than the best model (a round with more headroom, the unpruned original)

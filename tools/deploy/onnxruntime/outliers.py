@@ -7,7 +7,7 @@ levels on all the others: a trained 224-px EfficientNet-B0 had one image of 125 
 the median image's in a block's projection (and six more past 25x), and its static int8 changed 62 % of the top-1
 answers (on 8 or 64 other images it agreed with float on 97-100 %). NNCF's ranges were not affected.
 
-:func:`outlier_images` finds such images by each leaf module's largest output magnitude per image against the
+:func:`outlier_images` finds such images by each layer's largest output magnitude per image against the
 median image's; :func:`without_outlier_images` leaves them out, and says which and why. No image of the shared
 CIFAR models' or the CIFAR ResNets' calibration data came near :data:`OUTLIER_RATIO` (at most 5.0x, over 1,000 to
 5,000 images of half a), nor of a trained 224-px MobileNetV2's (14.8x over its 500): their calibration is unchanged.
@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from tools.profiling.modules import atomic_modules
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,8 @@ _LOGGED: set[str] = set()
 @torch.no_grad()
 def outlier_images(model: nn.Module, images: torch.Tensor) -> dict[int, tuple[str, float]]:
     """Image index -> (the module, the ratio) where it runs furthest past the median image, for the images that
-    exceed :data:`OUTLIER_RATIO` somewhere. Leaf modules whose output is a tensor with the batch first."""
+    exceed :data:`OUTLIER_RATIO` somewhere. The profile's layers (:func:`~tools.profiling.modules.atomic_modules`: a
+    convolution that pads through a child counts as one) whose output is a tensor with the batch first."""
     peaks: dict[str, list[torch.Tensor]] = {}
 
     def record(name: str) -> Callable[[nn.Module, object, object], None]:
@@ -53,7 +56,7 @@ def outlier_images(model: nn.Module, images: torch.Tensor) -> dict[int, tuple[st
 
         return hook
 
-    leaves = [(name, m) for name, m in model.named_modules() if name and not any(m.children())]
+    leaves = [(name, m) for name, m in atomic_modules(model).items() if name]
     handles = [m.register_forward_hook(record(name)) for name, m in leaves]
     was_training = model.training
     device = next((t.device for t in model.parameters()), images.device)
