@@ -15,6 +15,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from graph import Context, build_graph
 from tests.helpers import save_tiny, tiny_resnet, tiny_vit
+from tests.unit.test_fused_qkv_heads import Attention, Net, WindowAttention
 from tests.unit.test_pruning import resnet, swin, vit
 from tests.unit.test_unit_kinds import TinyMobileNet
 from tools.zoo.cifar_resnet import resnet20
@@ -52,7 +53,11 @@ SENSITIVITY_MODELS = {
     "resnet": lambda: resnet("basic"),
     "cifar-resnet": resnet20,
     "mobile-se": lambda: TinyMobileNet(se=True),
+    "timm-attention": lambda: Net(Attention),  # fused qkv, timm's layout
+    "timm-window-attention": lambda: Net(WindowAttention),
 }
+#: Input shape per model where it is not a 32-px RGB image.
+INPUT_SHAPES = {"timm-attention": (12, 3, 3), "timm-window-attention": (12, 3, 3)}
 
 
 @pytest.mark.parametrize("method", ["reconstruct", "bn"])
@@ -65,7 +70,7 @@ def test_sensitivity_probes_on_cuda_measure_what_they_measure_on_the_cpu(name: s
 
     torch.manual_seed(0)
     model = SENSITIVITY_MODELS[name]().eval()
-    images = torch.randn(24, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    images = torch.randn(24, *INPUT_SHAPES.get(name, (3, 32, 32)), generator=torch.Generator().manual_seed(1))
     targets = torch.randint(0, 5, (24,), generator=torch.Generator().manual_seed(2))
     units = prunable_units(prunable_layers(model, images[:1]).model_dump())
     recovery = RecoveryConfig(method=method)  # type: ignore[arg-type]
