@@ -42,8 +42,7 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
         label_match = ops.match_dataset_labels(
             Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()
         )
-        duplicates = LabelMatch.model_validate(label_match).duplicates_note()
-        notes += [duplicates] if duplicates else []
+        notes += LabelMatch.model_validate(label_match).notes()
         if label_match.get("unmatched"):
             notes.append(
                 "dataset classes that match no model label (their samples are left out): "

@@ -25,6 +25,11 @@ Otherwise a dataset class whose only candidates are model classes sharing a name
 still free, and the others count as the same class (``same_class``: a prediction of any of them counts as
 the first); dataset classes sharing a name are one class. :meth:`LabelMatch.duplicates_note` says which
 was done.
+
+ImageNet's image folders are named by WordNet ID (``n01440764``): dataset classes so named are matched to a model
+whose classes are ImageNet-1k's in its order (names agreeing at 99 % of the 1,000 positions, after a background class
+where there is one) by their index in that order (``wordnet id``); otherwise by their WordNet names (``tench, Tinca
+tinca``) under the rules above. :attr:`LabelMatch.wordnet_ids` says which.
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from tools.evaluation.common import EvaluationError
+from tools.evaluation.wordnet import IMAGENET_1K_CLASSES, imagenet_1k, is_wordnet_id
 from tools.text import preview
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BY_POSITION",
+    "BY_WORDNET_ID",
     "MATCH_TIERS",
     "MIN_SUBSTRING_LETTERS",
     "LabelMatch",
@@ -56,6 +64,11 @@ __all__ = [
 MATCH_TIERS: tuple[str, ...] = ("exact", "variant", "word", "substring")
 #: The match kind of classes matched by position, when the dataset's classes line up with the model's.
 BY_POSITION = "position"
+#: The match kind of ImageNet WordNet IDs matched by their ImageNet-1k index.
+BY_WORDNET_ID = "wordnet id"
+#: The share of ImageNet-1k's 1,000 class names a model's must agree with, position by position, to be taken as its
+#: classes in its order (torchvision's differ at one: the bird ``crane`` is its ``crane bird``).
+IMAGENET_ORDER_AGREEMENT = 0.99
 MIN_SUBSTRING_LETTERS = 4
 _DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _SYNONYM_SEPARATORS = re.compile(r"[,;/|]")
@@ -93,6 +106,9 @@ class LabelMatch(BaseModel):
     duplicates_matched: str | None = Field(
         default=None, description="How duplicated names were matched: 'position' or 'merged' (None: none)."
     )
+    wordnet_ids: str | None = Field(
+        default=None, description="How dataset classes named by ImageNet WordNet ID were matched (None: none were)."
+    )
 
     @property
     def matched_count(self) -> int:
@@ -120,6 +136,10 @@ class LabelMatch(BaseModel):
         else:
             how = "each name treated as one class: a prediction of any of its model classes counts for it"
         return f"class names given more than once ({names}): {how}"
+
+    def notes(self) -> list[str]:
+        """What the report should say about how the classes were matched (empty when nothing is worth saying)."""
+        return [note for note in (self.wordnet_ids, self.duplicates_note()) if note]
 
 
 def normalise_label(name: str) -> str:
@@ -312,6 +332,9 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
     if not model_id2label:
         raise LabelMatchError("the model has no id2label: set config.id2label to its class names")
     model_names = {int(k): str(v) for k, v in model_id2label.items()}
+    labels = [str(n).strip() for n in dataset_labels]
+    if any(n in imagenet_1k() for n in labels) and not any(is_wordnet_id(n) for n in model_names.values()):
+        return _match_wordnet_ids(model_names, labels)
     model_groups = _duplicate_groups(model_names)
     dataset_groups = _duplicate_groups(dict(enumerate(str(n) for n in dataset_labels)))
     dataset_duplicates = {
@@ -370,4 +393,67 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
     loose = {d: k for d, k in result.match_kinds.items() if k != "exact"}
     if loose:
         logger.info("label matches beyond exact names: %s", {d: result.matched_names[d] for d in loose})
+    return result
+
+
+def _imagenet_offset(model_names: Mapping[int, str]) -> tuple[int, int] | None:
+    """Where a model holds ImageNet-1k's classes in its order: (index of its first class, 0 or 1 after a background
+    class; positions whose names agree), when they agree at IMAGENET_ORDER_AGREEMENT of them; else None."""
+    classes = list(imagenet_1k().values())
+    for offset in (0, 1):
+        if sorted(model_names) != list(range(IMAGENET_1K_CLASSES + offset)):
+            continue
+        agree = sum(_agree(c.name, model_names[c.index + offset]) for c in classes)
+        if agree >= IMAGENET_ORDER_AGREEMENT * len(classes):
+            return offset, agree
+    return None
+
+
+def _match_wordnet_ids(model_names: dict[int, str], labels: list[str]) -> LabelMatch:
+    """Dataset classes named by ImageNet WordNet ID: by their ImageNet-1k index where the model's classes are
+    ImageNet-1k's in order, else by their WordNet names."""
+    table = imagenet_1k()
+    ids = [n for n in labels if n in table]
+    shown = f"{len(ids)} of them, e.g. {ids[0]} = {table[ids[0]].name!r}"
+    placed = _imagenet_offset(model_names)
+    if placed is not None:
+        offset, agree = placed
+        mapping = {d: table[n].index + offset for d, n in enumerate(labels) if n in table}
+        after = ", after a background class" if offset else ""
+        result = LabelMatch(
+            mapping=mapping,
+            unmatched=[n for d, n in enumerate(labels) if d not in mapping],
+            matched_names={labels[d]: model_names[m] for d, m in mapping.items()},
+            match_kinds={labels[d]: BY_WORDNET_ID for d in mapping},
+            wordnet_ids=f"dataset classes are ImageNet WordNet IDs ({shown}): matched to the model's classes by their "
+            f"ImageNet-1k index, as its class names are ImageNet-1k's in that order ({agree} of 1,000 agree{after})",
+        )
+    else:
+        named = [table[n].name if n in table else n for n in labels]
+        by_name = match_labels(model_names, named)
+        wnid_of: dict[str, str] = {}
+        for wnid, name in zip(labels, named, strict=True):
+            wnid_of.setdefault(name, wnid)
+
+        def keyed(names: dict[str, Any]) -> dict[str, Any]:
+            return {wnid_of.get(k, k): v for k, v in names.items()}
+
+        result = by_name.model_copy(
+            update={
+                "unmatched": [wnid_of.get(n, n) for n in by_name.unmatched],
+                "matched_names": keyed(by_name.matched_names),
+                "match_kinds": keyed(by_name.match_kinds),
+                "ambiguous": keyed(by_name.ambiguous),
+                "wordnet_ids": f"dataset classes are ImageNet WordNet IDs ({shown}): matched by their WordNet names, "
+                "as the model's classes are not ImageNet-1k's in its order",
+            }
+        )
+    logger.info("%s", result.wordnet_ids)
+    if result.unmatched and placed is not None:
+        logger.warning(
+            "%d/%d dataset classes match no model class and are left out: %s",
+            len(result.unmatched),
+            len(labels),
+            preview(result.unmatched, 5, quote=True),
+        )
     return result
