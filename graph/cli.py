@@ -176,7 +176,7 @@ def _choices(module: str, name: str) -> list[str]:
     return list(found() if callable(found) else found)
 
 
-FACTORY_FLAGS = ("weights", "labels", "image_size", "mean", "std", "channels")
+FACTORY_FLAGS = ("weights", "labels", "image_size", "mean", "std", "channels", "crop")
 
 
 def _add_factory_options(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +188,11 @@ def _add_factory_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--std", help="per-channel std: 0.5 or 0.229,0.224,0.225")
     group.add_argument(
         "--channels", type=int, choices=[1, 3], help="1: greyscale, 3: RGB (default: from --mean, else the model)"
+    )
+    group.add_argument(
+        "--crop",
+        help="center crop: images resized, aspect kept, to the size / CROP, the size cut from the center (0.875: "
+        "224 of 256); default: a timm model's crop_pct, 0.875 for torchvision.models, else the whole image resized",
     )
 
 

@@ -68,6 +68,7 @@ def test_resnet20_checkpoint_loads(resnet20: FactoryModel) -> None:
         "channels": 3,
         "mean": [0.485, 0.456, 0.406],
         "std": [0.229, 0.224, 0.225],
+        "crop": None,
     }
     assert count_params(resnet20.model) == 269_722  # the published ResNet-20 size (0.27 M)
     assert sum(isinstance(m, PadShortcut) for m in resnet20.model.modules()) == 2

@@ -219,7 +219,13 @@ def lenet_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 
 def test_factory_spec_records_flags_and_defaults() -> None:
     spec = FactorySpec.from_options(LENET, image_size=28, mean="0", std="1")
-    assert spec.sources == {"image_size": "--image-size", "mean": "--mean", "std": "--std", "channels": "default"}
+    assert spec.sources == {
+        "image_size": "--image-size",
+        "mean": "--mean",
+        "std": "--std",
+        "channels": "default",
+        "crop": "default",
+    }
     assert spec.channels == 3 and not spec.given("channels") and spec.given("image_size")
     assert FactorySpec.from_options(LENET, mean="0.1,0.2,0.3").sources["channels"] == "--mean (3 values)"
     one = spec.with_shape(1, (28, 28), channels_source="first convolution conv1", size_source="--image-size")
@@ -257,7 +263,7 @@ def test_a_timm_models_pretrained_cfg_gives_its_normalisation_and_flags_win() ->
 
 def test_lenet_factory_without_channels(lenet_module: Path) -> None:
     loaded = build_factory_model(FactorySpec.from_options(LENET, image_size=28, mean="0", std="1"))
-    assert loaded.preprocessing == {"image_size": [28, 28], "channels": 1, "mean": [0.0], "std": [1.0]}
+    assert loaded.preprocessing == {"image_size": [28, 28], "channels": 1, "mean": [0.0], "std": [1.0], "crop": None}
     assert loaded.factory_spec is not None
     assert loaded.factory_spec.sources["channels"] == "first convolution conv1"
     assert loaded.id2label[9] == "class_9"

@@ -193,7 +193,7 @@ def test_build_greyscale_factory_model(tmp_path: Path) -> None:
     assert (loaded.source, loaded.family, loaded.spec, loaded.processor) == ("factory", "cnn", GREY, None)
     assert not loaded.untrained
     assert loaded.id2label == dict(enumerate(GREY_LABELS))
-    assert loaded.preprocessing == {"image_size": [12, 16], "channels": 1, "mean": [0.5], "std": [0.5]}
+    assert loaded.preprocessing == {"image_size": [12, 16], "channels": 1, "mean": [0.5], "std": [0.5], "crop": None}
     assert torch.equal(loaded.model.state_dict()["conv.weight"], grey_state()["conv.weight"])
 
     preprocess = preprocess_for(grey_spec(weights))

@@ -7,6 +7,7 @@ the ImageNet statistics, :func:`build_preprocess` (images -> ``pixel_values``), 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +75,10 @@ def build_preprocess(
     shape: tuple[int, int, int],
     mean: list[float] | None = None,
     std: list[float] | None = None,
+    crop: float | None = None,
 ) -> Callable[[list[Image.Image]], torch.Tensor]:
-    """Images -> ``pixel_values`` batch: the HF processor when there is one, else resize + normalise."""
+    """Images -> ``pixel_values`` batch: the HF processor when there is one, else resize + normalise (``crop``: the
+    image resized, aspect kept, to cover the size / crop, and the size cut from its center; None: squashed to it)."""
     if processor is not None:
 
         def hf_preprocess(images: list[Image.Image]) -> torch.Tensor:
@@ -91,15 +94,23 @@ def build_preprocess(
     def plain_preprocess(images: list[Image.Image]) -> torch.Tensor:
         import numpy as np
 
-        arrays = [
-            np.asarray(img.convert(mode).resize((width, height), Image.Resampling.BILINEAR), dtype=np.float32)
-            for img in images
-        ]
+        arrays = [np.asarray(_resized(img.convert(mode), width, height, crop), dtype=np.float32) for img in images]
         batch = torch.from_numpy(np.stack(arrays)) / 255.0
         batch = batch.unsqueeze(1) if channels == 1 else batch.permute(0, 3, 1, 2)
         return (batch - mean_t) / std_t
 
     return plain_preprocess
+
+
+def _resized(img: Image.Image, width: int, height: int, crop: float | None) -> Image.Image:
+    """``img`` at ``width`` x ``height``: squashed to it, or (``crop``) resized to cover ``size / crop`` with its
+    aspect kept, then cut from the center (timm's and torchvision's evaluation transform)."""
+    if crop is None:
+        return img.resize((width, height), Image.Resampling.BILINEAR)
+    scale = max(math.floor(height / crop) / img.height, math.floor(width / crop) / img.width)
+    covered = (max(width, round(img.width * scale)), max(height, round(img.height * scale)))
+    left, top = (covered[0] - width) // 2, (covered[1] - height) // 2
+    return img.resize(covered, Image.Resampling.BILINEAR).crop((left, top, left + width, top + height))
 
 
 def logits_of(output: Any) -> torch.Tensor:

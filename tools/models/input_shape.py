@@ -350,13 +350,14 @@ def _hint_for(model: nn.Module, channels: int) -> str:
 
 
 def resolve_factory_spec(model: nn.Module, spec: FactorySpec) -> FactorySpec:
-    """``spec`` with the channels, image size, mean and std it did not get from a flag resolved from ``model`` (the
-    mean and std from a timm model's ``pretrained_cfg``; else ImageNet's stay).
+    """``spec`` with the channels, image size, mean, std and crop it did not get from a flag resolved from ``model``
+    (the mean, std and crop from a timm model's ``pretrained_cfg``; else ImageNet's statistics stay, and the crop
+    of torchvision's ImageNet weights for its factories).
 
     Flags win: a flag's value is the only candidate for its number, and when the flags do not run the
     model the error says what the model suggests. ``spec.sources`` records where each number came from.
     """
-    return _normalisation_of(model, _resolve_shape_of(model, spec))
+    return _crop_of(model, _normalisation_of(model, _resolve_shape_of(model, spec)))
 
 
 def _timm_normalisation(model: nn.Module, channels: int) -> tuple[list[float], list[float]] | None:
@@ -389,6 +390,30 @@ def _normalisation_of(model: nn.Module, spec: FactorySpec) -> FactorySpec:
     update: dict[str, object] = {name: values[name] for name in wanted}
     update["sources"] = {**spec.sources, **{name: f"pretrained_cfg.{name}" for name in wanted}}
     return spec.model_copy(update=update)
+
+
+#: torchvision's ImageNet weights are evaluated at 224 px cut from 256 (its classic transforms; later weights cut
+#: 224 from 232-256 or 1.0 of their size): the crop of a ``torchvision.models`` factory no flag or config sets.
+TORCHVISION_CROP = 224 / 256
+
+
+def _crop_of(model: nn.Module, spec: FactorySpec) -> FactorySpec:
+    """``spec`` with the center crop it did not get from a flag: a timm model's ``pretrained_cfg.crop_pct`` (center
+    crops only), torchvision's for its factories; unchanged otherwise (the whole image is resized)."""
+    if spec.given("crop"):
+        return spec
+    for attr in ("pretrained_cfg", "default_cfg"):
+        cfg = getattr(model, attr, None)
+        if not isinstance(cfg, dict):
+            continue
+        crop = cfg.get("crop_pct")
+        if isinstance(crop, int | float) and 0 < crop <= 1 and cfg.get("crop_mode", "center") == "center":
+            sources = {**spec.sources, "crop": f"{attr}.crop_pct"}
+            return spec.model_copy(update={"crop": float(crop), "sources": sources})
+    if spec.factory.startswith("torchvision.models"):
+        source = "torchvision's ImageNet evaluation (224 of 256)"
+        return spec.model_copy(update={"crop": TORCHVISION_CROP, "sources": {**spec.sources, "crop": source}})
+    return spec
 
 
 def _resolve_shape_of(model: nn.Module, spec: FactorySpec) -> FactorySpec:

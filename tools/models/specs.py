@@ -128,6 +128,14 @@ class Preprocessing(BaseModel):
     channels: int = Field(description="1: greyscale 'L' images; 3: RGB.")
     mean: list[float] = Field(description="Per-channel mean subtracted after scaling to [0, 1].")
     std: list[float] = Field(description="Per-channel std divided by after subtracting the mean.")
+    crop: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Center crop: the image is resized, aspect kept, to cover image_size / crop, and image_size is "
+        "cut from its center (timm's crop_pct; torchvision's 224 of 256: 0.875). None: the whole image is resized "
+        "to image_size.",
+    )
 
     @field_validator("image_size")
     @classmethod
@@ -193,6 +201,7 @@ class FactorySpec(Preprocessing):
         mean: str | float | Sequence[float] | None = None,
         std: str | float | Sequence[float] | None = None,
         channels: int | str | None = None,
+        crop: str | float | None = None,
     ) -> FactorySpec:
         """Parse command-line values (strings or parsed values) into a spec; ``ModelLoadError`` on bad input.
 
@@ -210,6 +219,7 @@ class FactorySpec(Preprocessing):
             "mean": DEFAULT_SOURCE if mean is None else "--mean",
             "std": DEFAULT_SOURCE if std is None else "--std",
             "channels": "--channels",
+            "crop": DEFAULT_SOURCE if crop is None else "--crop",
         }
         if channels is None:
             counts = [(len(v), n) for v, n in ((mean_values, "--mean"), (std_values, "--std")) if v and len(v) > 1]
@@ -235,6 +245,10 @@ class FactorySpec(Preprocessing):
                 )
             weights_path = str(path.resolve())
         size = DEFAULT_IMAGE_SIZE if image_size is None else parse_image_size(image_size)
+        crop_values = None if crop is None else parse_floats(crop, "crop")
+        if crop_values is not None and len(crop_values) != 1:
+            raise ModelLoadError(f"--crop {crop!r}: give one number in (0, 1], e.g. 0.875")
+        crop_value = None if crop_values is None else crop_values[0]
         try:
             return cls(
                 factory=factory.strip(),
@@ -244,6 +258,7 @@ class FactorySpec(Preprocessing):
                 mean=mean_values,
                 std=std_values,
                 channels=n_channels,
+                crop=crop_value,
                 sources=sources,
             )
         except ValidationError as exc:
@@ -276,7 +291,9 @@ class FactorySpec(Preprocessing):
         return FactorySpec.model_validate(data)
 
     def preprocessing(self) -> Preprocessing:
-        return Preprocessing(image_size=self.image_size, channels=self.channels, mean=self.mean, std=self.std)
+        return Preprocessing(
+            image_size=self.image_size, channels=self.channels, mean=self.mean, std=self.std, crop=self.crop
+        )
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -291,7 +308,7 @@ def preprocess_for(spec: Preprocessing | Mapping[str, Any]) -> Callable[[list[Im
     """Images -> normalised batch ``(N, channels, height, width)`` for a factory model.
 
     Reuses :func:`tools.models.base.build_preprocess` (no processor): ``convert('L' | 'RGB')``, bilinear resize
-    to ``image_size``, scale to [0, 1], ``(x - mean) / std``.
+    to ``image_size`` (after a center crop where ``crop`` is set), scale to [0, 1], ``(x - mean) / std``.
     """
     pre = spec if isinstance(spec, Preprocessing) else Preprocessing.model_validate(dict(spec))
-    return build_preprocess(None, pre.input_shape(), mean=list(pre.mean), std=list(pre.std))
+    return build_preprocess(None, pre.input_shape(), mean=list(pre.mean), std=list(pre.std), crop=pre.crop)
