@@ -166,6 +166,26 @@ def test_an_int8_build_with_other_settings_is_rebuilt(original: Path, monkeypatc
     assert quantize_recipe_hash(original, recs, "openvino", SHAPE) == float_before
 
 
+def test_what_builds_nothing_is_not_in_the_recipe(original: Path) -> None:
+    """The original's int8 built for the int8 profile (its plan's "every layer, dynamic") is the deployed runtime's
+    int8 of the original later (the analysis plan's "every layer, static", another justification): one build. A
+    float backend's build does not depend on the recommendations at all; an int8 one on their layers and dtypes."""
+    early = [QuantizationRecommendation(layer="all", quantization_type="dynamic", dtype="qint8", justification="a")]
+    later = [QuantizationRecommendation(layer="all", quantization_type="static", dtype="qint8", justification="b")]
+    for backend in ("openvino-int8", "onnxruntime-static", "openvino", "onnxruntime-fp32", "openvino-bf16"):
+        assert quantize_recipe_hash(original, early, backend, SHAPE) == quantize_recipe_hash(
+            original, later, backend, SHAPE
+        ), backend
+    fc1_float = [*later, QuantizationRecommendation(layer=FC1, dtype="float32")]
+    images = torch.randn(4, *SHAPE.as_tuple())
+    assert quantize_recipe_hash(original, fc1_float, "openvino", SHAPE, images) == quantize_recipe_hash(
+        original, later, "openvino", SHAPE
+    )
+    assert quantize_recipe_hash(original, fc1_float, "onnxruntime-static", SHAPE) != quantize_recipe_hash(
+        original, later, "onnxruntime-static", SHAPE
+    )
+
+
 # --- a resumed run whose plan changed -------------------------------------------------------------------------
 
 

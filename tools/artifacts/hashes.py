@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tools.artifacts.io import is_complete
+from tools.deploy.base import PRECISION_BF16, PRECISION_FP32
 from tools.deploy.cpu import int8_recipe_key
 from tools.deploy.export_form import export_form_key
+from tools.deploy.registry import runtime_and_precision
 from tools.store.files import META_FILE, read_json, sha256_of
 
 if TYPE_CHECKING:
@@ -119,21 +121,27 @@ def quantize_recipe_hash(
     accuracy_control: str | None = None,
 ) -> str:
     """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
-    pruned model changes it), the recommendations without their justifications, the backend asked for, the
-    export shape, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``) and its settings, what
-    accuracy control judges by (its digest) and the export form (``tools.deploy.export_form.export_form_key``)."""
+    pruned model changes it), the backend asked for, the export shape and the export form
+    (``tools.deploy.export_form.export_form_key``); for a backend that quantizes, also the recommendations' layers
+    and dtypes, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``) and its settings and
+    what accuracy control judges by (its digest). Nothing that builds nothing: justifications, quantization types
+    (each backend is dynamic or static by itself), and for a float backend the rest of the int8 recipe."""
+    quantizes = runtime_and_precision(backend)[1] not in (PRECISION_FP32, PRECISION_BF16)
+    int8 = {
+        "recommendations": [r.model_dump(include={"layer", "dtype"}) for r in recommendations],
+        "calibration": tensor_digest(calibration),
+        "int8_target": int8_target,
+        **({"int8_settings": int8_recipe_key(int8_target)} if int8_target else {}),
+        "accuracy_control": accuracy_control,
+    }
     return recipe_hash(
         {
             "kind": "quantized",
             "source": artifact_identity(source_dir),
-            "recommendations": [r.model_dump(exclude={"justification"}) for r in recommendations],
             "backend": backend,
             "shape": list(shape.as_tuple()) if shape is not None else None,
-            "calibration": tensor_digest(calibration),
-            "int8_target": int8_target,
-            **({"int8_settings": int8_recipe_key(int8_target)} if int8_target else {}),
-            "accuracy_control": accuracy_control,
             "export_form": export_form_key(),
+            **(int8 if quantizes else {}),
         }
     )
 
