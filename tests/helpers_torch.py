@@ -38,6 +38,38 @@ class TiedNet(nn.Module):
         return self.head(torch.relu(self.proj(self.conv(x).mean(dim=(2, 3)))))
 
 
+class VersionedNet(nn.Module):
+    """A model whose block refuses a state without its version, as torchvision's MNASNet does."""
+
+    class Block(nn.Module):
+        _version = 2
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, kernel_size=3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.versions_seen: list[object] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.bn(self.conv(x)))
+
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):  # type: ignore[no-untyped-def]
+            version = local_metadata.get("version")
+            if version not in (1, 2):
+                raise ValueError(f"version should be set to 1 or 2 instead of {version}")
+            self.versions_seen.append(version)
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = VersionedNet.Block()
+        self.mid = nn.Conv2d(8, 8, kernel_size=3, padding=1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mid(self.block(x))).mean(dim=(2, 3)))
+
+
 class NotAllowed:
     """A custom class: a pickle holding it must be refused by ``torch.load(weights_only=True)``."""
 
@@ -51,6 +83,10 @@ def tiny_grey_cnn() -> TinyGreyCNN:
 
 def tied_net() -> TiedNet:
     return TiedNet()
+
+
+def versioned_net() -> VersionedNet:
+    return VersionedNet()
 
 
 def needs_arguments(width: int) -> nn.Module:

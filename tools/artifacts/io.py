@@ -36,6 +36,7 @@ from tools.deploy.base import ModuleBackend, QuantizedModel, QuantReport
 from tools.deploy.cpu import detect_cpu
 from tools.deploy.registry import BACKENDS, get_backend
 from tools.models.base import LoadedModel, family_of
+from tools.models.checkpoints import load_saved
 from tools.models.sources import source_named
 from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json
 from tools.text import first_line
@@ -279,8 +280,7 @@ def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | Quanti
             f"cannot read {path / WEIGHTS_FILE}: {first_line(exc)}; the file is damaged: save or build the model "
             "again (in a run: start it again with a new --run-dir)"
         ) from None
-    result = model.load_state_dict(tensors, strict=False)
-    missing = [k for k in result.missing_keys if not _is_tied(model, k, tensors)]
+    missing, _ = load_saved(model, tensors)
     if missing:
         raise ValueError(f"artifact {path} lacks tensors for {missing[:5]}")
     return model.to(device).eval()
@@ -292,13 +292,6 @@ def load_module(path: str | Path, device: str = "cpu") -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"{path} deploys {type(model).__name__}, not a torch module: it cannot be used as one")
     return model
-
-
-def _is_tied(model: nn.Module, key: str, tensors: dict[str, torch.Tensor]) -> bool:
-    """A key missing from the file because it shares storage with a saved one."""
-    state = model.state_dict()
-    ptr = state[key].data_ptr()
-    return any(state[k].data_ptr() == ptr for k in tensors if k in state)
 
 
 __all__ = [

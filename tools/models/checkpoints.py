@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def _as_state_dict(obj: Any, path: Path) -> dict[str, torch.Tensor]:
         if candidate and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in candidate.items()):
             if where:
                 logger.info("weights %s: state dict found %s", path, where)
-            return dict(candidate)
+            return _with_metadata(candidate, getattr(candidate, "_metadata", None))
     nested = [where for where, c in candidates[:-1]]
     hint = f" (nor is what is {' / '.join(nested)})" if nested else ""
     raise ModelLoadError(
@@ -103,13 +104,30 @@ def _as_state_dict(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     )
 
 
+def _with_metadata(state: Mapping[str, torch.Tensor], metadata: Any) -> dict[str, torch.Tensor]:
+    """``state`` as an ordered dict carrying a torch checkpoint's module versions (``_metadata``), if it has them."""
+    out: OrderedDict[str, torch.Tensor] = OrderedDict(state)
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
+
+
 def _strip_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without a wrapper's prefix on every key (its module versions re-keyed the same way)."""
     stripped = True
     while stripped and state:
         stripped = False
         for prefix in WRAPPER_PREFIXES:
             if all(key.startswith(prefix) for key in state):
-                state = {key[len(prefix) :]: value for key, value in state.items()}
+                metadata = getattr(state, "_metadata", None)
+                if metadata is not None:
+                    wrapper = prefix.removesuffix(".")
+                    metadata = {
+                        ("" if k == wrapper else k[len(prefix) :]): v
+                        for k, v in metadata.items()
+                        if k == wrapper or k.startswith(prefix)
+                    }
+                state = _with_metadata({key[len(prefix) :]: value for key, value in state.items()}, metadata)
                 logger.info("weights: stripped the %r prefix of every key", prefix)
                 stripped = True
     return state
@@ -139,6 +157,29 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor
     return _strip_prefixes(_as_state_dict(obj, file))
 
 
+def versioned(model: nn.Module, state: Mapping[str, torch.Tensor]) -> OrderedDict[str, torch.Tensor]:
+    """``state`` as ``load_state_dict`` takes it, with module versions: its own (a torch checkpoint keeps them in
+    ``_metadata``), else ``model``'s (a safetensors file keeps none, and some modules refuse a state without one:
+    torchvision's MNASNet raises "version should be set to 1 or 2")."""
+    out: OrderedDict[str, torch.Tensor] = OrderedDict(state)
+    metadata = getattr(state, "_metadata", None)
+    if metadata is None:
+        metadata = getattr(model.state_dict(), "_metadata", None)
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
+
+
+def load_saved(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load tensors the project saved (:func:`versioned`, strict=False): (missing keys, unexpected keys), without the
+    keys a file leaves out because they share storage with a saved one (tied weights; safetensors keeps one)."""
+    result = model.load_state_dict(versioned(model, tensors), strict=False)
+    state = model.state_dict()
+    loaded = {state[k].data_ptr() for k in tensors if k in state}
+    missing = [k for k in result.missing_keys if state[k].data_ptr() not in loaded]
+    return missing, list(result.unexpected_keys)
+
+
 def load_weights(model: nn.Module, state: Mapping[str, torch.Tensor], *, source: str, factory: str) -> None:
     """Load ``state`` into ``model`` (strict=False) and raise ``ModelLoadError`` on any real mismatch.
 
@@ -155,7 +196,7 @@ def load_weights(model: nn.Module, state: Mapping[str, torch.Tensor], *, source:
         raise ModelLoadError(
             f"weights {source} do not fit {factory}(): {len(mismatched)} shape mismatches ({preview(mismatched, 3)})"
         )
-    result = model.load_state_dict(dict(state), strict=False)
+    result = model.load_state_dict(versioned(model, state), strict=False)
     missing = [k for k in result.missing_keys if k.rpartition(".")[2] not in OPTIONAL_BUFFERS]
     unexpected = list(result.unexpected_keys)
     if missing or unexpected:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 from torch import nn
 
 from tools.models.base import LoadedModel, ModelLoadError, family_of, logits_of
-from tools.models.checkpoints import OPTIONAL_BUFFERS, load_state_dict_file, load_weights
+from tools.models.checkpoints import OPTIONAL_BUFFERS, load_saved, load_state_dict_file, load_weights
 from tools.models.input_shape import resolve_factory_spec
 from tools.models.specs import FACTORY_RE, FactorySpec, Preprocessing, validation_message
 from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json
@@ -270,7 +270,7 @@ def is_factory_artifact(path: str | os.PathLike[str]) -> bool:
 
 def load_factory_original(out_dir: str | os.PathLike[str]) -> FactoryModel:
     """Rebuild a saved factory model: import the factory, call it, load ``model.safetensors`` (on CPU)."""
-    from safetensors.torch import load_model
+    from safetensors.torch import load_file
 
     out = Path(out_dir)
     try:
@@ -282,7 +282,7 @@ def load_factory_original(out_dir: str | os.PathLike[str]) -> FactoryModel:
     spec = artifact.spec
     model = call_factory(spec.factory, [artifact.import_root] if artifact.import_root else [])
     try:
-        missing, unexpected = load_model(model, str(out / WEIGHTS_FILE), strict=False, device="cpu")
+        missing, unexpected = load_saved(model, load_file(str(out / WEIGHTS_FILE), device="cpu"))
     except Exception as exc:
         raise ModelLoadError(
             f"cannot load {out / WEIGHTS_FILE} into {spec.factory}(): {first_line(exc)}; unless the factory has "
