@@ -139,6 +139,21 @@ def test_focalnet_groups_end_instead_of_looping_for_ever() -> None:
     assert any("does not settle" in reason for reason in layers.blocked.values())
 
 
+def test_a_group_whose_indices_run_away_is_refused_not_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchvision's Swin: Torch-Pruning's reshape mappings multiplied the last stage's channel indices on every pass
+    # round a cycle, past 20 GB in seconds. Here a flatten's 8 x 4 x 4 indices stand in, under a bound of 100.
+    import tools.compression.channels as channels
+
+    monkeypatch.setattr(channels, "MAX_GROUP_INDICES", 100)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),
+        torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(128, 3),
+    ).eval()  # fmt: skip
+    layers = prunable_layers(model, torch.randn(1, 3, 8, 8))
+    assert "runs away" in layers.blocked["2"]  # its channels reach the Linear through the flatten: 8 + 128 indices
+    assert "0" in layers.structured  # the first convolution's group stays small
+
+
 @pytest.mark.parametrize(
     ("accuracy", "samples", "classes", "flagged"),
     [(0.10, 1000, 10, True), (0.12, 1000, 10, True), (0.20, 1000, 10, False), (0.5, 20, 2, True), (0.9, 20, 2, False)],

@@ -230,12 +230,17 @@ def _group_issue(ctx: PruningContext, module: nn.Module, group: Any) -> str | No
 #: How often one group may reach the same node with the same handler (6 at most seen, Swin): more is Torch-Pruning's
 #: index mapping running away (FocalNet's split focal gates make get_pruning_group loop for ever).
 MAX_DEP_REPEATS = 64
+#: How many channel indices one group may hold in all: a flattened 512 x 7 x 7 feature map is 25,088 of them per
+#: dependency. Torch-Pruning's reshape mappings can multiply them on every pass round a cycle before the repeats above
+#: stop it (torchvision's Swin: past 20 GB at 64 px, in a few seconds).
+MAX_GROUP_INDICES = 1 << 22
 
 
 class _BoundedGroup(tp.dependency.group.Group):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.repeats: collections.Counter[tuple[int, Any]] = collections.Counter()
+        self.indices = 0
 
     def add_dep(self, dep: Any, idxs: Any) -> None:
         key = (id(dep.target), dep.handler)
@@ -243,6 +248,12 @@ class _BoundedGroup(tp.dependency.group.Group):  # type: ignore[misc]
         if self.repeats[key] > MAX_DEP_REPEATS:
             raise RuntimeError(
                 f"Torch-Pruning's index mapping does not settle: {dep.target.name} reached over {MAX_DEP_REPEATS} times"
+            )
+        self.indices += len(idxs)
+        if self.indices > MAX_GROUP_INDICES:
+            raise RuntimeError(
+                f"Torch-Pruning's index mapping runs away: over {MAX_GROUP_INDICES:,} channel indices by "
+                f"{dep.target.name}"
             )
         super().add_dep(dep, idxs)
 
