@@ -104,7 +104,7 @@ def _as_state_dict(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def _with_metadata(state: Mapping[str, torch.Tensor], metadata: Any) -> dict[str, torch.Tensor]:
+def _with_metadata(state: Mapping[str, torch.Tensor], metadata: Any) -> OrderedDict[str, torch.Tensor]:
     """``state`` as an ordered dict carrying a torch checkpoint's module versions (``_metadata``), if it has them."""
     out: OrderedDict[str, torch.Tensor] = OrderedDict(state)
     if metadata is not None:
@@ -161,13 +161,8 @@ def versioned(model: nn.Module, state: Mapping[str, torch.Tensor]) -> OrderedDic
     """``state`` as ``load_state_dict`` takes it, with module versions: its own (a torch checkpoint keeps them in
     ``_metadata``), else ``model``'s (a safetensors file keeps none, and some modules refuse a state without one:
     torchvision's MNASNet raises "version should be set to 1 or 2")."""
-    out: OrderedDict[str, torch.Tensor] = OrderedDict(state)
-    metadata = getattr(state, "_metadata", None)
-    if metadata is None:
-        metadata = getattr(model.state_dict(), "_metadata", None)
-    if metadata is not None:
-        out._metadata = metadata  # type: ignore[attr-defined]
-    return out
+    own = getattr(state, "_metadata", None)
+    return _with_metadata(state, own if own is not None else getattr(model.state_dict(), "_metadata", None))
 
 
 def load_saved(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]]:
