@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -438,6 +439,28 @@ def test_close_candidates_are_timed_again_alone_and_the_fastest_there_deploys() 
     assert chosen == "openvino" and winner is not None and winner.source  # 1.18 ms against 1.44: 18 % faster
     chosen, why, _ = runoff(other, "onnxruntime", "fastest", again, other_source_margin=0.20)
     assert chosen == "onnxruntime" and not why.endswith("deploys")
+
+
+def test_a_tie_in_the_runoff_goes_to_the_smaller_artifact() -> None:
+    """A trained 224-px EfficientNet-B0: OpenVINO int8 (5.3 MB) and bf16 (13.3 MB) timed 4.85 / 4.88 ms alone in one
+    run and 4.26 / 4.24 in the next, so the deployment flipped between them by noise: within TIE_MARGIN of each
+    other, the smaller one deploys; clearly faster, the faster one still does."""
+    from tools.deploy.choice import TIE_MARGIN, runoff
+
+    def row(backend: str, ms: float, mb: float) -> DeployCandidate:
+        return _c(backend, ms).model_copy(update={"artifact": f"/run/deploy/{backend}", "memory_mb": mb})
+
+    pool = [row("openvino-int8", 3.84, 5.28), row("openvino-bf16", 3.95, 13.33), row("openvino", 5.99, 13.33)]
+
+    def alone(ms: dict[str, float]) -> Callable[[dict[str, Path]], dict[str, float]]:
+        return lambda artifacts: {name: ms[name] / 1e3 for name in artifacts}
+
+    tied = alone({"openvino-int8": 4.26, "openvino-bf16": 4.24, "openvino": 6.0})
+    chosen, why, _ = runoff(pool, "openvino-int8", "fastest", tied)
+    assert chosen == "openvino-int8" and "smaller: 5.28 MB against 13.33" in why
+    clear = alone({"openvino-int8": 4.24 * (1 + 2 * TIE_MARGIN), "openvino-bf16": 4.24, "openvino": 6.0})
+    chosen, why, _ = runoff(pool, "openvino-int8", "fastest", clear)
+    assert chosen == "openvino-bf16" and "smaller" not in why
 
 
 def test_the_second_student_is_the_best_model_when_the_first_fails_its_half() -> None:

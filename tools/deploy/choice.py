@@ -23,6 +23,7 @@ from tools.schemas import PairedAccuracy
 __all__ = [
     "ALTERNATIVE_MARGIN",
     "RUNOFF_MARGIN",
+    "TIE_MARGIN",
     "DeployCandidate",
     "DeployChoice",
     "available_backends",
@@ -46,6 +47,11 @@ __all__ = [
 #: AMD EPYC with AVX512-VNNI (no AMX) OpenVINO int8 at 0.42 ms and ONNX Runtime static int8 at 0.32, 0.19 and 0.23
 #: alone, which a margin of 25 % left out.
 RUNOFF_MARGIN = 0.5
+
+#: Rows of one source timed within this share of each other are a tie, which the smaller artifact wins: timing alone
+#: ranks them by noise (a trained 224-px EfficientNet-B0: OpenVINO int8 and bf16 4.85 and 4.88 ms in one run, 4.26 and
+#: 4.24 in the next; the int8 model is 5.3 MB, the bf16 one 13.3 MB).
+TIE_MARGIN = 0.03
 
 #: A candidate built from another source than the best model (a round with more headroom, the unpruned original)
 #: is deployed only when it is at least this much faster than the best model's fastest within budget.
@@ -178,7 +184,8 @@ def preferred(
     row wins only when at least ``margin`` faster than every earlier source's. A distilled round's second student
     comes before a round with more headroom: Swin-tiny as timm builds it deployed round 0 (20 % fewer parameters)
     over the kept round's second student (48 %), both 0.37 ms, while its first student's ONNX Runtime dynamic int8
-    (0.51 ms) stood as the best model's."""
+    (0.51 ms) stood as the best model's. Within the winning source, rows timed within :data:`TIE_MARGIN` of its
+    fastest are a tie, which the one of least memory wins."""
 
     def rank(c: DeployCandidate) -> int:
         return preference.index(c.source) if c.source in preference else len(preference)
@@ -192,7 +199,15 @@ def preferred(
         if times[c.key] <= (1.0 - margin) * floor:
             winner = c
         floor = min(floor, times[c.key])
-    return winner
+    return _smallest_of_tie(winner, [c for c in rows if c.source == winner.source], times)
+
+
+def _smallest_of_tie(
+    fastest: DeployCandidate, rows: Sequence[DeployCandidate], times: Mapping[str, float]
+) -> DeployCandidate:
+    """Among ``rows`` (one source's) timed within :data:`TIE_MARGIN` of ``fastest``, the one of least memory."""
+    tied = [c for c in rows if times[c.key] <= (1.0 + TIE_MARGIN) * times[fastest.key]]
+    return min(tied, key=lambda c: (c.memory_mb if c.memory_mb is not None else float("inf"), times[c.key]))
 
 
 def runoff(
@@ -226,7 +241,15 @@ def runoff(
     winner = preferred(close, times, preference, other_source_margin)
     shown = ", ".join(f"{c.key} {1e3 * times[c.key]:.2f} ms" for c in sorted(close, key=lambda c: times[c.key]))
     note = f"the {len(close)} within {100 * RUNOFF_MARGIN:.0f} % of the fastest, timed again alone: {shown}"
-    return winner.backend, f"{why}; {note}" + (f": {winner.key} deploys" if winner.key != lead.key else ""), winner
+    quicker = [c for c in close if c.source == winner.source and times[c.key] < times[winner.key]]
+    if winner.key != lead.key or quicker:
+        note += f": {winner.key} deploys"
+        if quicker:
+            note += (
+                f" (within {100 * TIE_MARGIN:.0f} % of {', '.join(c.key for c in quicker)}, and smaller: "
+                f"{winner.memory_mb or 0:.2f} MB against {', '.join(f'{c.memory_mb or 0:.2f}' for c in quicker)})"
+            )
+    return winner.backend, f"{why}; {note}", winner
 
 
 def as_rows(choice: DeployChoice) -> list[dict[str, Any]]:
