@@ -246,8 +246,8 @@ class FactorySpec(Preprocessing):
             weights_path = str(path.resolve())
         size = DEFAULT_IMAGE_SIZE if image_size is None else parse_image_size(image_size)
         crop_values = None if crop is None else parse_floats(crop, "crop")
-        if crop_values is not None and len(crop_values) != 1:
-            raise ModelLoadError(f"--crop {crop!r}: give one number in (0, 1], e.g. 0.875")
+        if crop_values is not None and (len(crop_values) != 1 or not 0 < crop_values[0] <= 1):
+            raise ModelLoadError(f"--crop {crop!r}: give one number in (0, 1], e.g. 0.875 (224 of 256)")
         crop_value = None if crop_values is None else crop_values[0]
         try:
             return cls(
