@@ -18,6 +18,7 @@ from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.labels import LabelMatch
+from tools.run_data import preprocessing_note
 from tools.store.run_paths import RunPaths
 
 
@@ -38,6 +39,8 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
     if spec.dataset is not None:  # fail fast on data that cannot be read
         unreadable = ops.check_data(spec).note()
         notes += [unreadable] if unreadable else []
+    described = preprocessing_note(Path(info.artifact))
+    notes += [described] if described else []
     if spec.dataset is not None and not info.untrained:  # fail fast on a dataset that cannot be evaluated
         label_match = ops.match_dataset_labels(
             Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()

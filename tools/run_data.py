@@ -265,6 +265,13 @@ class _MemoPreprocess:
 _PREPROCESS: dict[tuple[str, tuple[int, int, int]], _MemoPreprocess] = {}
 
 
+def preprocessing_note(original_dir: Path) -> str | None:
+    """How a plain PyTorch model's images are prepared, and where each setting came from (None for a model whose
+    own image processor prepares them)."""
+    spec = getattr(load_original(original_dir), "factory_spec", None)
+    return spec.describe_preprocessing() if spec is not None else None
+
+
 def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]], torch.Tensor]:
     """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
     key = (str(original_dir.resolve()), shape.as_tuple())

@@ -73,3 +73,10 @@ def test_torchvision_factories_take_its_imagenet_crop() -> None:
 def test_a_bad_crop_says_what_to_give(value: str) -> None:
     with pytest.raises(ModelLoadError, match="crop"):
         FactorySpec.from_options("m:net", crop=value)
+
+
+def test_the_report_line_says_each_setting_and_where_it_came_from() -> None:
+    line = _resolved("torchvision.models:mobilenet_v2").describe_preprocessing()
+    assert line.startswith("preprocessing: 8 × 8 px, the center cut from the image resized to cover 9 px")
+    assert "crop 0.875: torchvision's ImageNet evaluation (224 of 256)" in line and "(default)" in line
+    assert "the whole image resized (no crop)" in _resolved("m:net", crop=None).describe_preprocessing()

@@ -312,3 +312,7 @@ def test_cli_runs_lenet_on_greyscale_folder_without_channels(
     assert (shape["channels"], shape["height"], shape["width"]) == (1, 28, 28)
     assert (shape["channels_source"], shape["size_source"]) == ("first convolution conv1", "--image-size")
     assert "channels from first convolution conv1; size from --image-size" in (run_dir / "report.md").read_text()
+    assert (
+        "preprocessing: 28 × 28 px, the whole image resized (no crop); mean [0.0] (--mean), std [1.0] (--std)"
+        in (report["notes"])
+    )

@@ -290,6 +290,25 @@ class FactorySpec(Preprocessing):
         data = self.model_dump() | values | {"channels": channels, "image_size": image_size, "sources": sources}
         return FactorySpec.model_validate(data)
 
+    def describe_preprocessing(self) -> str:
+        """How images become inputs and where each setting came from, in one line for the report."""
+
+        def source(name: str) -> str:
+            found = self.sources.get(name, "given")
+            return "default" if found == DEFAULT_SOURCE else found
+
+        height, width = self.image_size
+        crop = (
+            f"the center cut from the image resized to cover {height / self.crop:.0f} px, aspect kept "
+            f"(crop {self.crop:g}: {source('crop')})"
+            if self.crop is not None
+            else "the whole image resized (no crop)"
+        )
+        values = ", ".join(
+            f"{name} {[round(v, 4) for v in getattr(self, name)]} ({source(name)})" for name in ("mean", "std")
+        )
+        return f"preprocessing: {height} × {width} px, {crop}; {values}"
+
     def preprocessing(self) -> Preprocessing:
         return Preprocessing(
             image_size=self.image_size, channels=self.channels, mean=self.mean, std=self.std, crop=self.crop
