@@ -103,10 +103,15 @@ def _config_value(model: nn.Module, name: str) -> Any:
     return getattr(getattr(model, "config", None), name, None)
 
 
+def _timm_cfgs(model: nn.Module) -> list[tuple[str, dict[str, Any]]]:
+    """(attribute, dict) of the configs a timm model carries: ``pretrained_cfg``, then the older ``default_cfg``."""
+    found = [(attr, getattr(model, attr, None)) for attr in ("pretrained_cfg", "default_cfg")]
+    return [(attr, cfg) for attr, cfg in found if isinstance(cfg, dict)]
+
+
 def _timm_input_size(model: nn.Module) -> tuple[int, int, int] | None:
-    for attr in ("pretrained_cfg", "default_cfg"):
-        cfg = getattr(model, attr, None)
-        value = cfg.get("input_size") if isinstance(cfg, dict) else None
+    for _, cfg in _timm_cfgs(model):
+        value = cfg.get("input_size")
         if isinstance(value, list | tuple) and len(value) == 3 and all(isinstance(v, int) and v > 0 for v in value):
             return int(value[0]), int(value[1]), int(value[2])
     return None
@@ -362,10 +367,7 @@ def resolve_factory_spec(model: nn.Module, spec: FactorySpec) -> FactorySpec:
 
 def _timm_normalisation(model: nn.Module, channels: int) -> tuple[list[float], list[float]] | None:
     """The per-channel mean and std a timm model was trained with (its ``pretrained_cfg``), when they fit."""
-    for attr in ("pretrained_cfg", "default_cfg"):
-        cfg = getattr(model, attr, None)
-        if not isinstance(cfg, dict):
-            continue
+    for _, cfg in _timm_cfgs(model):
         mean, std = _floats(cfg.get("mean"), channels), _floats(cfg.get("std"), channels)
         if mean is not None and std is not None and all(x > 0 for x in std):
             return mean, std
@@ -402,10 +404,7 @@ def _crop_of(model: nn.Module, spec: FactorySpec) -> FactorySpec:
     crops only), torchvision's for its factories; unchanged otherwise (the whole image is resized)."""
     if spec.given("crop"):
         return spec
-    for attr in ("pretrained_cfg", "default_cfg"):
-        cfg = getattr(model, attr, None)
-        if not isinstance(cfg, dict):
-            continue
+    for attr, cfg in _timm_cfgs(model):
         crop = cfg.get("crop_pct")
         if isinstance(crop, int | float) and 0 < crop <= 1 and cfg.get("crop_mode", "center") == "center":
             sources = {**spec.sources, "crop": f"{attr}.crop_pct"}
