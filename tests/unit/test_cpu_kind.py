@@ -8,6 +8,7 @@ import pytest
 
 from tools.deploy.cpu import (
     ENV_TARGET,
+    ISA_CAP_ENV,
     CpuFeatures,
     Int8Settings,
     detect_cpu,
@@ -31,7 +32,7 @@ def test_kinds_follow_the_int8_dot_product() -> None:
 def test_detection_reads_this_cpu() -> None:
     cpu = detect_cpu()
     assert cpu.model_name and cpu.machine == (platform.machine() or "unknown")
-    if cpu.machine.lower() in {"x86_64", "amd64"}:
+    if cpu.machine.lower() in {"x86_64", "amd64"} and not cpu.isa_cap:
         from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
 
         # cpuid decides (an emulated CPU says what it emulates, whatever /proc/cpuinfo of the host says)
@@ -68,6 +69,40 @@ def test_cpuid_decodes_the_features_numpy_knows(monkeypatch: pytest.MonkeyPatch)
     for name in ("avx2", "avx512bw", "avx512_vnni"):  # what NumPy's table knows (AMX and AVX-VNNI it takes from
         assert (name in fallback.features) == (name in real.features), name  # /proc/cpuinfo: the host's, emulated)
     assert detect_cpu() == real
+
+
+def _detected_with_cap(monkeypatch: pytest.MonkeyPatch, cap: str | None) -> CpuFeatures:
+    import tools.deploy.cpu as cpu_module
+
+    with monkeypatch.context() as patch:  # the cache is cleared again once the patch is gone
+        if cap is None:
+            patch.delenv(ISA_CAP_ENV, raising=False)
+        else:
+            patch.setenv(ISA_CAP_ENV, cap)
+        cpu_module.detect_cpu.cache_clear()
+        try:
+            return cpu_module.detect_cpu()
+        finally:
+            cpu_module.detect_cpu.cache_clear()
+
+
+def test_onednn_isa_cap_caps_the_features_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONEDNN_MAX_CPU_ISA makes OpenVINO's and oneDNN's kernels use no more than it names (AVX2: vpmaddubsw, whose
+    pair sums saturate, on any CPU): the int8 target and the report follow it."""
+    found = _detected_with_cap(monkeypatch, None)
+    capped = _detected_with_cap(monkeypatch, "avx2")  # oneDNN reads it in any case
+    assert set(capped.features) == set(found.features) & {"avx2"}
+    assert not capped.vnni and not capped.bf16
+    if found.x86:
+        assert capped.kind == "no-vnni" and resolve_target("auto", capped) == "no-vnni"
+    if set(found.features) - {"avx2"}:
+        assert capped.isa_cap == "AVX2" and "capped by ONEDNN_MAX_CPU_ISA=AVX2" in capped.describe()
+    vnni_cap = _detected_with_cap(monkeypatch, "AVX512_CORE_VNNI")
+    assert set(vnni_cap.features) == set(found.features) & {"avx2", "avx512bw", "avx512_vnni"}
+    assert not {"amx_int8", "avx512_bf16"} & set(vnni_cap.features)
+    for no_cap in ("ALL", "no-such-isa", ""):  # what oneDNN ignores caps nothing
+        same = _detected_with_cap(monkeypatch, no_cap)
+        assert same.features == found.features and not same.isa_cap, no_cap
 
 
 def test_bf16_follows_the_features() -> None:

@@ -19,8 +19,10 @@ says in one line on load.
 :func:`detect_cpu` reads the features from ``cpuid`` itself (a few bytes of machine code run through ctypes; NumPy's
 dispatch table where executable memory is refused), kept only where ``/proc/cpuinfo`` also lists them (the kernel
 must enable AVX-512 and AMX state). ``cpuid`` is what an emulator answers: QEMU presenting an AVX2-only EPYC on an
-AMX host is read as the EPYC, where the host's ``/proc/cpuinfo`` still lists AMX. ``PROFILING_AGENT_INT8_CPU``
-(``vnni`` / ``no-vnni``) or ``--int8-cpu`` builds for another kind than the one found.
+AMX host is read as the EPYC, where the host's ``/proc/cpuinfo`` still lists AMX. ``ONEDNN_MAX_CPU_ISA`` (oneDNN's
+own cap, which OpenVINO's and PyTorch's oneDNN kernels obey: ``AVX2`` runs their int8 with ``vpmaddubsw`` on a VNNI
+CPU, natively) caps the features found the same way; ONNX Runtime's kernels do not read it.
+``PROFILING_AGENT_INT8_CPU`` (``vnni`` / ``no-vnni``) or ``--int8-cpu`` builds for another kind than the one found.
 
 The same features say whether the CPU computes **bf16** natively (AMX-BF16, AVX512-BF16): the ``openvino-bf16``
 backend runs there; elsewhere OpenVINO would silently run it in FP32.
@@ -69,6 +71,23 @@ _CPUID_BITS: dict[str, tuple[int, int, int, int]] = {
     "avx_vnni": (7, 1, 0, 4),
     "avx512_bf16": (7, 1, 0, 5),
 }
+#: oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``, case-insensitive) -> the features of :data:`FEATURES` its kernels may use;
+#: an unknown value caps nothing (oneDNN ignores it too).
+ISA_CAP_ENV = "ONEDNN_MAX_CPU_ISA"
+_ISA_CAPS: dict[str, frozenset[str]] = {
+    "SSE41": frozenset(),
+    "AVX": frozenset(),
+    "AVX2": frozenset({"avx2"}),
+    "AVX2_VNNI": frozenset({"avx2", "avx_vnni"}),
+    "AVX2_VNNI_2": frozenset({"avx2", "avx_vnni"}),
+    "AVX512_CORE": frozenset({"avx2", "avx512bw"}),
+    "AVX512_CORE_VNNI": frozenset({"avx2", "avx512bw", "avx512_vnni"}),
+    "AVX512_CORE_BF16": frozenset({"avx2", "avx512bw", "avx512_vnni", "avx512_bf16"}),
+    "AVX512_CORE_FP16": frozenset({"avx2", "avx512bw", "avx512_vnni", "avx512_bf16"}),
+    "AVX10_1_512": frozenset({"avx2", "avx512bw", "avx512_vnni", "avx512_bf16"}),
+}
+for _amx in ("AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16"):
+    _ISA_CAPS[_amx] = _ISA_CAPS["AVX10_1_512"] | {"amx_int8", "amx_bf16"}
 #: NumPy's cpuid-based names of the features it detects (the fallback where ``cpuid`` cannot be run here).
 _NUMPY_NAMES = {"avx2": "AVX2", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI", "avx512_bf16": "AVX512BF16"}
 
@@ -80,6 +99,9 @@ class CpuFeatures(BaseModel):
     machine: str = Field(description="platform.machine(): x86_64, aarch64, ...")
     features: list[str] = Field(default_factory=list, description="The int8-relevant features present (FEATURES).")
     detected_by: str = Field(default="", description="Where the features came from.")
+    isa_cap: str = Field(
+        default="", description="The ONEDNN_MAX_CPU_ISA value that removed features the CPU has ('' where none did)."
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -115,7 +137,8 @@ class CpuFeatures(BaseModel):
             if self.vnni
             else ("no VNNI: int8 pair sums saturate at 16 bits" if self.x86 else "not x86")
         )
-        return f"{self.model_name} ({self.machine}; {names}: {how})"
+        cap = f", capped by {ISA_CAP_ENV}={self.isa_cap}" if self.isa_cap else ""
+        return f"{self.model_name} ({self.machine}; {names}: {how}{cap})"
 
 
 def _cpuinfo() -> tuple[str, set[str]]:
@@ -217,11 +240,17 @@ def detect_cpu() -> CpuFeatures:
         detected_by = "/proc/cpuinfo" if flags else "nothing (no cpuid, no /proc/cpuinfo)"
     if flags:  # what the kernel has not enabled (AVX-512 or AMX state) does not run
         found &= flags
+    cap = os.environ.get(ISA_CAP_ENV, "").strip().upper()
+    if cap in _ISA_CAPS and found - _ISA_CAPS[cap]:
+        found &= _ISA_CAPS[cap]
+    else:
+        cap = ""
     return CpuFeatures(
         model_name=name or platform.processor() or "unknown CPU",
         machine=machine,
         features=[f for f in FEATURES if f in found],
         detected_by=detected_by,
+        isa_cap=cap,
     )
 
 
@@ -369,6 +398,7 @@ __all__ = [
     "ENV_TARGET",
     "FEATURES",
     "INT8_TARGETS",
+    "ISA_CAP_ENV",
     "CpuFeatures",
     "Int8Settings",
     "Int8Target",
