@@ -146,3 +146,40 @@ def test_a_pooling_window_over_the_whole_map_converts_to_openvino_as_a_global_av
         torch.testing.assert_close(OpenVinoModel(xml)(x), model(x), atol=1e-4, rtol=1e-4)
     with plain_export(), pytest.raises(Exception, match="avg_pool2d"):  # the cause, not "Check .false. failed at"
         convert_openvino(model, x[:1])
+
+
+class SmallInputVgg(torch.nn.Module):
+    """torchvision's VGG and AlexNet below 224 px: features down to a 2x2 map, then ``AdaptiveAvgPool2d((7, 7))``."""
+
+    def __init__(self, out: int | tuple[int, int] = 7) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.MaxPool2d(16))
+        self.avgpool = torch.nn.AdaptiveAvgPool2d(out)
+        self.classifier = torch.nn.LazyLinear(10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.avgpool(self.features(x)).flatten(1))
+
+
+@pytest.mark.parametrize("out", [7, (3, 5)])
+def test_adaptive_pooling_that_does_not_divide_its_input_exports_to_onnx(tmp_path: Path, out: object) -> None:
+    """The ONNX exporter refuses an adaptive pooling whose output size does not divide the input's (VGG and AlexNet
+    below 224 px had no ONNX Runtime candidate); as two constant matrix products it exports, with the same logits."""
+    torch.manual_seed(0)
+    model, x = SmallInputVgg(out), torch.randn(3, 3, 32, 32)  # type: ignore[arg-type]
+    with torch.no_grad():
+        reference = model(x)
+    rewritten = export_form(model, x)
+    assert rewritten is not model and not isinstance(rewritten.avgpool, torch.nn.AdaptiveAvgPool2d)
+    path = export_onnx(model, x[:1], tmp_path / "model.onnx")
+    assert "MatMul" in _ops(path)
+    torch.testing.assert_close(OrtModel(path, threads=1)(x), reference, atol=1e-5, rtol=1e-5)
+    with plain_export(), pytest.raises(Exception, match="not factor of input size"):
+        export_onnx(model, x[:1], tmp_path / "plain.onnx")
+
+
+def test_adaptive_pooling_that_divides_its_input_is_exported_as_it_is() -> None:
+    torch.manual_seed(0)
+    model, x = SmallInputVgg(1), torch.randn(1, 3, 32, 32)
+    model(x)  # the lazy classifier's shape
+    assert export_form(model, x) is model

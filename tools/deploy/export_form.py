@@ -126,11 +126,50 @@ def _global_average(pool: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     return nn.AdaptiveAvgPool2d(1)
 
 
+def _pool_matrix(size: int, out: int) -> torch.Tensor:
+    """``(out, size)``: row ``i`` averages the bins adaptive pooling averages, ``floor(i*size/out)`` up to
+    ``ceil((i+1)*size/out)`` (overlapping, or repeated where ``out > size``)."""
+    matrix = torch.zeros(out, size)
+    for i in range(out):
+        start, end = (i * size) // out, -(-(i + 1) * size // out)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+class MatrixAdaptiveAvgPool(nn.Module):
+    """Adaptive average pooling of a fixed input size as two products with constant matrices: the same output, in
+    ops every runtime has (``MatMul``)."""
+
+    def __init__(self, size: tuple[int, int], out: tuple[int, int]) -> None:
+        super().__init__()
+        self.register_buffer("rows", _pool_matrix(size[0], out[0]))
+        self.register_buffer("cols", _pool_matrix(size[1], out[1]).T.contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(self.rows, torch.matmul(x, self.cols))
+
+
+def _adaptive_average(pool: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> nn.Module | None:
+    """An adaptive average pooling whose output size does not divide its input's, as constant matrix products:
+    the ONNX exporter refuses it ("output size that are not factor of input size"), so torchvision's VGG and AlexNet
+    (``AdaptiveAvgPool2d((7, 7))``) below 224 px had no ONNX Runtime candidate (a sweep over unseen architectures)."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        return None
+    size = (int(x.shape[-2]), int(x.shape[-1]))
+    wanted = pool.output_size if isinstance(pool.output_size, tuple | list) else (pool.output_size,) * 2
+    out = tuple(size[i] if wanted[i] is None else int(wanted[i]) for i in range(2))
+    if all(s % o == 0 for s, o in zip(size, out, strict=True)):
+        return None  # exported as a plain pooling
+    return MatrixAdaptiveAvgPool(size, (out[0], out[1]))
+
+
 #: Rewritable modules by class name: a factory given the module and the positional and keyword arguments of its
 #: call on the example input, returning its replacement (None: left as it is).
 REWRITES: dict[str, Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], nn.Module | None]] = {
     "SwinLayer": _gathered_swin_layer,
     "AvgPool2d": _global_average,
+    "AdaptiveAvgPool2d": _adaptive_average,
 }
 
 
@@ -213,4 +252,12 @@ def export_form(model: nn.Module, example_input: torch.Tensor, *, atol: float = 
     return rewritten
 
 
-__all__ = ["EXPORT_FORM_VERSION", "REWRITES", "GatheredSwinLayer", "export_form", "export_form_key", "plain_export"]
+__all__ = [
+    "EXPORT_FORM_VERSION",
+    "REWRITES",
+    "GatheredSwinLayer",
+    "MatrixAdaptiveAvgPool",
+    "export_form",
+    "export_form_key",
+    "plain_export",
+]
