@@ -140,6 +140,9 @@ class MatrixAdaptiveAvgPool(nn.Module):
     """Adaptive average pooling of a fixed input size as two products with constant matrices: the same output, in
     ops every runtime has (``MatMul``)."""
 
+    rows: torch.Tensor
+    cols: torch.Tensor
+
     def __init__(self, size: tuple[int, int], out: tuple[int, int]) -> None:
         super().__init__()
         self.register_buffer("rows", _pool_matrix(size[0], out[0]))
@@ -157,7 +160,8 @@ def _adaptive_average(pool: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         return None
     size = (int(x.shape[-2]), int(x.shape[-1]))
-    wanted = pool.output_size if isinstance(pool.output_size, tuple | list) else (pool.output_size,) * 2
+    output_size: Any = pool.output_size
+    wanted = tuple(output_size) if isinstance(output_size, tuple | list) else (output_size,) * 2
     out = tuple(size[i] if wanted[i] is None else int(wanted[i]) for i in range(2))
     if all(s % o == 0 for s, o in zip(size, out, strict=True)):
         return None  # exported as a plain pooling
