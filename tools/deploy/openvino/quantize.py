@@ -82,9 +82,8 @@ def quantize_openvino(
     ``preset``: symmetric weights and activations (``performance``) or asymmetric activations (``mixed``); default:
     what this CPU's kind takes for this kind of model (:meth:`tools.deploy.cpu.Int8Settings.nncf_preset`).
     ``subset_size``: calibration images used, at most :data:`MAX_SUBSET` (default: all, up to it).
-    ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what attention models need on CPUs without
-    VNNI), the first one (NNCF's default) or none; default: what this CPU's kind needs for this kind of model
-    (:meth:`tools.deploy.cpu.Int8Settings.nncf_overflow_fix`).
+    ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what holds on CPUs without VNNI), the first
+    one (NNCF's default) or none; default: what this CPU's kind needs (``Int8Settings.overflow_fix``).
     Bias correction: NNCF's full one for models without attention, its fast one for attention models
     (:meth:`tools.deploy.cpu.Int8Settings.nncf_fast_bias_correction`).
     ``ignored``: op names left in float. Every other Conv/MatMul NNCF's patterns select is quantized; with
@@ -94,7 +93,7 @@ def quantize_openvino(
     with telemetry_declined():
         import nncf
 
-    overflow_fix = overflow_fix or int8_settings().nncf_overflow_fix(transformer)
+    overflow_fix = overflow_fix or int8_settings().overflow_fix
     chosen_preset = nncf.QuantizationPreset(preset or int8_settings().nncf_preset(transformer))
     items = calibration_items(calibration)
     subset = min(MAX_SUBSET, len(items), subset_size or len(items))
@@ -377,7 +376,7 @@ def deploy_openvino(
             converted,
             calibration,
             transformer=transformer,
-            overflow_fix=chosen.nncf_overflow_fix(transformer),
+            overflow_fix=chosen.overflow_fix,
             preset=chosen.nncf_preset(transformer),
             ignored=ignored,
             accuracy_control=accuracy_control,
