@@ -46,8 +46,8 @@ def test_int8_tests_pass_with_kernels_capped_at_avx2() -> None:
 def test_saturating_kernels_cost_what_the_overflow_fix_saves(shared_dir: Path, tmp_path: Path) -> None:
     """The failure the non-VNNI settings exist for, shown natively: OpenVINO int8 of the shared ResNet-tiny with
     8-bit weights everywhere (no overflow fix) changes about an eighth of the answers on saturating kernels (-4.6
-    points on 2,000 images; QEMU's AVX2-only EPYC: -5.8), while 7-bit weights on its first layer (the tool's setting
-    for CNNs on both kinds) agree with FP32 as on a VNNI CPU (97.6 %)."""
+    points on 2,000 images; QEMU's AVX2-only EPYC: -5.8), while 7-bit weights on its first layer (NNCF's default)
+    or on every layer (the tool's setting without VNNI) agree with FP32 as on a VNNI CPU (97.6 %)."""
     pytest.importorskip("nncf")
     out = tmp_path / "int8"
     script = str(ROOT / "benchmarks" / "int8_settings.py")
