@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from figure_common import read_run
+from figure_common import read_run, run_images
 
 from agents.planning.selection import selection_z
 from tools import load_compressed, ops
@@ -33,7 +32,6 @@ from tools.compression.distill import (
     distill_,
 )
 from tools.compression.forward import forward_logits
-from tools.evaluation.datasets import load_eval_dataset
 
 #: The multiplicity factor the figures print beside each estimate: the kept round's check for the best of 4 rounds.
 Z_FOUR_ROUNDS = round(selection_z(4), 2)
@@ -71,24 +69,9 @@ def main() -> None:
     args = parser.parse_args()
     ops.set_threads(args.threads)
     run = read_run(args.run)
-    report = json.loads((args.run / "report.json").read_text())
-    parts = report["baseline"]["data_parts"]
-    sizes = {name: parts.get(name, 0) for name in ("calibration", "holdout", "finetune")}
-    dataset, seed = report["dataset"]["spec"], int(run.settings["context"].get("seed", 0))
-    mapping = {int(k): int(v) for k, v in report["dataset"]["label_match"]["mapping"].items()}
-    preprocess = run.preprocess()
-
-    def as_classes(labels: list[int]) -> torch.Tensor:
-        return torch.tensor([mapping.get(label, -1) for label in labels])
-
-    def part(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        data = load_eval_dataset(dataset, samples=parts["evaluation"], seed=seed, part=name, sizes=sizes)
-        return preprocess(list(data.images)), as_classes(data.labels)
-
-    calibration, _ = part("calibration")
-    evaluation, labels = part("evaluation")
-    unseen_data = load_eval_dataset(args.data, samples=None, seed=0)
-    unseen, unseen_labels = preprocess(list(unseen_data.images)), as_classes(unseen_data.labels)
+    images = run_images(run)
+    calibration, evaluation, labels = images.calibration, images.evaluation, images.labels
+    unseen, unseen_labels = images.unseen(args.data)
     order = torch.randperm(len(evaluation), generator=torch.Generator().manual_seed(0))
     halves = (order[: len(order) // 2], order[len(order) // 2 :])
     original = load_compressed(run.original)

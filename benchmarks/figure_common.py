@@ -29,6 +29,7 @@ __all__ = [
     "REPO",
     "SHARED",
     "Predictions",
+    "RunImages",
     "RunInfo",
     "UnseenData",
     "fail",
@@ -36,6 +37,7 @@ __all__ = [
     "pct",
     "points",
     "read_run",
+    "run_images",
 ]
 
 #: The repository root (benchmarks/..), and ``../shared`` beside it: the defaults of every path argument.
@@ -105,6 +107,50 @@ class RunInfo:
     def preprocess(self) -> Callable[[list[Any]], torch.Tensor]:
         """Images -> the batch the original model expects (its own processor)."""
         return ops.preprocess_of(self.original, self.shape)
+
+
+@dataclass(frozen=True)
+class RunImages:
+    """A finished run's calibration and evaluation images, preprocessed for its model, with the evaluation labels
+    as the model's classes (-1 where none matches), and the same for images the run never saw."""
+
+    calibration: torch.Tensor
+    evaluation: torch.Tensor
+    labels: torch.Tensor
+    preprocess: Callable[[list[Any]], torch.Tensor]
+    mapping: dict[int, int]
+
+    def unseen(self, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every image of ``spec`` (the other half of the split), preprocessed, and its classes."""
+        data = load_eval_dataset(spec, samples=None, seed=0)
+        return self.preprocess(list(data.images)), _classes(self.mapping, data.labels)
+
+
+def _classes(mapping: dict[int, int], labels: list[int]) -> torch.Tensor:
+    """Dataset labels as the model's classes (-1 where none matches)."""
+    return torch.tensor([mapping.get(label, -1) for label in labels])
+
+
+def run_images(run: RunInfo) -> RunImages:
+    """The calibration and evaluation parts of ``run``'s data, as the run split them (its sizes and seed)."""
+    report = json.loads((run.run_dir / "report.json").read_text(encoding="utf-8"))
+    parts = report["baseline"]["data_parts"]
+    sizes = {name: parts.get(name, 0) for name in ("calibration", "holdout", "finetune")}
+    dataset, seed = report["dataset"]["spec"], int(run.context.get("seed", 0))
+    mapping = {int(k): int(v) for k, v in report["dataset"]["label_match"]["mapping"].items()}
+    preprocess = run.preprocess()
+
+    def part(name: str) -> EvalDataset:
+        return load_eval_dataset(dataset, samples=parts["evaluation"], seed=seed, part=name, sizes=sizes)
+
+    calibration, evaluation = part("calibration"), part("evaluation")
+    return RunImages(
+        calibration=preprocess(list(calibration.images)),
+        evaluation=preprocess(list(evaluation.images)),
+        labels=_classes(mapping, evaluation.labels),
+        preprocess=preprocess,
+        mapping=mapping,
+    )
 
 
 def read_run(run_dir: Path) -> RunInfo:
