@@ -39,10 +39,12 @@ from tools.evaluation.cost import compare_latencies
 
 
 class SkippedBlock(nn.Module):
-    """A removed block: returns its first input unchanged (whatever else the caller passes)."""
+    """A removed block: returns a copy of its first input (whatever else the caller passes). A copy, as a block's
+    output is a new tensor: a caller that adds the shortcut in place (Hugging Face's ResNet layers) would otherwise
+    change its input too, which autograd refuses."""
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return x
+        return x.clone()
 
 
 def same_shape_blocks(model: nn.Module, example: torch.Tensor) -> list[str]:
@@ -84,6 +86,18 @@ def without(model: nn.Module, names: list[str]) -> nn.Module:
         else:
             setattr(parent, child, SkippedBlock())
     return copied
+
+
+def least_damaging(order: list[str], count: int) -> list[str]:
+    """The first ``count`` blocks of ``order`` that neither hold nor sit inside one taken before (removing a stage
+    removes its blocks: a nested name would be counted twice, or be gone)."""
+    taken: list[str] = []
+    for name in order:
+        if len(taken) == count:
+            break
+        if not any(name.startswith(f"{t}.") or t.startswith(f"{name}.") for t in taken):
+            taken.append(name)
+    return taken
 
 
 def top1(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -131,7 +145,7 @@ def main() -> None:
     params = sum(p.numel() for p in original.parameters())
     students: dict[str, nn.Module] = {"original": original}
     for count in (int(k) for k in args.blocks.split(",")):
-        removed = order[:count]
+        removed = least_damaging(order, count)
         cut = without(original, removed)
         fewer = 100 * (1 - sum(p.numel() for p in cut.parameters()) / params)
         print(
@@ -152,7 +166,8 @@ def main() -> None:
             merged[held_out] = top1(student, evaluation[held_out])
             print(
                 f"  student {index + 1} ({time.perf_counter() - start:.0f} s): unseen "
-                f"{paired(top1(student, unseen), original_unseen, unseen_labels)}"
+                f"{paired(top1(student, unseen), original_unseen, unseen_labels)}",
+                flush=True,
             )
             if index == 0:
                 students[f"{count} removed"] = student

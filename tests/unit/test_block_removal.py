@@ -44,3 +44,10 @@ def test_without_replaces_only_the_named_blocks_in_a_copy(block_removal: ModuleT
         assert torch.equal(cut.layer1(hidden), model.layer1[2](model.layer1[1](hidden)))
         assert cut(x).shape == model(x).shape
         assert not torch.allclose(cut(x), model(x))
+
+
+def test_least_damaging_skips_blocks_nested_in_one_taken(block_removal: ModuleType) -> None:
+    order = ["stage.0.block.1", "stage.0", "stage.1.block.0", "stage.0.block.0", "stage.1"]
+    assert block_removal.least_damaging(order, 2) == ["stage.0.block.1", "stage.1.block.0"]
+    assert block_removal.least_damaging(order, 3) == ["stage.0.block.1", "stage.1.block.0", "stage.0.block.0"]
+    assert block_removal.least_damaging(order, 9) == ["stage.0.block.1", "stage.1.block.0", "stage.0.block.0"]
