@@ -2,7 +2,7 @@
 
 A *block* is a child of an ``nn.Sequential`` or ``nn.ModuleList`` whose output has its input's shape (a residual
 block with an identity shortcut, a transformer layer). This script measures each block's damage removed alone (the
-block replaced by the identity, no training) on a finished run's evaluation images, removes the ``K`` least
+block's output replaced by its input, no training) on a finished run's evaluation images, removes the ``K`` least
 damaging for each ``K`` given, distils the result from the original twice as the tool's distillation after the search
 does (``tools.compression.distill``: each student on the run's calibration images and one seeded half of its
 evaluation images, judged on the other half, 1,000 steps, logits only), reports both students on images the run
@@ -60,7 +60,9 @@ def same_shape_blocks(model: nn.Module, example: torch.Tensor) -> list[str]:
     def hook(name: str) -> Any:
         def check(_: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
             first = inputs[0] if inputs else None
-            if isinstance(first, torch.Tensor) and isinstance(output, torch.Tensor) and first.shape == output.shape:
+            tensors = isinstance(first, torch.Tensor) and isinstance(output, torch.Tensor)
+            shaped = tensors and first.shape == output.shape
+            if shaped and name not in same:  # a module called twice (shared) is one block
                 same.append(name)
 
         return check
