@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from figure_common import machine_line, read_run, run_images
+from figure_common import machine_line, read_run, run_images, top1
 from torch import nn
 
 from tools import load_compressed, ops
@@ -100,11 +100,6 @@ def least_damaging(order: list[str], count: int) -> list[str]:
         if not any(name.startswith(f"{t}.") or t.startswith(f"{name}.") for t in taken):
             taken.append(name)
     return taken
-
-
-def top1(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([forward_logits(model, images[i : i + 256]).argmax(1) for i in range(0, len(images), 256)])
 
 
 def paired(predicted: torch.Tensor, original: torch.Tensor, labels: torch.Tensor) -> str:

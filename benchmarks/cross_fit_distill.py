@@ -17,10 +17,9 @@ import argparse
 import copy
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
-from figure_common import read_run, run_images
+from figure_common import read_run, run_images, top1
 
 from agents.planning.selection import selection_z
 from tools import load_compressed, ops
@@ -31,15 +30,9 @@ from tools.compression.distill import (
     DistillConfig,
     distill_,
 )
-from tools.compression.forward import forward_logits
 
 #: The multiplicity factor the figures print beside each estimate: the kept round's check for the best of 4 rounds.
 Z_FOUR_ROUNDS = round(selection_z(4), 2)
-
-
-def top1(model: Any, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([forward_logits(model, images[i : i + 256]).argmax(1) for i in range(0, len(images), 256)])
 
 
 def paired(predicted: torch.Tensor, original: torch.Tensor, labels: torch.Tensor) -> str:

@@ -20,6 +20,7 @@ import torch
 
 from tools import load_compressed, ops
 from tools.artifacts.io import load_original
+from tools.compression.forward import forward_logits
 from tools.evaluation.datasets import EvalDataset, load_eval_dataset
 from tools.evaluation.labels import LabelMatch, match_labels
 from tools.evaluation.paired import paired_accuracy, predict_part
@@ -38,6 +39,7 @@ __all__ = [
     "points",
     "read_run",
     "run_images",
+    "top1",
 ]
 
 #: The repository root (benchmarks/..), and ``../shared`` beside it: the defaults of every path argument.
@@ -129,6 +131,12 @@ class RunImages:
 def _classes(mapping: dict[int, int], labels: list[int]) -> torch.Tensor:
     """Dataset labels as the model's classes (-1 where none matches)."""
     return torch.tensor([mapping.get(label, -1) for label in labels])
+
+
+def top1(model: Any, images: torch.Tensor) -> torch.Tensor:
+    """The model's top-1 class of each preprocessed image, 256 at a time."""
+    with torch.no_grad():
+        return torch.cat([forward_logits(model, images[i : i + 256]).argmax(1) for i in range(0, len(images), 256)])
 
 
 def run_images(run: RunInfo) -> RunImages:
