@@ -311,6 +311,7 @@ def prune(
     from tools.compression.pruning import apply_pruning
     from tools.compression.recovery import recover_
     from tools.compression.reference import reference_passes
+    from tools.compression.repair import held_out_count, repair_
 
     config = config or PruningConfig()
     recovery = recovery or RecoveryConfig(method="none")
@@ -334,9 +335,16 @@ def prune(
     images = calibration.images if calibration is not None else None
     targets = calibration.targets if calibration is not None else None
     model = load_original(original_dir).model.eval()
-    # the original's passes over the calibration images, shared by every round of the run
+    # the original's passes over the calibration images, shared by every round of the run; the last ones held out
+    # to judge each round's recovery on images it was not fit on
     reference = (
-        reference_passes(_artifact_key(original_dir), lambda: load_original(original_dir).model, images, targets)
+        reference_passes(
+            _artifact_key(original_dir),
+            lambda: load_original(original_dir).model,
+            images,
+            targets,
+            holdout=held_out_count(images.shape[0], recovery.holdout) if recovery.method != "none" else 0,
+        )
         if images is not None
         else None
     )
@@ -347,15 +355,15 @@ def prune(
         plan.pruning_recommendations,
         example_input(shape),
         config,
-        calibration=images,
-        calibration_targets=targets,
+        calibration=reference.images if reference is not None else None,
+        calibration_targets=reference.targets if reference is not None else None,
         channel_scores=reference.channel_scores(config.importance) if reference is not None else None,
     )
     consumers = report.consumers()
-    rows, stats = None, None
-    if reference is not None and recovery.method == "reconstruct":
-        rows, stats = reference.outputs(consumers, recovery.max_rows), reference.batchnorm_stats()
-    repaired = recover_(model, original, images, consumers, recovery, targets=rows, reference_stats=stats)
+    if reference is not None:
+        repaired = repair_(model, reference, consumers, recovery)
+    else:
+        repaired = recover_(model, original, None, consumers, recovery)
     tuned: dict[str, Any] | None = None
     if finetune is not None and finetune.steps > 0 and report.applied:
         from tools.compression.distill import distill_

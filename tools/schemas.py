@@ -166,7 +166,12 @@ class SensitivityUnit(BaseModel):
 class SensitivityProfile(BaseModel):
     """Measured damage of pruning each unit alone, after recovery; what planners allocate ratios from."""
 
-    samples: int
+    samples: int = Field(description="Calibration images each probe is judged on (its repair was not fit on them).")
+    fit_samples: int | None = Field(
+        default=None,
+        description="Calibration images each probe's importance and repair were fit on (None: profiles before "
+        "probes were judged out of sample, on the images they were fit on).",
+    )
     importance: str
     recovery: str
     ratios: list[float]

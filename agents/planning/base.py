@@ -36,6 +36,12 @@ class RoundRecord(BaseModel):
         default=None,
         description="The round whose model this round distilled after the search (cross-fitted); None: pruned.",
     )
+    predicted_damage: float | None = Field(
+        default=None, description="Share of images whose top-1 answer the plan's damage model predicted would change."
+    )
+    measured_damage: float | None = Field(
+        default=None, description="Share of the evaluation images whose top-1 answer changed (1 - agreement)."
+    )
 
     @classmethod
     def of(cls, result: RoundResult) -> RoundRecord:
@@ -55,6 +61,8 @@ class RoundRecord(BaseModel):
             within_budget=result.within_budget,
             planner_state=result.planner_state,
             distilled_from=result.cross_fit.source_round if result.cross_fit is not None else None,
+            predicted_damage=result.planner_state.get("predicted_damage"),
+            measured_damage=None if m.paired is None else round(1.0 - m.paired.agreement, 6),
         )
 
 

@@ -59,6 +59,12 @@ MAX_GROWTH = 4
 
 TRANSFORMER_FAMILIES = {"vit", "deit", "swin", "transformer"}
 
+#: A round over the accuracy budget whose measured share of changed answers is more than this many times its
+#: predicted damage is a miss of the damage model: the next budget shrinks by the miss, not by a third.
+FAR_PAST_PREDICTION = 3.0
+#: What of the miss-scaled budget is planned (damage grows faster than linearly past a unit's measured ratios).
+SURPRISE_MARGIN = 0.8
+
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
@@ -304,11 +310,41 @@ class RulesPlanner:
             note = f"Damage budget {good:.4f} stayed within the accuracy budget: growing it {first:g}x."
             return [(good * k, note) for k in (first, *(k for k in (2, 3, 4, 6, 8) if k > first))]
         if good <= 0:
+            surprise = self._surprise(ctx, bad)
+            if surprise is not None:
+                factor, measured, predicted = surprise
+                note = (
+                    f"Damage budget {bad:.4f} broke the accuracy budget, its round changing {_pct(measured)} of the "
+                    f"answers where {_pct(predicted)} were predicted: shrinking it {1 / factor:.1f}x, by that miss."
+                )
+                return [(bad * k, note) for k in (factor, factor / 3, factor * 2)]
             note = f"Damage budget {bad:.4f} broke the accuracy budget: shrinking it."
             return [(bad * k, note) for k in (1 / 3, 2 / 3, 1 / 9)]
         note = f"Damage budget {bad:.4f} broke the accuracy budget, {good:.4f} held: searching between them."
         between = [(good * bad) ** 0.5] + [good + (bad - good) * k / 8 for k in (4, 2, 6, 1, 3, 5, 7)]
         return [(b, note) for b in between]
+
+    @staticmethod
+    def _surprise(ctx: PlanningContext, budget: float) -> tuple[float, float, float] | None:
+        """Where the round planned at damage ``budget`` changed far more answers than its damage model predicted
+        (over :data:`FAR_PAST_PREDICTION` times): the factor that shrinks the budget by that miss (at most 1/3), with
+        the measured and predicted shares. A collapsed round says the profile's damage did not add up as the model
+        assumed; a third of its budget repeats most of it (an EfficientNet-Lite2 whose first round kept 0.5 % of its
+        top-1 lost 80 points again at a third)."""
+        rounds = [
+            r
+            for r in ctx.history
+            if r.planner_state.get("damage_budget") == round(budget, 6)
+            and r.measured_damage is not None
+            and r.predicted_damage
+        ]
+        if not rounds:
+            return None
+        worst = max(rounds, key=lambda r: (r.measured_damage or 0.0) / (r.predicted_damage or 1.0))
+        measured, predicted = float(worst.measured_damage or 0.0), float(worst.predicted_damage or 0.0)
+        if measured <= FAR_PAST_PREDICTION * predicted:
+            return None
+        return min(1 / 3, SURPRISE_MARGIN * predicted / measured), measured, predicted
 
     def _coordinate_step(
         self, ctx: PlanningContext, seen: list[Any], base_round: RoundRecord | None = None

@@ -38,7 +38,8 @@ def test_units_and_measurements_on_a_tiny_vit() -> None:
     ]
     targets = torch.randint(0, 5, (24,))
     result = measure_sensitivity(model, images, units, targets=targets, ratios=(0.25, 0.5))
-    assert result.ratios == [0.25, 0.5] and result.samples == 24 and not result.skipped
+    assert result.ratios == [0.25, 0.5] and not result.skipped
+    assert result.fit_samples == 12 and result.samples == 12  # repaired on half the images, judged on the others
     for unit in result.units:
         assert [p.ratio for p in unit.points] == [0.25, 0.5]
         saved = [p.params_saved for p in unit.points]
@@ -285,3 +286,21 @@ def test_a_round_at_the_target_must_remove_more_than_the_round_distillation_brou
     assert planner._larger_than_anchor(ctx, larger)
     targeted = planner.next_plan(ctx)
     assert planner._larger_than_anchor(ctx, targeted.planner_state["allocation"])
+
+
+def test_a_collapsed_round_shrinks_the_next_budget_by_its_miss_not_by_a_third() -> None:
+    """Round 0 changed 80 % of the answers where its damage model predicted 2 %: round 1 is not planned at a third
+    of its budget (which repeats most of the collapse) but at the budget the miss says lands near the prediction."""
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    assert first.planner_state["damage_budget"] == 0.02
+    predicted = first.planner_state["predicted_damage"]
+    collapsed = _record(0, first.planner_state, False, 2000).model_copy(
+        update={"predicted_damage": predicted, "measured_damage": 0.8}
+    )
+    after = planner.next_plan(_ctx([collapsed]))
+    assert after.planner_state["damage_budget"] <= 0.02 * 0.8 * predicted / 0.8 + 1e-9
+    assert "where" in after.plan.pruning_recommendations[0].justification
+    # a round that lost about what was predicted shrinks by a third, as before
+    near = collapsed.model_copy(update={"measured_damage": 2 * predicted})
+    assert planner.next_plan(_ctx([near])).planner_state["damage_budget"] == pytest.approx(0.02 / 3, rel=1e-3)

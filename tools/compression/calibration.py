@@ -23,8 +23,10 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "capture",
     "chunks",
+    "conv_padding",
     "input_channel_rms",
     "input_rows",
+    "input_rows_with_images",
     "output_rows",
     "row_index",
     "run_with_pre_hooks",
@@ -60,28 +62,108 @@ def input_rows(
     Convolutions are unfolded ``image_chunk`` images at a time, keeping only the chosen rows, so a large
     batch of large images never holds its whole unfolded input.
     """
+    return input_rows_with_images(module, x, max_rows, image_chunk)[0]
+
+
+def input_rows_with_images(
+    module: nn.Module, x: torch.Tensor, max_rows: int = DEFAULT_MAX_ROWS, image_chunk: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`input_rows` and, for each row, the index of the image (along ``x``'s first axis) it came from."""
     if not isinstance(module, nn.Conv2d):
-        return _take(x.detach().reshape(-1, x.shape[-1]).float(), max_rows)
-    padding = module.padding
-    if isinstance(padding, str):
-        raise ValueError(f"padding={padding!r} is not supported")
+        flat = x.detach().reshape(-1, x.shape[-1])
+        index = row_index(flat.shape[0], max_rows)
+        rows = flat.float() if index is None else flat.index_select(0, index.to(x.device)).float()
+        return rows, _images_of(index, flat.shape[0], int(x.shape[0]) if x.ndim > 1 else 1)
+    pads = conv_padding(module, x)
 
     def unfold(part: torch.Tensor) -> torch.Tensor:
-        cols = F.unfold(part.detach().float(), module.kernel_size, module.dilation, padding, module.stride)
+        part = F.pad(part.detach().float(), pads) if any(pads) else part.detach().float()
+        cols = F.unfold(part, module.kernel_size, module.dilation, 0, module.stride)
         return cols.transpose(1, 2).reshape(-1, cols.shape[1])
 
     first = unfold(x[:1])
     per_image = first.shape[0]
-    index = row_index(per_image * x.shape[0], max_rows)
+    total = per_image * x.shape[0]
+    index = row_index(total, max_rows)
     if index is None:
-        return torch.cat([unfold(part) for part in chunks(x, image_chunk)])
+        return torch.cat([unfold(part) for part in chunks(x, image_chunk)]), _images_of(None, total, x.shape[0])
     pieces = []
     for start in range(0, x.shape[0], image_chunk):
         lo, hi = start * per_image, min(x.shape[0], start + image_chunk) * per_image
         local = index[(index >= lo) & (index < hi)] - lo
         if local.numel():
             pieces.append(unfold(x[start : start + image_chunk]).index_select(0, local.to(x.device)))
-    return torch.cat(pieces)
+    return torch.cat(pieces), _images_of(index, total, x.shape[0])
+
+
+Pads = tuple[int, int, int, int]
+"""Zero padding as ``F.pad`` takes it for an image: (left, right, top, bottom)."""
+
+#: Padding modules a convolution subclass may apply to its input before convolving (efficientnet_pytorch's static
+#: "same" padding is a ``ZeroPad2d`` child).
+_PAD_MODULES = (nn.ZeroPad2d, nn.ConstantPad2d)
+
+
+def _declared_padding(module: nn.Conv2d) -> Pads | None:
+    """The padding ``module``'s attributes declare (None: not zeros, or a string this cannot resolve)."""
+    if module.padding_mode != "zeros":
+        return None
+    padding = module.padding
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        total = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size, strict=True)]
+        return (total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2)
+    return (int(padding[1]), int(padding[1]), int(padding[0]), int(padding[0]))
+
+
+def _same_padding(module: nn.Conv2d, x: torch.Tensor) -> Pads:
+    """TensorFlow's "same" padding of ``x`` (timm's ``Conv2dSame``, efficientnet_pytorch's dynamic padding)."""
+    pads: list[int] = []
+    for size, k, s, d in zip(x.shape[-2:], module.kernel_size, module.stride, module.dilation, strict=True):
+        total = max((-(-int(size) // s) - 1) * s + (k - 1) * d + 1 - int(size), 0)
+        pads.append(total)
+    return (pads[1] // 2, pads[1] - pads[1] // 2, pads[0] // 2, pads[0] - pads[0] // 2)
+
+
+def conv_padding(module: nn.Conv2d, x: torch.Tensor) -> Pads:
+    """The zero padding ``module`` really applies to ``x`` before convolving, so that its input rows line up with its
+    outputs. A plain ``nn.Conv2d`` declares it; a subclass with its own ``forward`` (a ``ZeroPad2d`` child, TensorFlow
+    "same" padding computed in the forward) is checked: each candidate is tried on one image against the module's own
+    forward. ``ValueError`` where none reproduces it (the layer is then not refit)."""
+    declared = _declared_padding(module)
+    if type(module).forward is nn.Conv2d.forward and declared is not None:
+        return declared
+    candidates: list[Pads] = []
+    children = list(module.children())
+    if children and all(isinstance(c, _PAD_MODULES) and float(getattr(c, "value", 0.0)) == 0.0 for c in children):
+        summed = [0, 0, 0, 0]
+        for child in children:
+            padding: Any = child.padding
+            summed = [a + int(b) for a, b in zip(summed, padding, strict=True)]
+        base = declared or (0, 0, 0, 0)
+        candidates.append(tuple(a + b for a, b in zip(summed, base, strict=True)))  # type: ignore[arg-type]
+    candidates += [p for p in (declared, _same_padding(module, x)) if p is not None]
+    one = x[:1].detach()
+    with torch.no_grad():
+        wanted = module.forward(one)
+        for pads in dict.fromkeys(candidates):
+            padded = F.pad(one, pads)
+            got = F.conv2d(padded, module.weight, module.bias, module.stride, 0, module.dilation, module.groups)
+            tolerance = 1e-4 * float(wanted.abs().max())
+            if got.shape == wanted.shape and torch.allclose(got, wanted, rtol=1e-3, atol=tolerance):
+                return pads
+    raise ValueError(
+        f"{type(module).__name__}'s forward does not convolve its zero-padded input as the layer declares; its input "
+        "rows cannot be lined up with its outputs"
+    )
+
+
+def _images_of(index: torch.Tensor | None, total: int, batch: int) -> torch.Tensor:
+    """The image of each kept row (``index`` of ``total`` rows, None: all), rows laid out image by image."""
+    per_image = max(1, total // max(1, batch))
+    rows = torch.arange(total) if index is None else index
+    return rows // per_image
 
 
 def output_rows(module: nn.Module, y: torch.Tensor, max_rows: int = DEFAULT_MAX_ROWS) -> torch.Tensor:

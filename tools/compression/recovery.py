@@ -36,14 +36,22 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from tools.compression.calibration import DEFAULT_MAX_ROWS, capture, chunks, input_rows, run_with_pre_hooks
+from tools.compression.calibration import (
+    DEFAULT_MAX_ROWS,
+    capture,
+    chunks,
+    input_rows_with_images,
+    run_with_pre_hooks,
+)
 from tools.compression.forward import forward_logits
+from tools.compression.ridge import DEFAULT_FOLDS, RIDGE_GRID, LayerFit, cross_validated_fit
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "RECOVERY_METHODS",
     "BatchNormStats",
+    "JudgedRecovery",
     "RecoveryConfig",
     "RecoveryReport",
     "batchnorm_input_stats",
@@ -68,19 +76,48 @@ class RecoveryConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     method: RecoveryMethod = Field(default="reconstruct", description="none, bn or reconstruct.")
-    ridge: float = Field(default=1e-2, ge=0.0, description="Ridge strength, relative to the mean input energy.")
+    ridge: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Ridge strength, relative to the mean input energy; None: chosen per layer by cross-validation "
+        "over images (tools.compression.ridge).",
+    )
+    folds: int = Field(default=DEFAULT_FOLDS, ge=2, description="Folds of images the ridge strength is chosen on.")
+    holdout: float = Field(
+        default=0.25,
+        ge=0.0,
+        lt=1.0,
+        description="Share of the calibration images a round's recovery is not fit on but judged on, against the "
+        "pruned model unrepaired (and BatchNorm re-estimation): the better one is kept. 0: not judged.",
+    )
     max_rows: int = Field(default=DEFAULT_MAX_ROWS, ge=16, description="Rows per layer used in the fit.")
     batch_size: int = Field(default=64, ge=1, description="Images per forward pass of BatchNorm re-calibration.")
+
+
+class JudgedRecovery(BaseModel):
+    """One recovery method of a round, judged against the original on calibration images it was not fit on."""
+
+    method: str
+    kl: float = Field(description="Mean KL divergence from the original's class probabilities.")
+    agreement: float = Field(description="Share of images whose top-1 class is the original's.")
 
 
 class RecoveryReport(BaseModel):
     """What recovery did."""
 
     method: str
+    requested: str | None = Field(default=None, description="The configured method, where another one was kept.")
     reconstructed: list[str] = Field(default_factory=list)
     skipped: dict[str, str] = Field(default_factory=dict)
+    layers: list[LayerFit] = Field(
+        default_factory=list, description="Each refitted layer: its choice and what it bought on held-out folds."
+    )
     batchnorm_layers: int = 0
     calibration_samples: int = 0
+    fit_samples: int = Field(default=0, description="Calibration images the repair was fit on.")
+    judged: list[JudgedRecovery] = Field(
+        default_factory=list, description="The methods tried, judged on the calibration images they were not fit on."
+    )
     seconds: float = 0.0
 
 
@@ -222,32 +259,40 @@ def _reestimate(
     return len(layers)
 
 
-def _refit(module: nn.Conv2d | nn.Linear, x_rows: torch.Tensor, y_rows: torch.Tensor, ridge: float) -> None:
-    """Set ``module``'s weight (and bias) to the ridge least-squares fit of ``y_rows`` from ``x_rows``."""
-    weight = module.weight
+def _refit(
+    name: str,
+    module: nn.Conv2d | nn.Linear,
+    x: torch.Tensor,
+    images: torch.Tensor,
+    y_rows: torch.Tensor,
+    ridge: float | None,
+    folds: int,
+) -> LayerFit:
+    """Refit ``module``'s weight (and bias) from its input rows ``x`` (the image of each row: ``images``) to
+    ``y_rows``: at the fixed relative strength ``ridge``, or with the strength (or no refit) chosen by
+    cross-validation over images where ``ridge`` is None (:func:`tools.compression.ridge.cross_validated_fit`)."""
+    weight, bias = module.weight, module.bias
     out = weight.shape[0]
-    x = x_rows.double()
-    w0 = weight.detach().double().reshape(out, -1)
-    bias = module.bias
-    k = x.shape[1]
-    if k != w0.shape[1]:
-        raise ValueError(f"input rows have {k} columns, the weight {w0.shape[1]}")
-    if bias is not None:
-        x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], 1)
-        w0 = torch.cat([w0, bias.detach().double()[:, None]], 1)
-    gram = x.T @ x
-    lam = ridge * float(torch.diagonal(gram)[:k].mean().clamp_min(1e-12))
-    penalty = torch.full((x.shape[1],), lam, dtype=x.dtype, device=x.device)
-    if bias is not None:
-        penalty[-1] = lam * 1e-6  # the bias is (almost) free: that is the bias correction
-    rhs = x.T @ y_rows.double().to(x.device) + penalty[:, None] * w0.T
-    solution = torch.linalg.solve(gram + torch.diag(penalty), rhs).T  # (out, k [+1])
-    if not torch.isfinite(solution).all():
-        raise ValueError("the least-squares fit is not finite")
-    new_w = solution[:, :k].reshape(weight.shape).to(weight.dtype)
-    module.weight = nn.Parameter(new_w, requires_grad=weight.requires_grad)
-    if bias is not None:
-        module.bias = nn.Parameter(solution[:, k].to(bias.dtype), requires_grad=bias.requires_grad)
+    w0 = weight.detach().reshape(out, -1)
+    if x.shape[1] != w0.shape[1]:
+        raise ValueError(f"input rows have {x.shape[1]} columns, the weight {w0.shape[1]}")
+    new_w, new_b, record = cross_validated_fit(
+        name,
+        x,
+        y_rows,
+        images,
+        w0,
+        None if bias is None else bias.detach(),
+        folds=folds if ridge is None else 0,  # a fixed strength: no folds
+        grid=RIDGE_GRID,
+        fixed_ridge=1e-2 if ridge is None else ridge,
+    )
+    if record.choice == "kept":
+        return record
+    module.weight = nn.Parameter(new_w.reshape(weight.shape).to(weight.dtype), requires_grad=weight.requires_grad)
+    if bias is not None and new_b is not None:
+        module.bias = nn.Parameter(new_b.to(bias.dtype), requires_grad=bias.requires_grad)
+    return record
 
 
 def _reconstructable(module: nn.Module) -> str | None:
@@ -256,8 +301,8 @@ def _reconstructable(module: nn.Module) -> str | None:
     if isinstance(module, nn.Conv2d):
         if module.groups != 1:
             return "grouped convolution"
-        if isinstance(module.padding, str) or module.padding_mode != "zeros":
-            return "padding mode not supported"
+        if module.padding_mode != "zeros":
+            return f"padding mode {module.padding_mode} not supported"
         return None
     return f"{type(module).__name__} is not a Conv2d/Linear"
 
@@ -268,22 +313,28 @@ def reconstruct_(
     batch: torch.Tensor,
     consumers: Sequence[str],
     *,
-    ridge: float = 1e-2,
+    ridge: float | None = None,
+    folds: int = DEFAULT_FOLDS,
     max_rows: int = DEFAULT_MAX_ROWS,
+    fit: int | None = None,
     targets: dict[str, torch.Tensor] | None = None,
     logits_out: list[torch.Tensor] | None = None,
     reference_stats: BatchNormStats | None = None,
     batchnorm_out: list[str] | None = None,
+    layers_out: list[LayerFit] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Refit each of ``consumers`` in ``pruned`` (IN PLACE) to reproduce ``original``'s outputs; see module doc.
 
-    ``targets``: the original's output rows by layer name (``capture(original, batch, names, outputs=True)``),
-    when the caller already has them. With ``reference_stats`` (:func:`batchnorm_input_stats` of ``original`` on
-    ``batch``), each tracking BatchNorm is corrected in the same pass, just before it runs, by the change of its
-    input statistics (what the refitted and corrected layers before it now give it); ``batchnorm_out`` receives
-    the names of those corrected. ``logits_out`` receives the logits of the pass, which are the repaired model's
-    logits on ``batch``. Returns (layers refitted, {layer: why not}).
+    ``fit``: only the first ``fit`` images of ``batch`` are fit on (None: all); the others run through the repaired
+    layers in the same pass, so ``logits_out`` holds the repaired model's logits on images it was not fit on.
+    ``targets``: the original's output rows by layer name on the fit images (``capture(original, batch[:fit],
+    names, outputs=True)``), when the caller already has them. With ``reference_stats`` (:func:`batchnorm_input_stats`
+    of ``original`` on the fit images), each tracking BatchNorm is corrected in the same pass, just before it runs, by
+    the change of its input statistics on the fit images (what the refitted and corrected layers before it now give
+    it); ``batchnorm_out`` receives the names of those corrected, ``layers_out`` each refit's :class:`LayerFit`.
+    ``logits_out`` receives the logits of the pass. Returns (layers refitted, {layer: why not}).
     """
+    fit = batch.shape[0] if fit is None else max(1, min(fit, batch.shape[0]))
     skipped: dict[str, str] = {}
     names = []
     for name in dict.fromkeys(consumers):
@@ -301,7 +352,7 @@ def reconstruct_(
     missing = [n for n in names if targets is None or n not in targets]
     targets = {
         **(targets or {}),
-        **(capture(original, batch, missing, outputs=True, max_rows=max_rows) if missing else {}),
+        **(capture(original, batch[:fit], missing, outputs=True, max_rows=max_rows) if missing else {}),
     }
     done: list[str] = []
     handles = []
@@ -310,8 +361,11 @@ def reconstruct_(
         if name in done or name in skipped or name not in targets:
             return
         try:
-            _refit(module, input_rows(module, args[0], max_rows), targets[name], ridge)
+            rows, images = input_rows_with_images(module, args[0][:fit], max_rows)
+            record = _refit(name, module, rows, images, targets[name], ridge, folds)
             done.append(name)
+            if layers_out is not None:
+                layers_out.append(record)
         except (RuntimeError, ValueError) as exc:  # singular or shape-mismatched: keep the layer as it is
             skipped[name] = f"fit failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
@@ -322,7 +376,7 @@ def reconstruct_(
     reference = reference_stats or {}
 
     def correct(module: Any, args: tuple[Any, ...], name: str) -> None:
-        if name in reference and _shift_(module, _input_stats(args[0]), reference[name]):
+        if name in reference and _shift_(module, _input_stats(args[0][:fit]), reference[name]):
             corrected.append(name)
 
     if reference_stats is not None:
@@ -353,12 +407,15 @@ def recover_(
     targets: dict[str, torch.Tensor] | None = None,
     reference_stats: BatchNormStats | None = None,
     logits_out: list[torch.Tensor] | None = None,
+    fit: int | None = None,
 ) -> RecoveryReport:
     """Repair ``pruned`` IN PLACE with ``config.method`` on the calibration ``batch`` (see module doc).
 
-    ``targets``: the original's output rows by consumer (as :func:`reconstruct_` takes them); ``reference_stats``:
-    :func:`batchnorm_input_stats` of ``original`` on ``batch``, for a caller repairing many copies of one model.
-    ``logits_out`` receives the repaired model's logits on ``batch`` where recovery ran it anyway (``reconstruct``).
+    ``fit``: the repair is fit on the first ``fit`` images of ``batch`` only (None: all); ``targets`` and
+    ``reference_stats`` are then of those images. ``targets``: the original's output rows by consumer (as
+    :func:`reconstruct_` takes them); ``reference_stats``: :func:`batchnorm_input_stats` of ``original`` on the fit
+    images, for a caller repairing many copies of one model. ``logits_out`` receives the repaired model's logits on
+    ``batch`` where recovery ran it anyway (``reconstruct``); on the images after ``fit`` they are out of sample.
     """
     config = config or RecoveryConfig()
     report = RecoveryReport(method=config.method)
@@ -368,11 +425,13 @@ def recover_(
         report.method = "none"
         report.skipped["*"] = "no calibration images (no dataset): recovery needs data"
         return report
+    fit = batch.shape[0] if fit is None else max(1, min(fit, batch.shape[0]))
     start = time.perf_counter()
     report.calibration_samples = int(batch.shape[0])
+    report.fit_samples = fit
     if config.method == "reconstruct":
         if reference_stats is None and _batchnorm_layers(pruned):
-            reference_stats = batchnorm_input_stats(original, batch, config.batch_size)
+            reference_stats = batchnorm_input_stats(original, batch[:fit], config.batch_size)
         corrected: list[str] = []
         report.reconstructed, report.skipped = reconstruct_(
             pruned,
@@ -380,20 +439,26 @@ def recover_(
             batch,
             consumers,
             ridge=config.ridge,
+            folds=config.folds,
             max_rows=config.max_rows,
+            fit=fit,
             targets=targets,
             logits_out=logits_out,
             reference_stats=reference_stats,
             batchnorm_out=corrected,
+            layers_out=report.layers,
         )
         report.batchnorm_layers = len(corrected)
     else:  # alone, BatchNorm is re-estimated outright
-        report.batchnorm_layers = recalibrate_batchnorm_(pruned, batch, config.batch_size)
+        report.batchnorm_layers = recalibrate_batchnorm_(pruned, batch[:fit], config.batch_size)
     report.seconds = round(time.perf_counter() - start, 3)
+    kept = sum(1 for layer in report.layers if layer.choice == "kept")
     logger.info(
-        "recovery %s: %d layers refitted, %d BatchNorm re-estimated in %.2f s",
+        "recovery %s: %d layers refitted (%d kept as pruned: the refit did not beat them out of sample), "
+        "%d BatchNorm corrected in %.2f s",
         config.method,
-        len(report.reconstructed),
+        len(report.reconstructed) - kept,
+        kept,
         report.batchnorm_layers,
         report.seconds,
     )

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tools.compression.calibration import capture
+from tools.compression.calibration import capture, chunks
+from tools.compression.forward import forward_logits
 from tools.compression.importance import DATA_AWARE
 from tools.compression.recovery import BatchNormStats, batchnorm_input_stats, batchnorm_stats_hooks
 
@@ -27,18 +28,46 @@ __all__ = ["ReferencePasses", "reference_passes"]
 
 
 class ReferencePasses:
-    """The original's activations on ``images``, each computed on first use (see module doc)."""
+    """The original's activations on ``images``, each computed on first use (see module doc).
+
+    With ``holdout`` N, the last N images are held out: every activation is of the others (``fit_images``), which
+    prunes and repairs are fit on, and the held-out ones (``held_images``) only judge them, against the original's
+    logits on them (:meth:`held_logits`)."""
 
     def __init__(
-        self, original: nn.Module, images: torch.Tensor, targets: torch.Tensor | None = None, batch_size: int = 64
+        self,
+        original: nn.Module,
+        images: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        batch_size: int = 64,
+        holdout: int = 0,
     ) -> None:
         self.original = original.eval()
-        self.images = images
-        self.targets = targets
+        held = max(0, min(holdout, images.shape[0] - 1))
+        self.all_images = images
+        self.images = images[: images.shape[0] - held]
+        self.held_images = images[images.shape[0] - held :]
+        self.targets = None if targets is None else targets[: images.shape[0] - held]
         self.batch_size = batch_size
         self._scores: dict[str, dict[str, torch.Tensor]] = {}
         self._batchnorm: BatchNormStats | None = None
         self._outputs: dict[tuple[str, int], torch.Tensor] = {}
+        self._held_logits: torch.Tensor | None = None
+
+    @property
+    def fit(self) -> int:
+        """How many of the images (the first ones) prunes and repairs are fit on."""
+        return int(self.images.shape[0])
+
+    def held_logits(self) -> torch.Tensor:
+        """The original's logits on the held-out images."""
+        if self._held_logits is None:
+            with torch.no_grad():
+                self._held_logits = torch.cat(
+                    [forward_logits(self.original, part).float() for part in chunks(self.held_images, self.batch_size)]
+                    or [torch.empty(0)]
+                )
+        return self._held_logits
 
     def channel_scores(self, importance: str) -> dict[str, torch.Tensor] | None:
         """The data-aware criterion's per-layer input-channel scores (None: ``importance`` is not data-aware)."""
@@ -81,11 +110,14 @@ def _fingerprint(images: torch.Tensor) -> tuple[Any, ...]:
 _LATEST: dict[tuple[Any, ...], ReferencePasses] = {}
 
 
-def reference_passes(key: str, load: Any, images: torch.Tensor, targets: torch.Tensor | None = None) -> ReferencePasses:
-    """The :class:`ReferencePasses` of the model ``key`` names (``load()`` builds it) on ``images``: the one kept
-    from the last call when the key and images are the same, else a new one (which replaces it)."""
-    full_key = (key, _fingerprint(images), None if targets is None else tuple(targets.tolist()))
+def reference_passes(
+    key: str, load: Any, images: torch.Tensor, targets: torch.Tensor | None = None, holdout: int = 0
+) -> ReferencePasses:
+    """The :class:`ReferencePasses` of the model ``key`` names (``load()`` builds it) on ``images`` (the last
+    ``holdout`` held out): the one kept from the last call when the key, images and holdout are the same, else a new
+    one (which replaces it)."""
+    full_key = (key, _fingerprint(images), None if targets is None else tuple(targets.tolist()), holdout)
     if full_key not in _LATEST:
         _LATEST.clear()
-        _LATEST[full_key] = ReferencePasses(load(), images, targets)
+        _LATEST[full_key] = ReferencePasses(load(), images, targets, holdout=holdout)
     return _LATEST[full_key]

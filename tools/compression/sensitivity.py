@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tools.compression.calibration import chunks
@@ -43,6 +42,7 @@ from tools.compression.recovery import (
     recover_,
 )
 from tools.compression.reference import ReferencePasses
+from tools.compression.repair import held_out_count, kl_agreement
 from tools.compression.units import reachable_ratio, unit_step
 from tools.schemas import (
     LayerProfile,
@@ -63,6 +63,9 @@ __all__ = [
 
 #: Ratios each unit is measured at (those above the planner's highest ratio are left out).
 DEFAULT_RATIOS: tuple[float, ...] = (0.3, 0.6, 0.9)
+
+#: Share of the calibration images a probe is judged on and not repaired on (the first ones are repaired on).
+PROBE_HOLDOUT = 0.5
 
 #: Disagreement with the original past which a unit's larger ratios are not probed.
 STOP_DAMAGE = 0.5
@@ -112,14 +115,6 @@ def deterministic_torch(seed: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-def _kl_agreement(reference: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
-    ref_log = F.log_softmax(reference.float(), -1)
-    log = F.log_softmax(logits.float(), -1)
-    kl = float((ref_log.exp() * (ref_log - log)).sum(-1).mean())
-    agreement = float((reference.argmax(-1) == logits.argmax(-1)).float().mean())
-    return kl, agreement
-
-
 def _logits(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([forward_logits(model, part).float().cpu() for part in chunks(images, batch_size)])
@@ -137,16 +132,17 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | Non
 def _probe(
     model: nn.Module, passes: ReferencePasses, consumers: list[str], recovery: RecoveryConfig, batch_size: int
 ) -> torch.Tensor:
-    """Repair the pruned ``model`` with ``recovery`` against the original of ``passes``; its logits on the images."""
+    """Repair the pruned ``model`` with ``recovery`` on the passes' fit images; its logits on the held-out ones."""
     rows, stats = None, None
     if recovery.method == "reconstruct":
         rows, stats = passes.outputs(consumers, recovery.max_rows), passes.batchnorm_stats()
-    images = passes.images
+    images = passes.all_images
     repaired: list[torch.Tensor] = []  # reconstruction's pass gives the repaired model's logits
-    recover_(model, passes.original, images, consumers, recovery, rows, stats, logits_out=repaired)
-    if repaired:
-        return repaired[0].cpu()
-    return _logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size)
+    recover_(model, passes.original, images, consumers, recovery, rows, stats, logits_out=repaired, fit=passes.fit)
+    if not repaired:
+        repaired.append(_logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size))
+    logits = repaired[0].cpu()
+    return logits[passes.fit :]
 
 
 def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> int:
@@ -204,15 +200,18 @@ def _measure(
     else:
         firsts = [name for unit in units for name in (*unit.modules, *unit.members)]
         prefix, reference = PrefixCache.build(original, images, firsts)
+    passes = ReferencePasses(original, images, targets, batch_size, holdout=held_out_count(len(images), PROBE_HOLDOUT))
+    reference = reference[passes.fit :]  # probes are judged on the images their repair was not fit on
+    targets = None if targets is None else targets[passes.fit :]
     reference_acc = _accuracy(reference, targets)
-    passes = ReferencePasses(original, images, targets, batch_size)
     scores = passes.channel_scores(pruning.importance)
     if recovery.method == "reconstruct":
         passes.batchnorm_stats()  # on the whole model, before any probe replays a part of it
     by_layer = {lp.name: lp for lp in layers}
     total_params = count_params(original)
     result = SensitivityProfile(
-        samples=int(images.shape[0]),
+        samples=int(reference.shape[0]),
+        fit_samples=passes.fit,
         importance=pruning.importance,
         recovery=recovery.method,
         ratios=ratios,
@@ -250,7 +249,7 @@ def _measure(
                         replay.enter_context(prefix.skip(model, first))
                         replay.enter_context(prefix.skip(original, first))
                     logits = _probe(model, passes, consumers, recovery, batch_size)
-                kl, agreement = _kl_agreement(reference, logits)
+                kl, agreement = kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = list(dict.fromkeys([*unit.modules, *unit.members, *consumers]))
                 if unit.pruning_type in ("head", "head_dim"):
