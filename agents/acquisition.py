@@ -46,6 +46,12 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
             Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()
         )
         notes += LabelMatch.model_validate(label_match).notes()
+        if label_match.get("unlabelled") and ctx.max_disagreement is None:
+            notes.append(
+                f"{spec.dataset} has no class sub-folders, so no labels: the run's budget is the share of answers "
+                "changed against the original, --max-disagreement, here --max-accuracy-drop's "
+                f"{ctx.max_accuracy_drop:g}"
+            )
         if label_match.get("unmatched"):
             notes.append(
                 "dataset classes that match no model label (their samples are left out): "

@@ -36,8 +36,28 @@ def shape_of(state: dict[str, Any]) -> InputShape:
     return InputShape.model_validate(state["input_shape"])
 
 
+def unlabelled(state: dict[str, Any]) -> bool:
+    """The run's dataset has no labels: each image's target is the original's answer (``LabelMatch.unlabelled``)."""
+    return bool((state.get("label_match") or {}).get("unlabelled"))
+
+
+def budget_points(state: dict[str, Any], ctx: Context) -> float:
+    """The whole budget the run's candidates are tested against, in points of its measure: ``--max-accuracy-drop``;
+    on an unlabelled dataset, whose "accuracy" is the agreement with the original, ``--max-disagreement`` (else
+    ``--max-accuracy-drop``'s value)."""
+    if unlabelled(state) and ctx.max_disagreement is not None:
+        return float(ctx.max_disagreement)
+    return float(ctx.max_accuracy_drop)
+
+
+def disagreement_budget(state: dict[str, Any], ctx: Context) -> float | None:
+    """The agreement budget that must hold besides the accuracy budget (labelled data with ``--max-disagreement``);
+    None where there is none, or where it is the run's budget itself (unlabelled data: :func:`budget_points`)."""
+    return None if unlabelled(state) else ctx.max_disagreement
+
+
 def pruning_budget(state: dict[str, Any], ctx: Context) -> float:
-    """The accuracy budget the pruning rounds are held to: ``--max-accuracy-drop`` less what int8 is expected to
-    take (``accuracy_budget``, written by ``profile_int8``); the whole budget before that is known."""
+    """The budget the pruning rounds are held to: :func:`budget_points` less what int8 is expected to take
+    (``accuracy_budget``, written by ``profile_int8``); the whole budget before that is known."""
     split = state.get("accuracy_budget") or {}
-    return float(split.get("pruning_points", ctx.max_accuracy_drop))
+    return float(split.get("pruning_points", budget_points(state, ctx)))

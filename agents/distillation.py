@@ -15,7 +15,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, pruning_budget, settings, shape_of
+from agents.common import disagreement_budget, paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec, rescue_config, rescues_wanted
 from agents.planning.recovery import AT_TARGET
 from agents.planning.selection import (
@@ -114,7 +114,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         },
         metrics=metrics,
         accuracy_drop_points=drop,
-        within_budget=within_budget(drop, budget, result.paired),
+        within_budget=within_budget(drop, budget, result.paired, disagreement_budget(data, ctx)),
         cross_fit=CrossFit(
             source_round=source["round"],
             judged_on_half=first.judged_on_half,
@@ -122,8 +122,18 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
             students=result.students,
         ),
     ).model_dump()
+    notes = [_note(record, source, budget)]
+    before = (source.get("metrics") or {}).get("paired")
+    if before and result.paired.delta_points < PairedAccuracy.model_validate(before).delta_points:
+        # the students did worse than the round they started from, on the same images: the round keeps its model
+        record["within_budget"] = False
+        notes.append(
+            f"round {index}: distillation made round {source['round']} worse on the images its students did not see "
+            f"(Δ {result.paired.delta_points:+.2f} against {PairedAccuracy.model_validate(before).delta_points:+.2f} "
+            f"points before): round {source['round']} keeps its own model"
+        )
     atomic_write_json(folder / "round.json", record)
-    return {"rounds": [record], "notes": [_note(record, source, budget)]}
+    return {"rounds": [record], "notes": notes}
 
 
 def _note(record: dict[str, Any], source: dict[str, Any], budget: float) -> str:

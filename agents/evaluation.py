@@ -8,14 +8,22 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, pruning_budget, settings, shape_of
+from agents.common import (
+    budget_points,
+    disagreement_budget,
+    paths,
+    pruning_budget,
+    settings,
+    shape_of,
+    unlabelled,
+)
 from agents.planning.selection import accuracy_drop_points, within_budget
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
 from tools.schemas import Metrics, RoundResult
-from tools.stats import drop_points, resolution_note
+from tools.stats import drop_points, resolution_note, unlabelled_note
 from tools.store.files import atomic_write_json
 
 if TYPE_CHECKING:
@@ -110,17 +118,22 @@ def finetune_samples(state: dict[str, Any], ctx: Context) -> int:
 
 def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
     """The run's data: its disjoint calibration, evaluation, holdout and finetune parts, and how to batch it."""
+    from tools.evaluation.twin import float_runtime_for
+
     finetune = finetune_samples(state, ctx)
+    macs = (state.get("profile_summary") or {}).get("total_macs")
+    samples = ctx.eval_samples or ops.auto_eval_samples(
+        macs,
+        other_parts=ctx.holdout_samples > 0,  # distillation images share the rest (split_indices)
+        budget_points=budget_points(state, ctx),
+    )
+    evaluated = int(((state.get("baseline") or {}).get("data_parts") or {}).get("evaluation") or samples)
     return ops.EvalSpec(
         dataset=state.get("dataset"),
         split=state.get("dataset_split"),
         label_match=state.get("label_match"),
-        samples=ctx.eval_samples
-        or ops.auto_eval_samples(
-            (state.get("profile_summary") or {}).get("total_macs"),
-            other_parts=ctx.holdout_samples > 0,  # distillation images share the rest (split_indices)
-            budget_points=ctx.max_accuracy_drop,
-        ),
+        samples=samples,
+        float_runtime=float_runtime_for(macs, evaluated, ctx.device),
         calibration_samples=ctx.calibration_samples,
         holdout_samples=ctx.holdout_samples,
         finetune_samples=finetune,
@@ -128,7 +141,7 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
         batch_size=ctx.batch_size,
         device=ctx.device,
         progress=ctx.progress,
-        stop_beyond_points=ctx.max_accuracy_drop,  # sequential: a candidate clearly over the budget stops early
+        stop_beyond_points=budget_points(state, ctx),  # sequential: a candidate clearly over the budget stops early
     )
 
 
@@ -163,10 +176,15 @@ def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     data: dict[str, Any] = dict(state)
     metrics = _evaluate(data, ctx, paths(data).original, "baseline")
     matched = len((data.get("label_match") or {}).get("mapping") or {})
-    note = chance_note(metrics.accuracy, metrics.samples, matched or int(data["model_info"].get("num_labels") or 0))
+    note = None
+    if not unlabelled(data):
+        note = chance_note(metrics.accuracy, metrics.samples, matched or int(data["model_info"].get("num_labels") or 0))
     notes = [note] if note else []
     if metrics.accuracy is not None and metrics.samples:  # said at the start: the data may not resolve the budget
-        resolution = resolution_note(metrics.samples, ctx.max_accuracy_drop)
+        if unlabelled(data):
+            resolution: str | None = unlabelled_note(metrics.samples, budget_points(data, ctx))
+        else:
+            resolution = resolution_note(metrics.samples, ctx.max_accuracy_drop)
         if resolution:
             logger.warning("%s", resolution)
             notes.append(resolution)
@@ -186,7 +204,9 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
             **{k: v for k, v in pending.items() if k != "artifact"},
             "metrics": metrics,
             "accuracy_drop_points": drop,
-            "within_budget": within_budget(drop, pruning_budget(data, ctx), metrics.paired),
+            "within_budget": within_budget(
+                drop, pruning_budget(data, ctx), metrics.paired, disagreement_budget(data, ctx)
+            ),
         }
     ).model_dump()
     atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log

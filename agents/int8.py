@@ -14,7 +14,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings, shape_of
+from agents.common import budget_points, disagreement_budget, paths, settings, shape_of
 from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.state import State
@@ -58,7 +58,7 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
 
     def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
-        return within_budget(drop, ctx.max_accuracy_drop, paired)
+        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx))
 
     choice = deployment.deploy(
         run.original,
@@ -73,7 +73,7 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         repeats=ctx.latency_repeats,
         int8_cpu=ctx.int8_cpu,
     )
-    split = deployment.split_budget(choice, ctx.max_accuracy_drop)
+    split = deployment.split_budget(choice, budget_points(data, ctx))
     notes.append(f"accuracy budget: {split.why}")
     return {
         **update,

@@ -9,7 +9,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.analysis import new_notes, planner_for, planning_context
-from agents.common import paths, pruning_budget, settings, shape_of
+from agents.common import disagreement_budget, paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec
 from agents.planning.selection import kept_round, within_budget
 from graph.context import Context
@@ -63,7 +63,7 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
         if ctx.holdout_samples <= 0:
             break
         notes += [note for note in evaluate_holdout(data, ctx, pruned) if note not in notes]
-        failed = _holdout_failure(pruned, pruning_budget(data, ctx))
+        failed = _holdout_failure(pruned, pruning_budget(data, ctx), disagreement_budget(data, ctx))
         if failed is None:
             break
         notes.append(failed)
@@ -71,12 +71,12 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     return {"pruned": pruned, "notes": notes}
 
 
-def _holdout_failure(pruned: dict[str, Any], budget: float) -> str | None:
+def _holdout_failure(pruned: dict[str, Any], budget: float, disagreement: float | None = None) -> str | None:
     """Why ``pruned`` fails the pruning budget test on the holdout images (None: it holds, or there is no holdout)."""
     holdout = pruned.get("holdout")
     if not holdout or holdout.get("paired") is None:
         return None
-    if within_budget(holdout.get("accuracy_drop_points"), budget, holdout["paired"]):
+    if within_budget(holdout.get("accuracy_drop_points"), budget, holdout["paired"], disagreement):
         return None
     paired = PairedAccuracy.model_validate(holdout["paired"])
     return (

@@ -15,7 +15,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings, shape_of
+from agents.common import budget_points, disagreement_budget, paths, settings, shape_of
 from agents.evaluation import eval_spec, spec_for
 from agents.iterative import evaluate_holdout, pruned_entry
 from agents.planning.selection import budget_drop_points, within_budget
@@ -131,12 +131,12 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     spec = eval_spec(data, ctx)
 
     def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
-        return within_budget(drop, ctx.max_accuracy_drop, paired)
+        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx))
 
     headroom = _headroom_round(state, source)
     second = _second_student(state, source)
     backends = candidate_backends(ctx.quant_backend)
-    control = functools.cache(lambda: accuracy_control(run.original, shape, spec, ctx.max_accuracy_drop))
+    control = functools.cache(lambda: accuracy_control(run.original, shape, spec, budget_points(data, ctx)))
     choice = deploy(
         source,
         run.original,

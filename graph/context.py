@@ -95,6 +95,15 @@ class Context:
     max_accuracy_drop: float = _setting(
         "Accuracy budget in points: a candidate losing more is never selected.", "MAX_ACCURACY_DROP", 1.0, float
     )
+    max_disagreement: float | None = _setting(
+        "Agreement budget in percent: at most this share of the images may change their top-1 answer against the "
+        "original (tested like the accuracy budget, drop + one standard error). It bounds the accuracy drop on any "
+        "labels and needs none: the budget of an unlabelled dataset (a folder with the images directly in it; "
+        "without it, --max-accuracy-drop's value); with labels, both budgets must hold. None: no agreement budget.",
+        "MAX_DISAGREEMENT",
+        None,
+        float,
+    )
     selection: Selection = _setting(  # noqa: RUF009
         "accuracy (accuracy, then params, then latency) or smallest-within-budget.", "SELECTION", "accuracy"
     )
@@ -214,6 +223,8 @@ class Context:
             errors.append("--distill-rescues must be auto or 0 or more")
         if not 0 <= self.max_accuracy_drop <= 100:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
+        if self.max_disagreement is not None and not 0 <= self.max_disagreement <= 100:
+            errors.append("--max-disagreement must be between 0 and 100 percent")
         errors += self._recipe_errors()
         if self.planner not in ("rules", "llm"):
             errors.append("--planner must be rules or llm")

@@ -239,3 +239,40 @@ def test_a_model_onnx_cannot_export_still_runs_to_the_end(
     report = _run(str(tiny_model_dir), tmp_path / "run", iterations=1, max_accuracy_drop=100.0)
     assert report["quantized"]["artifact"]
     assert any(n.startswith("int8 sensitivity not measured: ONNX export failed") for n in report["notes"])
+
+
+def test_an_unlabelled_folder_is_judged_against_the_original_with_an_agreement_budget(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A folder with the images directly in it has no labels: each image's target is the original's answer, so the
+    original is 100 % 'accurate', a candidate's 'accuracy' is its agreement with it, and --max-disagreement budgets
+    the share of answers changed (both through the usual budget test)."""
+    from tools.evaluation.digits import digits_dataset
+
+    flat = tmp_path / "unlabelled"
+    flat.mkdir()
+    for i, row in enumerate(digits_dataset("test").select(range(120))):
+        row["image"].save(flat / f"{i:03d}.png")
+    ctx = Context(
+        run_dir=str(tmp_path / "run"),
+        eval_samples=80,
+        calibration_samples=32,
+        batch_size=20,
+        latency_repeats=3,
+        progress=False,
+        iterate=False,
+        quant_backend="torch-ao-dynamic",
+        max_disagreement=50.0,
+    )
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+    graph.invoke({"model": str(tiny_model_dir), "dataset": str(flat)}, config, context=ctx, durability="sync")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["dataset"]["label_match"]["unlabelled"] is True
+    assert report["baseline"]["accuracy"] == 1.0 and report["baseline"]["samples"] == 80
+    (only,) = report["rounds"]
+    paired = only["metrics"]["paired"]
+    assert only["metrics"]["accuracy"] == pytest.approx(paired["agreement"])
+    assert only["accuracy_drop_points"] == pytest.approx(100 * (1 - paired["agreement"]), abs=1e-6)
+    assert paired["gained"] == 0  # nothing beats the original at being itself
+    assert any(note.startswith("no labels: each image's target is the original's") for note in report["notes"])

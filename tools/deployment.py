@@ -122,15 +122,20 @@ def accuracy_control(
     from tools.evaluation.labels import LabelMatch
 
     evaluation = ops.calibration_batch(original_dir, shape, spec, part="evaluation")
-    if evaluation is None or evaluation.targets is None or spec.label_match is None:
+    unlabelled = bool((spec.label_match or {}).get("unlabelled"))
+    if evaluation is None or spec.label_match is None or (evaluation.targets is None and not unlabelled):
         return None
     reference = ops.predictions_on(original_dir, original_dir, shape, spec, "evaluation", desc="original")
-    keep = evaluation.targets >= 0
-    if reference is None or int(keep.sum()) != reference.samples or reference.samples == 0:
+    if reference is None or reference.samples == 0:
+        return None
+    # an unlabelled dataset's targets are the original's answers
+    targets = torch.tensor(reference.predictions) if evaluation.targets is None else evaluation.targets
+    keep = targets >= 0
+    if int(keep.sum()) != reference.samples:
         return None
     return AccuracyControl(
         images=evaluation.images[keep],
-        targets=[int(t) for t in evaluation.targets[keep]],
+        targets=[int(t) for t in targets[keep]],
         reference_pred=reference.predictions,
         reference_correct=reference.correct,
         max_drop_points=budget_points,

@@ -503,11 +503,38 @@ def predictions_on(
     quantized = read_json(artifact_dir / "artifact.json")["kind"] == "quantized"
     device = str(resolve_device("cpu" if quantized else spec.device))
     load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
+    if spec.float_runtime == "openvino" and not quantized and device == "cpu":
+        load = _twin_of(load, shape, spec.seed)
     data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
     label = spec.part_label(part)  # one half of the evaluation part keeps its own predictions file
+    answers = None  # an unlabelled dataset: the original's answers are the targets
+    if spec.label_match.get("unlabelled") and artifact_dir.resolve() != original_dir.resolve():
+        reference = predictions_on(original_dir, original_dir, shape, spec, part, "original")
+        answers = reference.predictions if reference is not None else None
     return predictions_for(
-        artifact_dir, label, data, spec.model_dump(), preprocess, load, device=device, desc=desc, stop=stop
+        artifact_dir,
+        label,
+        data,
+        spec.model_dump(),
+        preprocess,
+        load,
+        device=device,
+        desc=desc,
+        stop=stop,
+        answers=answers,
     )
+
+
+def _twin_of(load: Callable[[], Any], shape: InputShape, seed: int) -> Callable[[], Any]:
+    """``load`` of a float torch model, as its OpenVINO FP32 twin where one checks out (``EvalSpec.float_runtime``)."""
+    from tools.evaluation.twin import openvino_twin
+
+    def twin() -> Any:
+        loaded = load()
+        example = example_input(shape, batch=2, seed=seed)
+        return (openvino_twin(loaded, example) if isinstance(loaded, nn.Module) else None) or loaded
+
+    return twin
 
 
 def evaluate_accuracy_on(

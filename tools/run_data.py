@@ -82,6 +82,11 @@ class EvalSpec(BaseModel):
         description="Sequential evaluation: stop a candidate's evaluation at a look once it clearly loses more than "
         "this many points (the accuracy budget); None: every candidate sees every image.",
     )
+    float_runtime: str = Field(
+        default="torch",
+        description="What runs a float model's evaluation: torch, or openvino (its FP32 twin, checked against it: "
+        "tools.evaluation.twin) where the run judged PyTorch too slow for the images and MACs.",
+    )
     evaluation_half: int | None = Field(
         default=None,
         ge=0,
@@ -320,8 +325,12 @@ def calibration_batch(
     if not data.images:  # every image of the part is unreadable
         return None
     images = preprocess_of(original_dir, shape)(list(data.images))
-    targets = None
-    if spec.label_match is not None and not load_original(original_dir).untrained:
+    targets = None  # an unlabelled dataset's targets are the original's answers, not these rows' labels
+    if (
+        spec.label_match is not None
+        and not spec.label_match.get("unlabelled")
+        and not load_original(original_dir).untrained
+    ):
         mapping = {int(k): int(v) for k, v in (spec.label_match.get("mapping") or {}).items()}
         targets = torch.tensor([mapping.get(int(label), -1) for label in data.labels])
     return Calibration(images=images, targets=targets)

@@ -20,8 +20,10 @@ __all__ = [
     "ASSUMED_CHANGE_RATE",
     "SEQUENTIAL_Z",
     "Z95",
+    "agreement_images_needed",
     "budget_drop_points",
     "clearly_over_budget",
+    "disagreement_bound_pct",
     "drop_points",
     "images_needed",
     "paired_accuracy",
@@ -29,6 +31,7 @@ __all__ = [
     "resolution_points",
     "sequential_looks",
     "standard_error_points",
+    "unlabelled_note",
     "within_budget",
 ]
 
@@ -72,7 +75,33 @@ def resolution_note(images: int, budget_points: float) -> str | None:
         f"{images:,} evaluation images resolve about ±{resolution_points(images):.1f} points (95 %); the "
         f"{budget_points:g}-point budget needs about {needed:,} (a candidate that loses half the budget passes the "
         "test, drop + one standard error, only on that many), so pruned and int8 candidates will mostly be refused: "
-        "give more images or raise --max-accuracy-drop"
+        "give more images or raise --max-accuracy-drop, or budget the share of answers changed against the original, "
+        f"which needs no labels and bounds the drop: --max-disagreement PCT on a folder of unlabelled images (about "
+        f"{agreement_images_needed(budget_points):,} resolve {budget_points:g} %)"
+    )
+
+
+def agreement_images_needed(budget_pct: float) -> int:
+    """Images the agreement budget needs: a candidate that changes half the budget's share of answers passes it
+    (changed + one binomial standard error within the budget) only on ``n >= (1 - p) / p`` images, ``p`` half the
+    budget as a fraction (about 200 for 1 %)."""
+    half = budget_pct / 200.0
+    return 0 if half <= 0 else math.ceil((1.0 - half) / half)
+
+
+def unlabelled_note(images: int, budget_pct: float) -> str:
+    """What the budget of an unlabelled dataset is and what it bounds, and what its images resolve."""
+    needed = agreement_images_needed(budget_pct)
+    resolved = (
+        f"{images:,} images resolve it"
+        if images >= needed
+        else f"{images:,} images resolve it only roughly (about {needed:,} are needed: give more unlabelled images)"
+    )
+    return (
+        f"no labels: each image's target is the original's top-1 answer, so 'accuracy' is the agreement with the "
+        f"original (its own is 100 %) and a drop is the share of answers changed; the budget is {budget_pct:g} % of "
+        f"answers changed (+ one standard error), which bounds the accuracy drop on any labelled images of this kind "
+        f"to {budget_pct:g} points; {resolved}"
     )
 
 
@@ -169,8 +198,21 @@ def budget_drop_points(
     return -result.delta_points + standard_error_points(result)
 
 
+def disagreement_bound_pct(paired: PairedAccuracy | dict[str, Any], z: float = 1.0) -> float:
+    """The share of images whose top-1 answer changed against the original, plus ``z`` standard errors of it
+    (binomial), in percent: what the agreement budget (``--max-disagreement``) holds against."""
+    result = PairedAccuracy.model_validate(paired)
+    changed = 1.0 - result.agreement
+    if result.samples < 1:
+        return _FULL_RANGE
+    return 100.0 * (changed + z * math.sqrt(max(changed * (1.0 - changed), 0.0) / result.samples))
+
+
 def within_budget(
-    drop_points: float | None, max_drop: float, paired: PairedAccuracy | dict[str, Any] | None = None
+    drop_points: float | None,
+    max_drop: float,
+    paired: PairedAccuracy | dict[str, Any] | None = None,
+    max_disagreement: float | None = None,
 ) -> bool:
     """The accuracy budget test, the one place it is decided.
 
@@ -180,6 +222,10 @@ def within_budget(
     measured drop is just under the budget by chance is not taken; with many images, or few disagreements
     with the original, ``se`` is small and the test is the measured drop. Without a paired result the
     point estimate ``drop_points`` decides; an unknown accuracy (untrained model, no dataset) never rejects.
+    With ``max_disagreement`` (percent), the agreement budget must hold too: the share of images whose answer
+    changed, plus one standard error, at most that (:func:`disagreement_bound_pct`; it needs the paired result).
     """
     drop = budget_drop_points(drop_points, paired)
+    if max_disagreement is not None and paired is not None and disagreement_bound_pct(paired) > max_disagreement + 1e-9:
+        return False
     return drop is None or drop <= max_drop + 1e-9

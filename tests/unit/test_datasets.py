@@ -195,12 +195,26 @@ def test_missing_path(tmp_path: Path) -> None:
         load_eval_dataset("./no/such/folder")
 
 
-def test_images_without_class_folders(tmp_path: Path) -> None:
+def test_images_without_class_folders_are_unlabelled(tmp_path: Path) -> None:
+    """A folder with the images directly in it is read as unlabelled: one class, and the label matching says so."""
+    from tools.evaluation.labels import match_labels
+
     flat = tmp_path / "flat"
     flat.mkdir()
-    Image.new("RGB", (4, 4)).save(flat / "a.png")
-    with pytest.raises(DatasetError, match="no class sub-folders"):
-        load_eval_dataset(str(flat))
+    for i in range(3):
+        Image.new("RGB", (4, 4), (i, i, i)).save(flat / f"{i}.png")
+    data = load_eval_dataset(str(flat), samples=None)
+    assert len(data) == 3 and data.unlabelled and data.labels == [0, 0, 0]
+    match = match_labels({0: "cat", 1: "dog"}, data.label_names)
+    assert match.unlabelled and match.mapping == {0: 0}
+
+
+def test_images_at_mixed_depths(tmp_path: Path) -> None:
+    (tmp_path / "mixed" / "cat").mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(tmp_path / "mixed" / "a.png")
+    Image.new("RGB", (4, 4)).save(tmp_path / "mixed" / "cat" / "b.png")
+    with pytest.raises(DatasetError, match="different depths"):
+        load_eval_dataset(str(tmp_path / "mixed"))
 
 
 def test_bad_sample_count(image_folder: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tools.evaluation.sources import DatasetError, pick_from_dict, resolve_source
+from tools.evaluation.sources import UNLABELLED, DatasetError, pick_from_dict, resolve_source
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,11 @@ class EvalDataset:
 
     def __len__(self) -> int:
         return len(self.images)
+
+    @property
+    def unlabelled(self) -> bool:
+        """A folder of images without class sub-folders: judged against the original's answers, not labels."""
+        return self.label_names == [UNLABELLED]
 
     @property
     def looked_at(self) -> int:

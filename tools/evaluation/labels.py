@@ -44,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tools.evaluation.common import EvaluationError
+from tools.evaluation.sources import UNLABELLED
 from tools.evaluation.wordnet import IMAGENET_1K_CLASSES, imagenet_1k, is_wordnet_id
 from tools.text import preview
 
@@ -108,6 +109,11 @@ class LabelMatch(BaseModel):
     )
     wordnet_ids: str | None = Field(
         default=None, description="How dataset classes named by ImageNet WordNet ID were matched (None: none were)."
+    )
+    unlabelled: bool = Field(
+        default=False,
+        description="The dataset has no labels: every image's target is the original model's top-1 answer, so a "
+        "model's 'accuracy' is its agreement with the original (the original's is 1).",
     )
 
     @property
@@ -327,6 +333,8 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
 
     Raises :class:`LabelMatchError` when no dataset class matches any model class.
     """
+    if list(dataset_labels) == [UNLABELLED]:
+        return LabelMatch(mapping={0: 0}, unlabelled=True)
     if not dataset_labels:
         raise LabelMatchError("the dataset has no class names: cannot match it to the model's classes")
     if not model_id2label:

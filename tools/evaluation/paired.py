@@ -121,7 +121,7 @@ class ImagePredictions(BaseModel):
 
     def images_key(self) -> dict[str, Any]:
         """The part of the key that names the images (not the model): what two paired results must share."""
-        return {k: v for k, v in self.key.items() if k != "artifact"}
+        return {k: v for k, v in self.key.items() if k not in ("artifact", "answers")}
 
 
 def pair(reference: ImagePredictions, candidate: ImagePredictions) -> PairedAccuracy:
@@ -183,16 +183,23 @@ def predict_part(
     progress: bool = True,
     desc: str = "evaluate",
     stop: StopRule | None = None,
+    answers: Sequence[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Top-1 predictions and their correctness for the images of matched classes, in dataset order.
 
     The same rule as :func:`tools.evaluation.accuracy.evaluate_accuracy`: the argmax over all model
     classes, correct when it is the model class the image's dataset class was matched to. ``stop`` is asked at
     each look of :func:`tools.stats.sequential_looks` (the first batch end past it); True ends the evaluation there.
+    An unlabelled dataset (``match.unlabelled``) has the original's top-1 ``answers`` (its predictions on the same
+    images) as targets; without them the model is the original itself, and each of its answers is its own target.
     """
     keep = [i for i, label in enumerate(dataset.labels) if label in match.mapping]
     images = [dataset.images[i] for i in keep]
-    targets = [match.mapping[dataset.labels[i]] for i in keep]
+    targets: list[int] | None = [match.mapping[dataset.labels[i]] for i in keep]
+    if match.unlabelled:
+        targets = None if answers is None else list(answers)
+        if targets is not None and len(targets) != len(images):
+            raise ValueError(f"{len(targets)} answers of the original for {len(images)} images")
     looks: Sequence[int] = sequential_looks(len(images)) if stop is not None else ()
     predictions: list[int] = []
     correct: list[int] = []
@@ -200,10 +207,13 @@ def predict_part(
     for logits in batches:
         seen = len(predictions)
         predictions.extend(int(p) for p in logits.argmax(dim=-1))
-        correct.extend(
-            int(match.counts_as(p) == t)
-            for p, t in zip(predictions[seen:], targets[seen : len(predictions)], strict=True)
-        )
+        fresh = predictions[seen:]
+        if targets is None:  # the original on an unlabelled dataset: its answers are the targets
+            correct.extend(1 for _ in fresh)
+        else:
+            wanted = targets[seen : len(predictions)]
+            same = match.counts_as if match.unlabelled else int  # an answer of a duplicated class counts as its first
+            correct.extend(int(match.counts_as(p) == same(t)) for p, t in zip(fresh, wanted, strict=True))
         if stop is not None and any(seen < look <= len(predictions) for look in looks) and stop(predictions, correct):
             batches.close()
             logger.info("%s: clearly over the accuracy budget after %d of %d images", desc, len(correct), len(images))
@@ -248,17 +258,21 @@ def predictions_for(
     device: str = "cpu",
     desc: str = "evaluate",
     stop: StopRule | None = None,
+    answers: Sequence[int] | None = None,
 ) -> ImagePredictions:
     """An artifact's predictions on ``data`` (the rows of ``part``), from its predictions file when that was
     written for the same artifact files, rows and label mapping; else run (``load()`` gives the model) and saved.
     ``stop``: sequential evaluation's rule (:func:`stop_when_over`); predictions it stopped are reused only by a
-    caller whose rule stops them too.
+    caller whose rule stops them too. ``answers``: the original's predictions, the targets of an unlabelled dataset
+    (:func:`predict_part`; part of the predictions' key).
 
     ``spec``: the ``EvalSpec`` fields (``dataset``, ``label_match``, what chose the rows, ``batch_size``,
     ``progress``); those that choose the images are kept with the predictions.
     """
     mapping = (spec.get("label_match") or {}).get("mapping")
     key = prediction_key(artifact_dir, str(spec.get("dataset")), part, data, mapping)
+    if answers is not None:
+        key["answers"] = _answers_key(answers)
     path = predictions_path(artifact_dir, part)
     cached = load_predictions(path, key)
     if cached is not None and (
@@ -268,7 +282,16 @@ def predictions_for(
     match = LabelMatch.model_validate(spec.get("label_match"))
     batch_size, progress = int(spec.get("batch_size", 32)), bool(spec.get("progress", False))
     preds, correct = predict_part(
-        load(), preprocess, data, match, batch_size=batch_size, device=device, progress=progress, desc=desc, stop=stop
+        load(),
+        preprocess,
+        data,
+        match,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+        desc=desc,
+        stop=stop,
+        answers=answers,
     )
     stopped = len(preds) < sum(1 for label in data.labels if label in match.mapping)
     result = ImagePredictions(key=key, spec=_shown(spec), predictions=preds, correct=correct, stopped_early=stopped)
@@ -291,6 +314,13 @@ def adopt_predictions(
     )
     save_predictions(predictions_path(artifact_dir, part), result)
     return result
+
+
+def _answers_key(answers: Sequence[int]) -> str:
+    """A short fingerprint of the original's answers (they decide an unlabelled dataset's correctness)."""
+    import hashlib
+
+    return hashlib.sha256(",".join(str(int(a)) for a in answers).encode()).hexdigest()[:16]
 
 
 def _shown(spec: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ __all__ = [
     "METADATA_FILENAMES",
     "SPLIT_ALIASES",
     "SPLIT_PREFERENCE",
+    "UNLABELLED",
     "DatasetError",
     "DatasetSource",
     "choose_split",
@@ -61,6 +62,11 @@ SPLIT_ALIASES: dict[str, str] = {
 METADATA_FILENAMES: frozenset[str] = frozenset({"metadata.csv", "metadata.jsonl", "metadata.parquet"})
 DATA_FILE_SUFFIXES: frozenset[str] = frozenset({".parquet", ".arrow", ".csv", ".json", ".jsonl"})
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?$")
+
+
+#: The one class name of an unlabelled dataset (a folder with the images directly in it): every image is judged
+#: against the original model's top-1 answer instead of a label.
+UNLABELLED = "<unlabelled>"
 
 
 class DatasetError(ValueError):
@@ -238,11 +244,11 @@ def _rows_from_files(files: list[Path], root: Path) -> Any:
     from datasets import Image as ImageFeature
 
     depths = {len(f.relative_to(root).parts) for f in files}
+    if depths == {1}:  # the images directly in the folder: no labels (judged against the original's answers)
+        logger.info("image folder %s has no class sub-folders: its %d images are unlabelled", root, len(files))
+        features = Features({"image": ImageFeature(), "label": ClassLabel(names=[UNLABELLED])})
+        return Dataset.from_dict({"image": [str(f) for f in files], "label": [0] * len(files)}, features=features)
     if depths != {2}:
-        if depths == {1}:
-            raise DatasetError(
-                f"image folder {root} has no class sub-folders: put images in <root>/<class_name>/<image>"
-            )
         raise DatasetError(
             f"image folder {root} mixes images at different depths: use <root>/[<split>/]<class>/<image>"
         )
