@@ -124,12 +124,13 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     ).model_dump()
     notes = [_note(record, source, budget)]
     before = (source.get("metrics") or {}).get("paired")
-    if before and result.paired.delta_points < PairedAccuracy.model_validate(before).delta_points:
+    after = result.paired
+    if before and after is not None and after.delta_points < PairedAccuracy.model_validate(before).delta_points:
         # the students did worse than the round they started from, on the same images: the round keeps its model
         record["within_budget"] = False
         notes.append(
             f"round {index}: distillation made round {source['round']} worse on the images its students did not see "
-            f"(Δ {result.paired.delta_points:+.2f} against {PairedAccuracy.model_validate(before).delta_points:+.2f} "
+            f"(Δ {after.delta_points:+.2f} against {PairedAccuracy.model_validate(before).delta_points:+.2f} "
             f"points before): round {source['round']} keeps its own model"
         )
     atomic_write_json(folder / "round.json", record)

@@ -2,21 +2,36 @@
 
 A pruned model is saved as its weights plus :func:`describe_structure` (per module, the attributes and
 parameter/buffer shapes that differ from the original); :func:`apply_structure` resizes a fresh original to
-that structure, so the model is rebuilt from the original's config, resized, and loaded, without unpickling. A
-parameter-free padding shortcut that pruning turned into an index map (:mod:`tools.compression.shortcuts`) is
-recorded as ``replace`` and rebuilt as a :class:`ChannelSelect`.
+that structure, so the model is rebuilt from the original's config, resized, and loaded, without unpickling.
+
+A module pruning replaced by another class (:data:`REPLACEMENTS`) is recorded as ``replace``: its class and simple
+attributes, from which it is rebuilt, its descendants not described apart. So are a parameter-free padding shortcut
+turned into an index map (:class:`ChannelSelect`, :mod:`tools.compression.shortcuts`) and an
+``nn.MultiheadAttention`` split into q/k/v/o layers (:class:`SplitMultiheadAttention`, :mod:`tools.compression.mha`:
+its head count, head width and sizes are attributes).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from tools.compression.mha import SplitMultiheadAttention
 from tools.compression.shortcuts import ChannelSelect, replace_module
 
 _SIMPLE = (int, float, bool, str)
+
+#: Classes a pruned model may hold where its original holds another, by class name: how one is rebuilt from its
+#: recorded attributes and the module it replaces.
+REPLACEMENTS: dict[str, Callable[[dict[str, Any], nn.Module], nn.Module]] = {
+    "ChannelSelect": lambda attrs, _old: ChannelSelect(
+        int(attrs["in_channels"]), int(attrs["out_channels"]), int(attrs["stride"])
+    ),
+    "SplitMultiheadAttention": lambda attrs, old: SplitMultiheadAttention.from_attrs(attrs, like=old),
+}
 
 
 def _simple_attrs(module: nn.Module) -> dict[str, Any]:
@@ -35,12 +50,15 @@ def describe_structure(model: nn.Module, reference: nn.Module) -> dict[str, dict
     """Per module: the attributes and parameter/buffer shapes that differ from ``reference``."""
     ref_modules = dict(reference.named_modules())
     structure: dict[str, dict[str, Any]] = {}
+    replaced: list[str] = []
     for name, module in model.named_modules():
         ref = ref_modules.get(name)
-        if ref is None:
+        if ref is None or any(name.startswith(f"{r}.") for r in replaced):
             continue
-        if isinstance(module, ChannelSelect) and not isinstance(ref, ChannelSelect):  # a padding shortcut, pruned
-            structure[name] = {"replace": {"type": "ChannelSelect", **_simple_attrs(module)}}
+        kind = type(module).__name__
+        if kind in REPLACEMENTS and kind != type(ref).__name__:  # rebuilt whole from its attributes
+            structure[name] = {"replace": {"type": kind, **_simple_attrs(module)}}
+            replaced.append(name)
             continue
         ref_attrs = _simple_attrs(ref)
         attrs = {k: v for k, v in _simple_attrs(module).items() if k in ref_attrs and ref_attrs[k] != v}
@@ -61,8 +79,10 @@ def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> N
     for name, change in structure.items():
         if "replace" in change:
             attrs = change["replace"]
-            select = ChannelSelect(int(attrs["in_channels"]), int(attrs["out_channels"]), int(attrs["stride"]))
-            replace_module(model, name, select)
+            build = REPLACEMENTS.get(str(attrs.get("type")))
+            if build is None:
+                raise ValueError(f"the structure replaces {name} by an unknown class {attrs.get('type')!r}")
+            replace_module(model, name, build(attrs, model.get_submodule(name)))
     modules = dict(model.named_modules())
     for name, change in structure.items():
         if "replace" in change:
@@ -84,4 +104,4 @@ def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> N
                 module._buffers[key] = torch.zeros(shape, dtype=old_buf.dtype, device=old_buf.device)
 
 
-__all__ = ["apply_structure", "describe_structure"]
+__all__ = ["REPLACEMENTS", "apply_structure", "describe_structure"]

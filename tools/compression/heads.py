@@ -6,7 +6,8 @@ modules). ``round(ratio * heads)`` heads are removed (at least one is kept), ran
 head's q/k/v rows and o columns (``HEAD_NORM_P``; other criteria rank randomly). Supported attention
 classes are listed in ``ATTENTION_SPECS`` (Hugging Face ViT, DeiT, Swin, DINOv2 with and without registers, ViT-MSN,
 I-JEPA, BEiT; timm's ``Attention`` of its ViT, DeiT and other transformers and its Swin ``WindowAttention``, whose
-query, key and value share one fused ``qkv`` layer); a new family is one table entry.
+query, key and value share one fused ``qkv`` layer; ``torch.nn.MultiheadAttention``, once
+:mod:`tools.compression.mha` has split it into q/k/v/o layers); a new family is one table entry.
 
 A ``head_dim`` recommendation keeps every head and narrows each one instead: ``round(ratio * head_dim)``
 of each head's dimensions are removed (at least one is kept), the same number in every head (the forward
@@ -104,6 +105,8 @@ ATTENTION_SPECS: dict[str, AttentionSpec] = {
     "WindowAttention": AttentionSpec(
         o="proj", heads_attr="num_heads", fused_qkv="qkv", per_head_params=(("relative_position_bias_table", 1),)
     ),
+    # torch.nn.MultiheadAttention, split into q/k/v/o layers first (tools/compression/mha.py)
+    "SplitMultiheadAttention": AttentionSpec(heads_attr="num_heads", size_attrs=("inner_dim",)),
 }
 
 

@@ -20,7 +20,10 @@ back with :mod:`tools.compression.forward`, and reported with :mod:`tools.compre
     its q/k/v/o projections (``attention`` and ``attention\\.q_proj`` select the same modules).
     ``round(ratio * heads)`` heads are removed (at least one is kept), ranked by the norm of each head's
     q/k/v rows and o columns. Supported attention classes are listed in ``ATTENTION_SPECS`` (ViT, DeiT,
-    Swin, DINOv2); a new family is one table entry.
+    Swin, DINOv2, timm's); a new family is one table entry. A ``torch.nn.MultiheadAttention`` the pattern selects
+    (by its name or by ``<name>.q_proj``/``k_proj``/``v_proj``/``o_proj``, the names it will have) is first
+    replaced by the equal :class:`~tools.compression.mha.SplitMultiheadAttention`, whose heads are then pruned as
+    the others'; the modules no pattern selects keep their class (and PyTorch's fused fast path).
 
 What is never pruned, and is reported as ``SkippedPruning`` instead of failing:
 
@@ -59,6 +62,7 @@ from tools.compression.channels import apply_structured, channel_issue, new_cont
 from tools.compression.forward import ExampleInputs, check_forward, one_line, restore, snapshot
 from tools.compression.heads import apply_heads, attention_modules, head_dim_of, head_targets, narrowable
 from tools.compression.importance import DATA_AWARE, get_importance
+from tools.compression.mha import split_attention_, split_selected_
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
 from tools.compression.shortcuts import find_channel_shortcuts, to_channel_selects_, to_selection_convs_
@@ -76,8 +80,15 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     """List what ``apply_pruning`` may prune in ``model`` (traced on ``example_inputs``); see module doc.
 
     A model Torch-Pruning cannot trace keeps its head-prunable attention and has every Conv2d/Linear blocked
-    with the tracer's reason (the run goes on without structured pruning).
+    with the tracer's reason (the run goes on without structured pruning). ``nn.MultiheadAttention`` modules are
+    listed as :func:`apply_pruning` prunes them: split into q/k/v/o layers (on a copy; ``model`` is left as it is).
     """
+    shortcuts = find_channel_shortcuts(model, example_inputs)
+    if shortcuts or any(isinstance(m, nn.MultiheadAttention) for m in model.modules()):
+        model = copy.deepcopy(model)  # traced as convolutions and split attention, the model left as it is
+        split_attention_(model)
+        if shortcuts:
+            to_selection_convs_(model, example_inputs, shortcuts)
     attention = attention_modules(model).items()
     result = PrunableLayers()
     result.heads = {name: int(getattr(module, spec.heads_attr)) for name, (module, spec) in attention}
@@ -86,10 +97,6 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
         for name, (module, spec) in attention
         if narrowable(module, spec)
     }
-    shortcuts = find_channel_shortcuts(model, example_inputs)
-    if shortcuts:  # traced as convolutions, the model left as it is
-        model = copy.deepcopy(model)
-        to_selection_convs_(model, example_inputs, shortcuts)
     try:
         ctx = new_context(model, example_inputs)
     except Exception as exc:  # Torch-Pruning cannot trace it (CvT: a split along tokens, then a cat)
@@ -130,7 +137,9 @@ def apply_pruning(
     Recommendations that match nothing give no ``applied`` entry but a ``skipped`` one whose target is the
     pattern. Every recommendation that changed the model is checked with a forward pass (logits of the
     original size), and rolled back module by module on failure, so the returned model always runs.
-    Raises ``ValueError`` for an invalid regex. ``calibration`` (a batch of preprocessed images) feeds the
+    Raises ``ValueError`` for an invalid regex (before anything changes). The ``nn.MultiheadAttention`` modules a
+    ``head``/``head_dim`` pattern selects are first split into q/k/v/o layers (:mod:`tools.compression.mha`, exact),
+    so ``channel_scores`` may name their ``o_proj`` (scores of an original split the same way). ``calibration`` (a batch of preprocessed images) feeds the
     data-aware criteria (:data:`DATA_AWARE`; ``taylor`` also needs ``calibration_targets``, the model class
     of each image, -1 where unknown); without them they fall back to ``l2``. ``channel_scores`` (the
     criterion's per-layer input-channel scores by layer name, as ``DATA_AWARE[importance]`` gives for this
@@ -138,6 +147,14 @@ def apply_pruning(
     """
     config = config or PruningConfig()
     importance, round_to, seed = config.importance, config.round_to or None, config.seed
+    compiled: list[tuple[PruningRecommendation, re.Pattern[str]]] = []
+    for rec in recommendations:
+        try:
+            compiled.append((rec, re.compile(rec.layer)))
+        except re.error as exc:
+            raise ValueError(f"invalid layer regex {rec.layer!r}: {exc}") from None
+    # the nn.MultiheadAttention modules head patterns select, split first (exact): scores and checks see the split
+    split_selected_(model, [regex for rec, regex in compiled if rec.pruning_type in ("head", "head_dim")])
     scores = None
     if importance in DATA_AWARE:
         if channel_scores is None and calibration is not None:
@@ -147,12 +164,6 @@ def apply_pruning(
         else:
             scores = {m: channel_scores[n] for n, m in model.named_modules() if n in channel_scores}
     imp = get_importance(importance, scores)
-    compiled: list[tuple[PruningRecommendation, re.Pattern[str]]] = []
-    for rec in recommendations:
-        try:
-            compiled.append((rec, re.compile(rec.layer)))
-        except re.error as exc:
-            raise ValueError(f"invalid layer regex {rec.layer!r}: {exc}") from None
 
     model.eval()
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
