@@ -74,14 +74,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         default=defaults.max_accuracy_drop,
         help="accuracy budget in points (default 1.0)",
     )
-    parser.add_argument(
-        "--max-disagreement",
-        type=float,
-        default=defaults.max_disagreement,
-        metavar="PCT",
-        help="agreement budget: at most PCT %% of the images may change their top-1 answer against the original; needs "
-        "no labels (the budget of a folder of unlabelled images), bounds the accuracy drop; with labels both must hold",
-    )
+    budget = "at most PCT %% of answers changed against the original: needs no labels, bounds the accuracy drop"
+    parser.add_argument("--max-disagreement", type=float, default=defaults.max_disagreement, metavar="PCT", help=budget)
     parser.add_argument("--selection", default=defaults.selection, choices=list(get_args(Selection)))
     parser.add_argument(
         "--importance", default=defaults.importance, choices=_choices("tools.compression.importance", "IMPORTANCE")

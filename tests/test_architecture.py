@@ -36,6 +36,7 @@ TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
         {"tools.evaluation"},
         {"tools.reporting"},
         {"tools.run_data"},
+        {"tools.judging"},
         {"tools.ops"},
         {"tools.cross_fit", "tools.deployment", "tools.predict"},
         {"tools"},

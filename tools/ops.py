@@ -8,7 +8,7 @@ artifact is already complete returns the existing result instead of recomputing 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +19,7 @@ from torch import nn
 from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, stale_reason, stored_recipe_hash
 from tools.artifacts.io import (
     copy_artifact,
-    deployed_files,
     is_complete,
-    load_compressed,
     load_module,
     load_original,
     save_compressed,
@@ -30,6 +28,14 @@ from tools.artifacts.io import (
 )
 from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.config import QuantizationConfig
+from tools.judging import (
+    accuracy_of,
+    compare_latency,
+    evaluate,
+    evaluate_accuracy_on,
+    latency_device,
+    predictions_on,
+)
 from tools.models.base import example_input, logits_of, resolve_device
 from tools.models.input_shape import ImageHints, resolve_loaded_shape
 from tools.models.sources import acquire_model
@@ -48,7 +54,6 @@ from tools.run_data import (
 from tools.schemas import (
     InputShape,
     Int8Sensitivity,
-    Metrics,
     ModelProfile,
     OptimizationPlan,
     QuantizationRecommendation,
@@ -59,15 +64,15 @@ from tools.store.files import atomic_write_json, read_json
 if TYPE_CHECKING:
     from tools.compression.distill import DistillConfig
     from tools.deploy.accuracy import AccuracyControl
-    from tools.evaluation.paired import ImagePredictions, PartAccuracy, StopRule
 
 logger = logging.getLogger(__name__)
 
-__all__ = [  # the run's data operations live in tools.run_data; they are re-exported here for the nodes
+__all__ = [  # the run's data operations (tools.run_data) and evaluations (tools.judging) are re-exported for the nodes
     "Calibration",
     "DataCheck",
     "EvalSpec",
     "ModelInfo",
+    "accuracy_of",
     "acquire",
     "auto_eval_samples",
     "calibration_batch",
@@ -77,6 +82,7 @@ __all__ = [  # the run's data operations live in tools.run_data; they are re-exp
     "evaluate_accuracy_on",
     "finetune_batch",
     "int8_sensitivity",
+    "latency_device",
     "match_dataset_labels",
     "part_sizes",
     "predictions_on",
@@ -167,7 +173,7 @@ def profile(
     if target.is_file():
         return ModelProfile.model_validate(read_json(target))
     loaded = load_original(original_dir)
-    model = loaded.model.to(resolve_device(device))
+    model = _as_pruned(loaded.model).to(resolve_device(device))  # layer names as pruning and its probes see them
     result = profile_model(
         model,
         example_input(shape, device=device),
@@ -226,7 +232,7 @@ def sensitivity(
     count = samples or auto_samples(model_profile.total_macs, len(units) * len(DEFAULT_RATIOS), available)
     count = min(count, available)
     result = measure_sensitivity(
-        load_original(original_dir).model.to(target_device),
+        _as_pruned(load_original(original_dir).model).to(target_device),
         calibration.images[:count].to(target_device),
         units,
         targets=None if calibration.targets is None else calibration.targets[:count],
@@ -276,6 +282,15 @@ def int8_sensitivity(
 
 
 # --- pruning and quantization -----------------------------------------------------------------------
+
+
+def _as_pruned(model: nn.Module) -> nn.Module:
+    """The original as pruning sees it: every ``nn.MultiheadAttention`` split into q/k/v/o layers, exactly
+    (:func:`tools.compression.mha.with_split_attention`), so that its heads are units whose output projection
+    recovery can refit, in the profile, the sensitivity probes and each round's reference alike."""
+    from tools.compression.mha import with_split_attention
+
+    return with_split_attention(model)
 
 
 def _artifact_key(original_dir: Path) -> str:
@@ -340,7 +355,7 @@ def prune(
     reference = (
         reference_passes(
             _artifact_key(original_dir),
-            lambda: load_original(original_dir).model,
+            lambda: _as_pruned(load_original(original_dir).model),
             images,
             targets,
             holdout=held_out_count(images.shape[0], recovery.holdout) if recovery.method != "none" else 0,
@@ -348,7 +363,7 @@ def prune(
         if images is not None
         else None
     )
-    original = reference.original if reference is not None else load_original(original_dir).model.eval()
+    original = reference.original if reference is not None else _as_pruned(load_original(original_dir).model).eval()
     torch.manual_seed(config.seed)
     report = apply_pruning(
         model,
@@ -464,170 +479,3 @@ def quantize(
 
 
 # --- evaluation -------------------------------------------------------------------------------------
-
-
-def accuracy_of(
-    model: Callable[[torch.Tensor], Any], original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
-) -> tuple[float | None, int]:
-    """Top-1 accuracy of any model callable (torch module, ONNX Runtime session) on the evaluation part, and the
-    samples counted; (None, 0) without a dataset, or for an untrained model."""
-    from tools.evaluation.accuracy import evaluate_accuracy
-    from tools.evaluation.labels import LabelMatch
-
-    if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
-        return None, 0
-    data, match = spec.part("evaluation"), LabelMatch.model_validate(spec.label_match)
-    device, preprocess = str(resolve_device(spec.device)), preprocess_of(original_dir, shape)
-    return evaluate_accuracy(
-        model, preprocess, data, match, batch_size=spec.batch_size, device=device, progress=spec.progress, desc=desc
-    )
-
-
-def predictions_on(
-    artifact_dir: Path,
-    original_dir: Path,
-    shape: InputShape,
-    spec: EvalSpec,
-    part: str = "evaluation",
-    desc: str = "evaluate",
-    model: Callable[[torch.Tensor], Any] | None = None,
-    stop: StopRule | None = None,
-) -> ImagePredictions | None:
-    """Per-image top-1 predictions of an artifact on a part of the data, kept beside it (``paired.predictions_for``);
-    None without a dataset, or for an untrained model. ``model``: the artifact already loaded on its device; ``stop``:
-    sequential evaluation's rule (``paired.stop_when_over``)."""
-    from tools.evaluation.paired import predictions_for
-
-    if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
-        return None
-    quantized = read_json(artifact_dir / "artifact.json")["kind"] == "quantized"
-    device = str(resolve_device("cpu" if quantized else spec.device))
-    load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
-    if spec.float_runtime == "openvino" and not quantized and device == "cpu":
-        load = _twin_of(load, shape, spec.seed)
-    data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
-    label = spec.part_label(part)  # one half of the evaluation part keeps its own predictions file
-    answers = None  # an unlabelled dataset: the original's answers are the targets
-    if spec.label_match.get("unlabelled") and artifact_dir.resolve() != original_dir.resolve():
-        reference = predictions_on(original_dir, original_dir, shape, spec, part, "original")
-        answers = reference.predictions if reference is not None else None
-    return predictions_for(
-        artifact_dir,
-        label,
-        data,
-        spec.model_dump(),
-        preprocess,
-        load,
-        device=device,
-        desc=desc,
-        stop=stop,
-        answers=answers,
-    )
-
-
-def _twin_of(load: Callable[[], Any], shape: InputShape, seed: int) -> Callable[[], Any]:
-    """``load`` of a float torch model, as its OpenVINO FP32 twin where one checks out (``EvalSpec.float_runtime``)."""
-    from tools.evaluation.twin import openvino_twin
-
-    def twin() -> Any:
-        loaded = load()
-        example = example_input(shape, batch=2, seed=seed)
-        return (openvino_twin(loaded, example) if isinstance(loaded, nn.Module) else None) or loaded
-
-    return twin
-
-
-def evaluate_accuracy_on(
-    artifact_dir: Path,
-    original_dir: Path,
-    shape: InputShape,
-    spec: EvalSpec,
-    part: str = "holdout",
-    desc: str | None = None,
-    model: Callable[[torch.Tensor], Any] | None = None,
-) -> PartAccuracy | None:
-    """An artifact's accuracy on a part of the data, paired with the original's on the same images (not for the
-    original itself); None without a dataset or for an untrained model. An empty part raises ``DatasetError``.
-    On the evaluation part, with ``spec.stop_beyond_points``, a candidate clearly over it sees the first images only."""
-    from tools.evaluation.paired import PartAccuracy, pair, stop_when_over
-
-    itself = artifact_dir.resolve() == original_dir.resolve()
-    reference = None if itself else predictions_on(original_dir, original_dir, shape, spec, part, "original")
-    stop = stop_when_over(reference, spec.stop_beyond_points if part == "evaluation" else None)
-    candidate = predictions_on(artifact_dir, original_dir, shape, spec, part, desc or part, model, stop)
-    reference = candidate if itself else reference
-    if candidate is None or reference is None:
-        return None
-    return PartAccuracy.of(part, candidate, reference, None if itself else pair(reference, candidate))
-
-
-def evaluate(
-    artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
-) -> Metrics:
-    """Accuracy on the seeded subset (paired with the original's), latency at batch 1, throughput, memory, MACs."""
-    from tools.evaluation.cost import file_size_mb, measure_latency, measure_throughput
-
-    meta = read_json(artifact_dir / "artifact.json")
-    quantized = meta["kind"] == "quantized"
-    run_device = "cpu" if quantized else spec.device  # quantized kernels are CPU kernels (ONNX Runtime's too)
-    model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
-    measured = evaluate_accuracy_on(artifact_dir, original_dir, shape, spec, "evaluation", desc, model)
-    single = example_input(shape, device=run_device, seed=spec.seed)
-    latency = measure_latency(model, single, warmup=3, repeats=10)
-    # one timed call at the evaluation batch size: the batch-1 runs above already warmed the model up
-    batch = example_input(shape, batch=min(spec.batch_size, spec.samples), device=run_device, seed=spec.seed)
-    throughput = measure_throughput(model, batch, warmup=1, repeats=1)  # a first call may compile (OpenVINO)
-    # a quantized model counts the parameters and MACs of the float model it came from (it may not be torch)
-    float_model = load_module(Path(meta["recipe"]["source"])) if quantized else model
-    if not isinstance(float_model, nn.Module):
-        raise TypeError(f"{artifact_dir} ({meta['kind']}) did not load as a torch module")
-    return Metrics(
-        accuracy=measured.accuracy if measured else None,
-        params=sum(p.numel() for p in float_model.parameters()),
-        macs=_macs(float_model.cpu(), shape),
-        latency_s=latency,
-        throughput_ips=throughput,
-        memory_mb=round(sum(file_size_mb(f) for f in deployed_files(artifact_dir)), 4),
-        artifact=str(artifact_dir),
-        samples=measured.samples if measured else 0,
-        paired=measured.paired if measured else None,
-    )
-
-
-def _macs(model: nn.Module, shape: InputShape) -> int | None:
-    """MACs of a float model by ptflops (a quantized model counts as the float model it came from)."""
-    from tools.profiling.static import static_profile
-
-    try:
-        macs, _, _ = static_profile(model, shape.as_tuple())
-        return int(macs)
-    except Exception as exc:  # MACs are informative; never fail an evaluation over them
-        logger.warning("MAC count failed: %s", exc)
-        return None
-
-
-def latency_device(artifact_dir: Path, device: str = "cpu") -> str:
-    """Where an artifact runs: quantized kernels (ONNX Runtime's, OpenVINO's too) are CPU kernels."""
-    quantized = read_json(Path(artifact_dir) / "artifact.json")["kind"] == "quantized"
-    return "cpu" if quantized else str(resolve_device(device))
-
-
-def compare_latency(
-    artifacts: dict[str, Path], shape: InputShape, *, repeats: int = 20, device: str = "cpu", seed: int = 0
-) -> dict[str, float]:
-    """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds.
-
-    Float models run on ``device`` (CUDA calls synchronised), quantized ones on the CPU; each device's artifacts
-    interleaved, ``repeats`` times :data:`~tools.evaluation.cost.SERVING_BLOCK` calls in a row (warm, as one serves).
-    """
-    from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
-
-    by_device: dict[str, dict[str, Path]] = {}
-    for name, path in artifacts.items():
-        by_device.setdefault(latency_device(path, device), {})[name] = path
-    times: dict[str, float] = {}
-    for where, group in by_device.items():
-        models = {n: load_compressed(p, device=where) for n, p in group.items()}  # modules, ORT or OpenVINO models
-        example = example_input(shape, device=where, seed=seed)
-        times |= compare_latencies(models, example, repeats=repeats, block=SERVING_BLOCK)
-    return times

@@ -7,6 +7,7 @@ Modules, each importing only ones listed above it:
 * ``calibration`` -- the rows each Conv2d/Linear sees and produces on calibration images.
 * ``importance`` -- the IMPORTANCE registry of channel criteria, and the head norm degrees.
 * ``heads`` -- ATTENTION_SPECS and attention-head pruning.
+* ``mha`` -- ``nn.MultiheadAttention`` split into q/k/v/o layers (SplitMultiheadAttention): head-prunable.
 * ``channels`` -- structured channel pruning through Torch-Pruning's dependency graph.
 * ``recovery`` -- RecoveryConfig and ``recover_``: least-squares refit, BatchNorm.
 * ``distill`` -- DistillConfig and ``distill_``: optional knowledge distillation.

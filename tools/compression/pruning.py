@@ -137,13 +137,15 @@ def apply_pruning(
     Recommendations that match nothing give no ``applied`` entry but a ``skipped`` one whose target is the
     pattern. Every recommendation that changed the model is checked with a forward pass (logits of the
     original size), and rolled back module by module on failure, so the returned model always runs.
-    Raises ``ValueError`` for an invalid regex (before anything changes). The ``nn.MultiheadAttention`` modules a
-    ``head``/``head_dim`` pattern selects are first split into q/k/v/o layers (:mod:`tools.compression.mha`, exact),
-    so ``channel_scores`` may name their ``o_proj`` (scores of an original split the same way). ``calibration`` (a batch of preprocessed images) feeds the
-    data-aware criteria (:data:`DATA_AWARE`; ``taylor`` also needs ``calibration_targets``, the model class
-    of each image, -1 where unknown); without them they fall back to ``l2``. ``channel_scores`` (the
+    Raises ``ValueError`` for an invalid regex (before anything changes). ``calibration`` (a batch of preprocessed
+    images) feeds the data-aware criteria (:data:`DATA_AWARE`; ``taylor`` also needs ``calibration_targets``, the
+    model class of each image, -1 where unknown); without them they fall back to ``l2``. ``channel_scores`` (the
     criterion's per-layer input-channel scores by layer name, as ``DATA_AWARE[importance]`` gives for this
     model unpruned) saves computing them when the caller prunes many copies of one model.
+
+    The ``nn.MultiheadAttention`` modules a ``head``/``head_dim`` pattern selects are first split into q/k/v/o layers
+    (:mod:`tools.compression.mha`, exact), so their ``o_proj`` has scores where ``channel_scores`` come from an
+    original split the same way (:func:`~tools.compression.mha.split_attention_`).
     """
     config = config or PruningConfig()
     importance, round_to, seed = config.importance, config.round_to or None, config.seed

@@ -1,0 +1,214 @@
+"""Evaluations of saved artifacts on the run's data: per-image predictions paired with the original's, accuracy,
+latency, throughput, size and MACs (re-exported by :mod:`tools.ops` for the nodes).
+
+A float model whose PyTorch evaluation would be long is evaluated by its OpenVINO FP32 twin
+(``EvalSpec.float_runtime``, :mod:`tools.evaluation.twin`); on an unlabelled dataset each image's target is the
+original's answer, read from the original's predictions on the same part.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from tools.artifacts.io import deployed_files, load_compressed, load_module, load_original
+from tools.models.base import example_input, resolve_device
+from tools.run_data import EvalSpec, preprocess_of
+from tools.schemas import InputShape, Metrics
+from tools.store.files import read_json
+
+if TYPE_CHECKING:
+    from tools.evaluation.paired import ImagePredictions, PartAccuracy, StopRule
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "THROUGHPUT_SECONDS",
+    "accuracy_of",
+    "compare_latency",
+    "evaluate",
+    "evaluate_accuracy_on",
+    "latency_device",
+    "predictions_on",
+]
+
+
+def accuracy_of(
+    model: Callable[[torch.Tensor], Any], original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
+) -> tuple[float | None, int]:
+    """Top-1 accuracy of any model callable (torch module, ONNX Runtime session) on the evaluation part, and the
+    samples counted; (None, 0) without a dataset, or for an untrained model."""
+    from tools.evaluation.accuracy import evaluate_accuracy
+    from tools.evaluation.labels import LabelMatch
+
+    if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
+        return None, 0
+    data, match = spec.part("evaluation"), LabelMatch.model_validate(spec.label_match)
+    device, preprocess = str(resolve_device(spec.device)), preprocess_of(original_dir, shape)
+    return evaluate_accuracy(
+        model, preprocess, data, match, batch_size=spec.batch_size, device=device, progress=spec.progress, desc=desc
+    )
+
+
+def predictions_on(
+    artifact_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: EvalSpec,
+    part: str = "evaluation",
+    desc: str = "evaluate",
+    model: Callable[[torch.Tensor], Any] | None = None,
+    stop: StopRule | None = None,
+) -> ImagePredictions | None:
+    """Per-image top-1 predictions of an artifact on a part of the data, kept beside it (``paired.predictions_for``);
+    None without a dataset, or for an untrained model. ``model``: the artifact already loaded on its device; ``stop``:
+    sequential evaluation's rule (``paired.stop_when_over``)."""
+    from tools.evaluation.paired import predictions_for
+
+    if spec.dataset is None or spec.label_match is None or load_original(original_dir).untrained:
+        return None
+    quantized = read_json(artifact_dir / "artifact.json")["kind"] == "quantized"
+    device = str(resolve_device("cpu" if quantized else spec.device))
+    load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
+    if spec.float_runtime == "openvino" and not quantized and device == "cpu":
+        load = _twin_of(load, shape, spec.seed)
+    data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
+    label = spec.part_label(part)  # one half of the evaluation part keeps its own predictions file
+    answers = None  # an unlabelled dataset: the original's answers are the targets
+    if spec.label_match.get("unlabelled") and artifact_dir.resolve() != original_dir.resolve():
+        reference = predictions_on(original_dir, original_dir, shape, spec, part, "original")
+        answers = reference.predictions if reference is not None else None
+    return predictions_for(
+        artifact_dir,
+        label,
+        data,
+        spec.model_dump(),
+        preprocess,
+        load,
+        device=device,
+        desc=desc,
+        stop=stop,
+        answers=answers,
+    )
+
+
+def _twin_of(load: Callable[[], Any], shape: InputShape, seed: int) -> Callable[[], Any]:
+    """``load`` of a float torch model, as its OpenVINO FP32 twin where one checks out (``EvalSpec.float_runtime``)."""
+    from tools.evaluation.twin import openvino_twin
+
+    def twin() -> Any:
+        loaded = load()
+        example = example_input(shape, batch=2, seed=seed)
+        return (openvino_twin(loaded, example) if isinstance(loaded, nn.Module) else None) or loaded
+
+    return twin
+
+
+def evaluate_accuracy_on(
+    artifact_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: EvalSpec,
+    part: str = "holdout",
+    desc: str | None = None,
+    model: Callable[[torch.Tensor], Any] | None = None,
+) -> PartAccuracy | None:
+    """An artifact's accuracy on a part of the data, paired with the original's on the same images (not for the
+    original itself); None without a dataset or for an untrained model. An empty part raises ``DatasetError``.
+    On the evaluation part, with ``spec.stop_beyond_points``, a candidate clearly over it sees the first images only."""
+    from tools.evaluation.paired import PartAccuracy, pair, stop_when_over
+
+    itself = artifact_dir.resolve() == original_dir.resolve()
+    reference = None if itself else predictions_on(original_dir, original_dir, shape, spec, part, "original")
+    stop = stop_when_over(reference, spec.stop_beyond_points if part == "evaluation" else None)
+    candidate = predictions_on(artifact_dir, original_dir, shape, spec, part, desc or part, model, stop)
+    reference = candidate if itself else reference
+    if candidate is None or reference is None:
+        return None
+    return PartAccuracy.of(part, candidate, reference, None if itself else pair(reference, candidate))
+
+
+def evaluate(
+    artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
+) -> Metrics:
+    """Accuracy on the seeded subset (paired with the original's), latency at batch 1, throughput, memory, MACs."""
+    from tools.compression.sensitivity import SENSITIVITY_MACS_PER_SECOND
+    from tools.evaluation.cost import file_size_mb, measure_latency, measure_throughput
+
+    meta = read_json(artifact_dir / "artifact.json")
+    quantized = meta["kind"] == "quantized"
+    run_device = "cpu" if quantized else spec.device  # quantized kernels are CPU kernels (ONNX Runtime's too)
+    model = load_compressed(artifact_dir, device=str(resolve_device(run_device)))
+    measured = evaluate_accuracy_on(artifact_dir, original_dir, shape, spec, "evaluation", desc, model)
+    # a quantized model counts the parameters and MACs of the float model it came from (it may not be torch)
+    float_model = load_module(Path(meta["recipe"]["source"])) if quantized else model
+    if not isinstance(float_model, nn.Module):
+        raise TypeError(f"{artifact_dir} ({meta['kind']}) did not load as a torch module")
+    macs = _macs(float_model.cpu(), shape)
+    single = example_input(shape, device=run_device, seed=spec.seed)
+    latency = measure_latency(model, single, warmup=3, repeats=10)
+    # one timed call at the evaluation batch size (a large model's: what takes about a second at the assumed rate);
+    # the batch-1 runs above already warmed the model up
+    fits = max(1, int(THROUGHPUT_SECONDS * SENSITIVITY_MACS_PER_SECOND / (macs or 1)))
+    size = min(spec.batch_size, spec.samples, fits)
+    batch = example_input(shape, batch=size, device=run_device, seed=spec.seed)
+    throughput = measure_throughput(model, batch, warmup=1, repeats=1)  # a first call may compile (OpenVINO)
+    return Metrics(
+        accuracy=measured.accuracy if measured else None,
+        params=sum(p.numel() for p in float_model.parameters()),
+        macs=macs,
+        latency_s=latency,
+        throughput_ips=throughput,
+        memory_mb=round(sum(file_size_mb(f) for f in deployed_files(artifact_dir)), 4),
+        artifact=str(artifact_dir),
+        samples=measured.samples if measured else 0,
+        paired=measured.paired if measured else None,
+    )
+
+
+#: The seconds a throughput measurement's batch takes at most, at the one-thread rate the sensitivity profile assumes.
+THROUGHPUT_SECONDS = 0.5
+
+
+def _macs(model: nn.Module, shape: InputShape) -> int | None:
+    """MACs of a float model by ptflops (a quantized model counts as the float model it came from)."""
+    from tools.profiling.static import static_profile
+
+    try:
+        macs, _, _ = static_profile(model, shape.as_tuple())
+        return int(macs)
+    except Exception as exc:  # MACs are informative; never fail an evaluation over them
+        logger.warning("MAC count failed: %s", exc)
+        return None
+
+
+def latency_device(artifact_dir: Path, device: str = "cpu") -> str:
+    """Where an artifact runs: quantized kernels (ONNX Runtime's, OpenVINO's too) are CPU kernels."""
+    quantized = read_json(Path(artifact_dir) / "artifact.json")["kind"] == "quantized"
+    return "cpu" if quantized else str(resolve_device(device))
+
+
+def compare_latency(
+    artifacts: dict[str, Path], shape: InputShape, *, repeats: int = 20, device: str = "cpu", seed: int = 0
+) -> dict[str, float]:
+    """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds.
+
+    Float models run on ``device`` (CUDA calls synchronised), quantized ones on the CPU; each device's artifacts
+    interleaved, ``repeats`` times :data:`~tools.evaluation.cost.SERVING_BLOCK` calls in a row (warm, as one serves).
+    """
+    from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
+
+    by_device: dict[str, dict[str, Path]] = {}
+    for name, path in artifacts.items():
+        by_device.setdefault(latency_device(path, device), {})[name] = path
+    times: dict[str, float] = {}
+    for where, group in by_device.items():
+        models = {n: load_compressed(p, device=where) for n, p in group.items()}  # modules, ORT or OpenVINO models
+        example = example_input(shape, device=where, seed=seed)
+        times |= compare_latencies(models, example, repeats=repeats, block=SERVING_BLOCK)
+    return times
