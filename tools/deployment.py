@@ -85,6 +85,9 @@ SYNTHETIC_SAMPLES = 32
 #: instead of running them all (a 224-px EfficientNet-B0: two runtimes of 375 images, about 20 s a deployment).
 FLOAT_CHECK_IMAGES = 32
 FLOAT_TOLERANCE = 1e-3
+#: Seconds a candidate's timing takes at most over the run's repeats: a slower one (a 224-260 px model in PyTorch FP32)
+#: takes part in fewer interleaved repetitions, at least three (``tools.evaluation.cost.compare_latencies``).
+TIMING_SECONDS = 2.0
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
 
@@ -304,7 +307,9 @@ def _time(
 ) -> float | None:
     """Time every candidate that ran, interleaved with the original FP32 model; the original's latency."""
     timed = {c.key: Path(c.artifact) for c in candidates if c.ran and c.artifact}
-    times = ops.compare_latency({"__original__": original_dir, **timed}, shape, repeats=repeats, seed=seed)
+    times = ops.compare_latency(
+        {"__original__": original_dir, **timed}, shape, repeats=repeats, seed=seed, max_seconds=TIMING_SECONDS
+    )
     for candidate in candidates:
         candidate.latency_s = times.get(candidate.key, candidate.latency_s)
     return times.get("__original__")

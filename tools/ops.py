@@ -233,7 +233,7 @@ def sensitivity(
     count = min(count, available)
     result = measure_sensitivity(
         _as_pruned(load_original(original_dir).model).to(target_device),
-        calibration.images[:count].to(target_device),
+        channels_last(calibration.images[:count].to(target_device)),
         units,
         targets=None if calibration.targets is None else calibration.targets[:count],
         layers=model_profile.layers,
@@ -282,6 +282,13 @@ def int8_sensitivity(
 
 
 # --- pruning and quantization -----------------------------------------------------------------------
+
+
+def channels_last(images: torch.Tensor) -> torch.Tensor:
+    """A batch of images laid out channels-last, which PyTorch's CPU convolutions (and every layer after them) run
+    faster on: EfficientNet-Lite2's recovery pass over 125 images at 260 px went from 5.1 to 7.7 images a second at
+    one thread. The same numbers (1e-6)."""
+    return images.contiguous(memory_format=torch.channels_last) if images.ndim == 4 else images
 
 
 def _as_pruned(model: nn.Module) -> nn.Module:
@@ -347,7 +354,7 @@ def prune(
         return {**recipe_done["report"], **done, "rebuilt": None}
     if stale is not None:
         logger.warning("rebuilding the pruned model: %s", stale)
-    images = calibration.images if calibration is not None else None
+    images = channels_last(calibration.images) if calibration is not None else None
     targets = calibration.targets if calibration is not None else None
     model = load_original(original_dir).model.eval()
     # the original's passes over the calibration images, shared by every round of the run; the last ones held out

@@ -27,6 +27,7 @@ Consumers are named by the prune report (``AppliedPruning.consumers``); the rows
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -125,11 +126,22 @@ BatchNormStats = dict[str, tuple[torch.Tensor, torch.Tensor]]
 """Per BatchNorm (by name): mean and variance of its input channels over a batch, in eval mode."""
 
 
+#: Values per channel past which a BatchNorm's input statistics are taken on a regular grid of its positions (every
+#: s-th row and column): a 260-px batch of 125 images gives 2 million values a channel, their mean and variance
+#: the same to 1e-3 from a quarter of a million, at an eighth of the cost (the statistics were a quarter of a
+#: recovery pass). The original's and the pruned model's are taken on the same grid.
+MAX_STATISTIC_VALUES = 1 << 18
+
+
 def _input_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and (population) variance of a BatchNorm's input, in float64.
 
     Computed by batch normalization's own training statistics (one fused, numerically stable pass: about 40 %
-    faster than ``torch.var_mean`` on a 224-px activation, and no float64 copy of it)."""
+    faster than ``torch.var_mean`` on a 224-px activation, and no float64 copy of it), on a grid of the positions
+    of a large activation (:data:`MAX_STATISTIC_VALUES`)."""
+    if x.ndim == 4 and x.shape[0] * x.shape[2] * x.shape[3] > MAX_STATISTIC_VALUES:
+        stride = math.ceil(math.sqrt(x.shape[0] * x.shape[2] * x.shape[3] / MAX_STATISTIC_VALUES))
+        x = x[:, :, ::stride, ::stride]
     channels = x.shape[1]
     n = x.numel() // channels
     if n < 2:  # batch_norm refuses a single value per channel

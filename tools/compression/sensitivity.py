@@ -152,6 +152,29 @@ def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> 
     return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
 
 
+def _probe_order(ratios: Sequence[float]) -> list[float]:
+    """The lowest ratio, the highest, then those between (ascending): where the two ends say a unit's damage grows
+    gently, the ones between are not needed (:func:`_enough`)."""
+    if len(ratios) < 3:
+        return list(ratios)
+    return [ratios[0], ratios[-1], *ratios[1:-1]]
+
+
+def _enough(unit: SensitivityUnit, requested: float) -> bool:
+    """Whether ``unit``'s probes so far make the one at ``requested`` needless: one at a lower ratio already changed
+    more than :data:`STOP_DAMAGE` of the answers (larger ratios can only be worse), or ``requested`` lies between a
+    lowest and a highest probe whose KL grew at most with the square of the ratio (the damage model interpolates
+    such a unit as a power of the ratio between them, as it extrapolates below the first; measured on
+    EfficientNet-Lite2, 11 of its 29 units, a seventh of the profile's probes)."""
+    points = sorted(unit.points, key=lambda p: p.ratio)
+    if any(p.ratio < requested and 1.0 - p.agreement > STOP_DAMAGE for p in points):
+        return True
+    if len(points) < 2 or not points[0].ratio < requested < points[-1].ratio:
+        return False
+    low, high = points[0], points[-1]
+    return high.kl <= low.kl * (high.ratio / low.ratio) ** 2 and 1.0 - high.agreement <= STOP_DAMAGE
+
+
 def measure_sensitivity(
     original: nn.Module,
     images: torch.Tensor,
@@ -224,7 +247,10 @@ def _measure(
         measured.step = unit_step(measured, pruning)
         why_not = "no ratio removes a channel"  # else the last reason pruning gave
         try:
-            for requested in ratios:
+            for requested in _probe_order(ratios):
+                if _enough(measured, requested):
+                    done += 1
+                    continue
                 ratio = reachable_ratio(measured, requested)  # what rounding leaves of the ratio
                 if ratio <= 0 or any(p.ratio == ratio for p in measured.points):
                     done += 1
@@ -276,13 +302,11 @@ def _measure(
                 )
                 if progress is not None:
                     progress(done, steps)
-                if 1.0 - agreement > STOP_DAMAGE:  # larger ratios of this unit can only be worse
-                    done += len([r for r in ratios if r > requested])
-                    break
         except Exception as exc:  # one unit that cannot be probed must not cost the others
             logger.warning("sensitivity of %s failed: %s", unit.pattern, one_line(exc))
             result.skipped[unit.pattern] = one_line(exc)
             continue
+        measured.points.sort(key=lambda p: p.ratio)
         if measured.points:
             result.units.append(measured)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import statistics
@@ -67,6 +68,7 @@ def compare_latencies(
     warmup: int = 3,
     repeats: int = 10,
     block: int = 1,
+    max_seconds: float | None = None,
 ) -> dict[str, float]:
     """Median seconds per call of each model on ``example_input``, measured interleaved.
 
@@ -79,6 +81,9 @@ def compare_latencies(
     A dict input is passed as keyword arguments. ``block``: each model runs that many calls in a row per repetition
     (all timed): with 1 every call follows another model's, so it runs with cold caches among many models; with
     20 most calls find the model's weights and code in cache, as in a service that runs one model.
+    ``max_seconds``: a model slower than that much over its ``repeats`` (judged by its last warm-up call) takes part
+    in fewer repetitions, at least three: a 60 ms PyTorch model timed beside 7 ms int8 builds cost most of a
+    deployment's timing, and its median is no contender's.
     """
     _check_counts(warmup, repeats, block)
     if not models:
@@ -86,16 +91,27 @@ def compare_latencies(
     names = list(models)
     sync = _needs_cuda_sync(example_input) and torch.cuda.is_available()
     times: dict[str, list[float]] = {name: [] for name in names}
+    warm: dict[str, float] = {}
     with eval_mode(list(models.values())):
         with torch.no_grad():  # a cache a model fills on its first call must not hold an inference tensor
             for _ in range(max(1, warmup)):
                 for name in names:
+                    start = time.perf_counter()
                     _invoke(models[name], example_input)
+                    warm[name] = time.perf_counter() - start
         if sync:
             torch.cuda.synchronize()
+        rounds = {
+            name: repeats
+            if max_seconds is None
+            else min(repeats, max(3, math.ceil(max_seconds / max(block * warm[name], 1e-9))))
+            for name in names
+        }
         order = random.Random(0)
-        for _ in range(repeats):
+        for repetition in range(repeats):
             for name in order.sample(names, len(names)):
+                if repetition >= rounds[name]:
+                    continue
                 for _ in range(block):
                     start = time.perf_counter()
                     with torch.inference_mode():

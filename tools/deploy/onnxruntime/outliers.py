@@ -42,6 +42,25 @@ _BATCH = 32
 _LOGGED: set[str] = set()
 
 
+#: The last model and images :func:`without_outlier_images` searched, with what it found (one pass of the float
+#: model over the calibration images each: 15 s for a 260-px EfficientNet-Lite2 on one thread).
+_FOUND: dict[tuple[float, ...], dict[int, tuple[str, float]]] = {}
+
+
+@torch.no_grad()
+def _fingerprint(model: nn.Module, images: torch.Tensor) -> tuple[float, ...]:
+    """Which model and which images: shapes and sums of every parameter and of the images (float64)."""
+    params = [p.detach().double() for p in model.parameters()]
+    return (
+        float(sum(p.numel() for p in params)),
+        float(sum(float(p.sum()) for p in params)),
+        float(sum(float(p.abs().sum()) for p in params)),
+        *(float(d) for d in images.shape),
+        float(images.double().sum()),
+        float(images.double().abs().sum()),
+    )
+
+
 @torch.no_grad()
 def outlier_images(model: nn.Module, images: torch.Tensor) -> dict[int, tuple[str, float]]:
     """Image index -> (the module, the ratio) where it runs furthest past the median image, for the images that
@@ -63,7 +82,8 @@ def outlier_images(model: nn.Module, images: torch.Tensor) -> dict[int, tuple[st
     try:
         model.eval()
         for start in range(0, len(images), _BATCH):
-            model(images[start : start + _BATCH].to(device))
+            part = images[start : start + _BATCH].to(device)
+            model(part.contiguous(memory_format=torch.channels_last) if part.ndim == 4 else part)  # faster on CPUs
     finally:
         for handle in handles:
             handle.remove()
@@ -90,7 +110,11 @@ def without_outlier_images(model: nn.Module, images: torch.Tensor) -> tuple[torc
     that far."""
     if len(images) < MIN_IMAGES:
         return images, []
-    found = outlier_images(model, images)
+    key = _fingerprint(model, images)
+    if key not in _FOUND:  # the int8 profile and the original's static builds ask the same of the same model
+        _FOUND.clear()
+        _FOUND[key] = outlier_images(model, images)
+    found = _FOUND[key]
     if not found or len(found) > MAX_OUTLIER_SHARE * len(images):
         return images, []
     keep = [i for i in range(len(images)) if i not in found]
