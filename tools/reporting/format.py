@@ -82,15 +82,42 @@ def drop_as_change(drop_points: float | None) -> str:
     return DASH if drop_points is None else signed_points(round(-drop_points, 2) or 0.0)
 
 
+def damage_text(planner_state: dict[str, Any] | None, paired: Any, missing: str = DASH) -> str:
+    """A round's damage, predicted by the plan's damage model and measured: the share of answers changed against the
+    original, ``predicted -> measured``."""
+    predicted = (planner_state or {}).get("predicted_damage")
+    agreement_value = getattr(paired, "agreement", None) if paired is not None else None
+    if predicted is None and agreement_value is None:
+        return missing
+    left = missing if predicted is None else f"{100 * float(predicted):.1f} %"
+    right = missing if agreement_value is None else f"{100 * (1 - float(agreement_value)):.1f} %"
+    return f"{left} → {right}"
+
+
 def recovery_text(prune_report: dict[str, Any] | None) -> str:
     """What repaired a round's model, with its time: recovery (layers refitted) and distillation, if any."""
     report = prune_report or {}
     recovery = report.get("recovery") or {}
     text = str(recovery.get("method", "none"))
+    if recovery.get("requested") and recovery["requested"] != text:
+        text += f" (not {recovery['requested']}: further from the original on held-out images)"
+    layers = recovery.get("layers") or []
     if recovery.get("reconstructed"):
-        text += f" ({len(recovery['reconstructed'])} layers refitted"
+        kept = sum(1 for layer in layers if layer.get("choice") == "kept")
+        bias = sum(1 for layer in layers if layer.get("choice") == "bias")
+        text += f" ({len(recovery['reconstructed']) - kept} layers refitted"
+        text += f" ({bias} bias only)" if bias else ""
+        text += f", {kept} kept as pruned" if kept else ""
         text += f", {recovery['batchnorm_layers']} BatchNorm" if recovery.get("batchnorm_layers") else ""
         text += f", {recovery.get('seconds', 0):.1f} s)"
+    judged = {j.get("method"): j for j in recovery.get("judged") or []}
+    if judged.get("none") and judged.get(recovery.get("method")) and recovery.get("method") != "none":
+        mine, plain = judged[recovery["method"]], judged["none"]
+        text += (
+            "; on held-out calibration images KL "
+            f"{mine['kl']:.4f} against {plain['kl']:.4f} unrepaired, agreement {100 * mine['agreement']:.1f} % "
+            f"against {100 * plain['agreement']:.1f} %"
+        )
     tuned = report.get("finetune") or {}
     if tuned.get("steps"):
         bf16 = " in bf16" if tuned.get("precision") == "bf16" else ""

@@ -9,7 +9,7 @@ from typing import Any
 
 from tools.deploy.choice import is_chosen
 from tools.deploy.choice import label as candidate_label
-from tools.reporting.format import recovery_text
+from tools.reporting.format import damage_text, recovery_text
 from tools.reporting.html_parts import (
     acc_text,
     as_number,
@@ -90,6 +90,7 @@ def rounds(report: RunReport) -> str:
         ("accuracy", True),
         ("Δaccuracy (pts, 95 % CI)", True),
         ("agreement", True),
+        ("answers changed (predicted → measured)", False),
         ("params", True),
         ("latency", True),
         ("within budget", False),
@@ -110,6 +111,7 @@ def rounds(report: RunReport) -> str:
                     acc_text(m.accuracy),
                     delta_ci_html(r.accuracy_drop_points, m.paired),
                     esc(agreement(m.paired, "–")),
+                    esc(damage_text(r.planner_state, m.paired, "–")),
                     params_text(m.params),
                     ms_text(m.latency_s),
                     budget_badge(r.within_budget),

@@ -58,7 +58,9 @@ def header(report: RunReport) -> tuple[str, str]:
     )
     label_match = dataset.get("label_match") or {}
     classes = ""
-    if label_match.get("mapping"):
+    if label_match.get("unlabelled"):
+        classes = "none (unlabelled): each image's target is the original's answer; accuracy = agreement with it"
+    elif label_match.get("mapping"):
         classes = f"{len(label_match['mapping'])} classes matched"
         if label_match.get("unmatched"):
             classes += f", {len(label_match['unmatched'])} unmatched (left out): " + ", ".join(

@@ -15,6 +15,7 @@ from tools.deploy.choice import is_chosen
 from tools.deploy.choice import label as candidate_label
 from tools.reporting.format import (
     accuracy_pct,
+    damage_text,
     millions,
     millis,
     named_entries,
@@ -169,6 +170,12 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         lines.append(f"- data split: {split}")
     if report.untrained:
         lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
+    if (report.dataset.get("label_match") or {}).get("unlabelled"):
+        lines.append(
+            "- **no labels**: each image's target is the original's top-1 answer, so 'accuracy' is the agreement with "
+            "the original (its own is 100 %) and a drop is the share of answers changed, which bounds the accuracy "
+            "drop on labelled images of this kind"
+        )
     lines += [
         "",
         "## Summary",
@@ -205,15 +212,19 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
             "",
             "## Pruning rounds",
             "",
-            "| round | source | accuracy | Δacc (pts, 95 % CI) | agreement | params | latency | within budget "
-            "| recovery | plan |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "Answers changed: the share of images whose top-1 answer the plan's damage model predicted would change "
+            "against the original, and the share that did on the evaluation images.",
+            "",
+            "| round | source | accuracy | Δacc (pts, 95 % CI) | agreement | answers changed (predicted → measured) "
+            "| params | latency | within budget | recovery | plan |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in report.rounds:
             plan = ", ".join(f"{p.pruning_type} {p.layer} {p.pruning_ratio}" for p in r.plan.pruning_recommendations)
             lines.append(
                 f"| {r.round} | {r.source} | {accuracy_pct(r.metrics.accuracy, 'n/a (untrained)')} | "
                 f"{change_ci(r.accuracy_drop_points, r.metrics.paired)} | {agreement(r.metrics.paired)} | "
+                f"{damage_text(r.planner_state, r.metrics.paired)} | "
                 f"{millions(r.metrics.params)} | "
                 f"{millis(r.metrics.latency_s)} | {'yes' if r.within_budget else 'NO'} | "
                 f"{recovery_text(r.prune_report)} | {plan} |"
