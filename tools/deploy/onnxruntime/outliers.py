@@ -42,9 +42,10 @@ _BATCH = 32
 _LOGGED: set[str] = set()
 
 
-#: The last model and images :func:`without_outlier_images` searched, with what it found (one pass of the float
+#: The models and images :func:`without_outlier_images` searched last, with what it found (one pass of the float
 #: model over the calibration images each: 15 s for a 260-px EfficientNet-Lite2 on one thread).
 _FOUND: dict[tuple[float, ...], dict[int, tuple[str, float]]] = {}
+_KEPT = 4
 
 
 @torch.no_grad()
@@ -71,7 +72,9 @@ def outlier_images(model: nn.Module, images: torch.Tensor) -> dict[int, tuple[st
     def record(name: str) -> Callable[[nn.Module, object, object], None]:
         def hook(_module: nn.Module, _inputs: object, output: object) -> None:
             if isinstance(output, torch.Tensor) and output.dim() > 1 and output.is_floating_point():
-                peaks.setdefault(name, []).append(output.detach().abs().flatten(1).amax(1).float().cpu())
+                dims = tuple(range(1, output.dim()))  # reduced in place: no copy of a channels-last activation
+                peak = torch.maximum(output.detach().amax(dims), -output.detach().amin(dims))
+                peaks.setdefault(name, []).append(peak.float().cpu())
 
         return hook
 
@@ -112,7 +115,8 @@ def without_outlier_images(model: nn.Module, images: torch.Tensor) -> tuple[torc
         return images, []
     key = _fingerprint(model, images)
     if key not in _FOUND:  # the int8 profile and the original's static builds ask the same of the same model
-        _FOUND.clear()
+        while len(_FOUND) >= _KEPT:
+            _FOUND.pop(next(iter(_FOUND)))
         _FOUND[key] = outlier_images(model, images)
     found = _FOUND[key]
     if not found or len(found) > MAX_OUTLIER_SHARE * len(images):
