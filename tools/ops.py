@@ -215,7 +215,7 @@ def sensitivity(
     MACs, not its timed latency; see ``tools.compression.sensitivity.auto_samples``). None without
     calibration images (no dataset, or ``calibration_samples`` 0).
     """
-    from tools.compression.sensitivity import DEFAULT_RATIOS, auto_samples, measure_sensitivity
+    from tools.compression.sensitivity import DEFAULT_RATIOS, affordable_units, auto_samples, measure_sensitivity
     from tools.compression.units import prunable_units
 
     target = out_dir / "sensitivity.json"
@@ -231,6 +231,9 @@ def sensitivity(
     available = int(calibration.images.shape[0])
     count = samples or auto_samples(model_profile.total_macs, len(units) * len(DEFAULT_RATIOS), available)
     count = min(count, available)
+    unaffordable: dict[str, str] = {}
+    if not samples:  # at the floor of images a large model cannot probe every unit in the profile's time
+        units, unaffordable = affordable_units(units, model_profile.layers, count, len(DEFAULT_RATIOS))
     result = measure_sensitivity(
         _as_pruned(load_original(original_dir).model).to(target_device),
         channels_last(calibration.images[:count].to(target_device)),
@@ -241,6 +244,7 @@ def sensitivity(
         recovery=recovery,
         batch_size=spec.batch_size,
     )
+    result.skipped.update(unaffordable)
     atomic_write_json(target, result.model_dump())
     atomic_write_json(profile_file, model_profile.model_copy(update={"sensitivity": result}).model_dump())
     return result

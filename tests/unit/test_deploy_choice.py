@@ -296,30 +296,33 @@ def test_another_source_stays_deployed_only_if_it_is_still_faster_when_timed_aga
 
 
 def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch: Any, tmp_path: Path) -> None:
-    """A round with more headroom ran 10 % faster among all candidates, then only 2 % when timed again alone with the
-    best model's fastest of the same backend: the best model deploys, and the choice says it was built from it."""
+    """The best model's int8 is over the budget; a round with more headroom is built in int8 (only that: its bf16
+    could not beat the best model's), runs 10 % faster than the best model's bf16 among all candidates, then only 2 %
+    when the two are timed again alone: the best model deploys, and the choice says it was built from it."""
     import torch
 
     from tools import deployment as deployment_module
     from tools import ops
 
     headroom = tmp_path / "rounds" / "round-00" / "model"
-    latency_ms = {None: 1.00, str(headroom): 0.90}
+    latency_ms = {(None, "openvino-bf16"): 1.00, (None, "openvino-int8"): 0.80, (str(headroom), "openvino-int8"): 0.90}
+    built: list[tuple[str | None, str]] = []
 
     def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
+        built.append((source, backend))
         return DeployCandidate(
             backend=backend,
             runtime="openvino",
-            precision="bf16",
+            precision="int8" if backend.endswith("int8") else "bf16",
             source=source,
             artifact=str(artifact_dir),
-            within_budget=True,
+            within_budget=(source, backend) != (None, "openvino-int8"),
             accuracy=0.8,
         )
 
     def time_all(candidates: list[DeployCandidate], *_: Any) -> float:
         for c in candidates:
-            c.latency_s = latency_ms[c.source] / 1e3 if c.backend != FLOAT else 5e-3
+            c.latency_s = latency_ms.get((c.source, c.backend), 5.0) / 1e3
         return 6e-3
 
     def again(artifacts: dict[str, Path], shape: Any, repeats: int = 20, seed: int = 0) -> dict[str, float]:
@@ -329,6 +332,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     monkeypatch.setattr(deployment_module, "_time", time_all)
     monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
     monkeypatch.setattr(ops, "compare_latency", again)
+    monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
     choice = deployment_module.deploy(
         tmp_path / "best",
         tmp_path / "original",
@@ -336,12 +340,13 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
         tmp_path / "deploy",
         InputShape(channels=3, height=8, width=8),
         ops.EvalSpec(dataset=None, samples=10, progress=False),
-        backends=[FLOAT, "openvino-bf16"],
+        backends=[FLOAT, "openvino-bf16", "openvino-int8"],
         within_budget=lambda drop, paired: True,
         baseline_accuracy=0.8,
         repeats=3,
         alternatives=[headroom],
     )
+    assert (str(headroom), "openvino-int8") in built and (str(headroom), "openvino-bf16") not in built
     assert choice.chosen == "openvino-bf16" and "timed again alone" in choice.why
     assert choice.source is None, "the refuted alternative is not deployed after all"
 

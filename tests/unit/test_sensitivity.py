@@ -18,7 +18,14 @@ from tools.compression.pruning import prunable_layers
 from tools.compression.sensitivity import measure_sensitivity
 from tools.compression.units import prunable_units
 from tools.evaluation.datasets import split_indices
-from tools.schemas import ModelProfile, OptimizationPlan, SensitivityPoint, SensitivityProfile, SensitivityUnit
+from tools.schemas import (
+    LayerProfile,
+    ModelProfile,
+    OptimizationPlan,
+    SensitivityPoint,
+    SensitivityProfile,
+    SensitivityUnit,
+)
 
 
 def test_units_and_measurements_on_a_tiny_vit() -> None:
@@ -304,3 +311,27 @@ def test_a_collapsed_round_shrinks_the_next_budget_by_its_miss_not_by_a_third() 
     # a round that lost about what was predicted shrinks by a third, as before
     near = collapsed.model_copy(update={"measured_damage": 2 * predicted})
     assert planner.next_plan(_ctx([near])).planner_state["damage_budget"] == pytest.approx(0.02 / 3, rel=1e-3)
+
+
+def test_a_large_model_probes_the_units_worth_their_probe_within_the_profiles_time() -> None:
+    """At the floor of images a large model cannot probe every unit in the profile's time: the late units that hold
+    its parameters (cheap to probe: little follows them) are kept, the early costly ones are said not probed; a
+    small model keeps every unit."""
+    from tools.compression.sensitivity import affordable_units
+
+    layers = [
+        LayerProfile(
+            name=f"b{i}.conv", type="Conv2d", params=1000 * (i + 1) ** 2, macs=5 * 10**8, output_shape=[1, 64, 64, 64]
+        )
+        for i in range(8)
+    ]
+    units = [
+        SensitivityUnit(pattern=f"^b{i}\\.conv$", pruning_type="structured", modules=[f"b{i}.conv"], size=64)
+        for i in range(8)
+    ]
+    kept, dropped = affordable_units(units, layers, images=32, probes_per_unit=3)
+    assert kept and dropped and len(kept) + len(dropped) == 8
+    assert {u.modules[0] for u in kept} >= {"b7.conv", "b6.conv"} and "^b0\\.conv$" in dropped
+    assert all("not probed" in why for why in dropped.values())
+    small = [lp.model_copy(update={"macs": 10**6, "output_shape": [1, 8, 8, 8]}) for lp in layers]
+    assert affordable_units(units, small, images=32, probes_per_unit=3) == (units, {})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_RATIOS",
+    "affordable_units",
     "auto_samples",
     "deterministic_torch",
     "measure_sensitivity",
@@ -99,6 +101,70 @@ def auto_samples(macs: int, probes: int, available: int, seconds: float = TARGET
     per_image_s = macs / SENSITIVITY_MACS_PER_SECOND
     passes = PASSES_PER_PROBE * probes + 3
     return max(min(available, MIN_SAMPLES), min(available, int(seconds / (per_image_s * passes))))
+
+
+#: A probe's cost counts each layer's output values at this many MACs: on a CPU the element-wise work a mobile network
+#: does around its convolutions (BatchNorm, ReLU6, padding, depthwise convolutions) costs far more than its MACs say.
+#: Measured at one thread: EfficientNet-Lite2 (898 M MACs, 33 M output values an image) at about 5·10⁹ MAC/s where
+#: a ResNet-18 runs 7.5·10⁹ and the profile assumes 2·10¹⁰; at 64 its cost is 3.0·10⁹ MAC-equivalents.
+VALUE_COST_MACS = 64
+
+
+def _layer_costs(layers: Sequence[LayerProfile]) -> list[float]:
+    """Each layer's cost in MAC-equivalents an image (its MACs and :data:`VALUE_COST_MACS` per output value)."""
+    return [lp.macs + VALUE_COST_MACS * (math.prod(lp.output_shape[1:]) if lp.output_shape else 0) for lp in layers]
+
+
+def affordable_units(
+    units: Sequence[SensitivityUnit],
+    layers: Sequence[LayerProfile],
+    images: int,
+    probes_per_unit: int,
+    seconds: float = TARGET_SECONDS,
+) -> tuple[list[SensitivityUnit], dict[str, str]]:
+    """The units the profile probes within about ``seconds`` on ``images`` images (at the assumed rate, in
+    MAC-equivalents: a fixed figure, so the choice never depends on timing), and why the others are not probed.
+
+    A probe runs what follows the unit's first layer; units are taken by their saving (their layers' share of the
+    parameters plus of the MACs) per cost of their probes, best first, until the time is spent; every unit where it
+    all fits. A 260-px mobile CNN probed at the floor of :data:`MIN_SAMPLES` images cannot probe everything in a few
+    minutes: the early, cheap-to-prune but costly-to-probe units give way to the late ones that hold its parameters.
+    """
+    if not layers or images <= 0:
+        return list(units), {}
+    costs = _layer_costs(layers)
+    order = {lp.name: i for i, lp in enumerate(layers)}
+    after = [sum(costs[i:]) for i in range(len(costs))]  # the cost of a pass from each layer on
+    total_params = sum(lp.params for lp in layers) or 1
+    total_macs = sum(lp.macs for lp in layers) or 1
+
+    def own(unit: SensitivityUnit) -> list[LayerProfile]:
+        names = [*unit.modules, *unit.members]
+        return [lp for lp in layers if any(lp.name == n or lp.name.startswith(n + ".") for n in names)]
+
+    def cost(unit: SensitivityUnit) -> float:
+        first = min((order[lp.name] for lp in own(unit)), default=0)
+        return PASSES_PER_PROBE * images * probes_per_unit * after[first]
+
+    def value(unit: SensitivityUnit) -> float:
+        mine = own(unit)
+        return sum(lp.params for lp in mine) / total_params + sum(lp.macs for lp in mine) / total_macs
+
+    budget = seconds * SENSITIVITY_MACS_PER_SECOND
+    if sum(cost(u) for u in units) <= budget:
+        return list(units), {}
+    ranked = sorted(units, key=lambda u: (-value(u) / max(cost(u), 1.0), u.pattern))
+    kept: set[str] = set()
+    spent = 0.0
+    for unit in ranked:
+        if spent + cost(unit) <= budget or not kept:
+            kept.add(unit.pattern)
+            spent += cost(unit)
+    reason = (
+        f"not probed: its saving per probe cost was among the lowest, and probing every unit on {images} images "
+        f"would take the profile well past its {seconds:.0f} s"
+    )
+    return [u for u in units if u.pattern in kept], {u.pattern: reason for u in units if u.pattern not in kept}
 
 
 @contextlib.contextmanager
