@@ -487,12 +487,12 @@ def deploy(
         for i, other in enumerate(alternatives):
             # the original's builds are copied (prebuilt) and take part in the timing; a round with more headroom
             # (fewer parameters removed) is built only where the best model's faster builds were over the budget
-            wanted = retry if Path(other).resolve() == Path(original_dir).resolve() else faster
-            if not wanted:
+            rebuilt = retry if Path(other).resolve() == Path(original_dir).resolve() else faster
+            if not rebuilt:
                 continue
-            logger.info("deploy: building %s from %s too", ", ".join(wanted), other)
+            logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
             candidates += [
-                measure(b, other, out_root / f"alt-{i}" / b, source=str(other), spec=judged_by(other)) for b in wanted
+                measure(b, other, out_root / f"alt-{i}" / b, source=str(other), spec=judged_by(other)) for b in rebuilt
             ]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
         sources = [None, *(str(p) for p in alternatives)]
