@@ -366,11 +366,11 @@ def _finish(result: RunResult) -> None:
             raise ValueError(f"the edited plan was not accepted (the run is still paused): {pending['errors'][0]}")
         return
     from tools.schemas import RunReport
+    from tools.stats import is_budget_note
 
     report, run_dir = RunReport.model_validate(result.report), result.run_dir
-    print(_summary(report))
-    for note in report.notes:
-        print(f"note: {note}")
+    first = [f"budget: {n}" for n in report.notes if is_budget_note(n)]  # what the data resolves, before the figures
+    print("\n".join([*first, _summary(report), *(f"note: {n}" for n in report.notes if not is_budget_note(n))]))
     print(f"report: {Path(run_dir) / 'report.json'} and report.md")
 
 

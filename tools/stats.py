@@ -26,6 +26,7 @@ __all__ = [
     "disagreement_bound_pct",
     "drop_points",
     "images_needed",
+    "is_budget_note",
     "paired_accuracy",
     "resolution_note",
     "resolution_points",
@@ -79,6 +80,12 @@ def resolution_note(images: int, budget_points: float) -> str | None:
         f"which needs no labels and bounds the drop: --max-disagreement PCT on a folder of unlabelled images (about "
         f"{agreement_images_needed(budget_points):,} resolve {budget_points:g} %)"
     )
+
+
+def is_budget_note(note: str) -> bool:
+    """Whether a run's note is :func:`resolution_note`'s or :func:`unlabelled_note`'s: what the budget is and what the
+    data resolves, which a report says in its first lines."""
+    return note.startswith("no labels:") or " evaluation images resolve about " in note
 
 
 def agreement_images_needed(budget_pct: float) -> int:

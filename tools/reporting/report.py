@@ -37,6 +37,7 @@ from tools.reporting.paired_text import (
 )
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
 from tools.schemas import Int8Sensitivity, PairedAccuracy, RunReport, SensitivityProfile
+from tools.stats import is_budget_note
 
 METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
 
@@ -170,6 +171,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         lines.append(f"- data split: {split}")
     if report.untrained:
         lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
+    lines += [f"- **budget**: {note}" for note in report.notes if is_budget_note(note)]
     if (report.dataset.get("label_match") or {}).get("unlabelled"):
         lines.append(
             "- **no labels**: each image's target is the original's top-1 answer, so 'accuracy' is the agreement with "

@@ -104,7 +104,6 @@ class StaticInt8Build:
         order = {node: i for i, node in enumerate(graphs.constant_weight_nodes(self.graph))}
         layers = sorted(self.nodes, key=lambda name: min(order.get(n, len(order)) for n in self.nodes[name]))
         self.groups = layer_groups(layers)
-        self._cache = self.work / "calibration.json"
         self._count = 0
 
     def build(self, keep_float: Iterable[str] = (), out: Path | None = None) -> Path:
@@ -120,8 +119,7 @@ class StaticInt8Build:
             per_channel=self.settings.per_channel,
             reduce_range=self.settings.reduce_range,
             nodes_to_exclude=[node for name in float_layers for node in self.nodes[name]],
-            calibration_cache=self._cache,
-        )
+        )  # the activation ranges are calibrated once per graph and images (static_quantize_onnx)
 
     def logits(self, path: Path, images: torch.Tensor, batch: int = 64) -> np.ndarray:
         """The logits of the ONNX model at ``path`` on ``images``, one fixed batch size at a time."""
