@@ -14,6 +14,7 @@ from agents.planning.selection import distillation_target
 from graph.context import Context
 from graph.state import State
 from tools import ops
+from tools.compression.reports import PrunableLayers
 from tools.schemas import ModelProfile, RoundResult
 from tools.store.files import atomic_write_json, read_json
 
@@ -22,7 +23,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
     """Profile, prunable layers, baseline and every finished round, as a planner sees them."""
     run = paths(state)
     profile = ModelProfile.model_validate(read_json(Path(state["profile_path"])))
-    prunable = ops.prunable(run.original, shape_of(state), run.profile)
+    prunable = PrunableLayers.model_validate(ops.prunable(run.original, shape_of(state), run.profile))
     history = [RoundRecord.of(RoundResult.model_validate(r)) for r in state.get("rounds") or []]
     return PlanningContext(
         profile=profile,
@@ -36,6 +37,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
         recovery=ctx.recovery if state.get("dataset") and ctx.calibration_samples > 0 else "none",
         int8_reserve_points=float((state.get("accuracy_budget") or {}).get("int8_reserve_points", 0.0)),
         distillation_target_points=distillation_target(list(state.get("rounds") or []), pruning_budget(state, ctx)),
+        kinds=ctx.pruning_config().kinds,
     )
 
 

@@ -126,12 +126,12 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     before = (source.get("metrics") or {}).get("paired")
     after = result.paired
     if before and after is not None and after.delta_points < PairedAccuracy.model_validate(before).delta_points:
-        # the students did worse than the round they started from, on the same images: the round keeps its model
-        record["within_budget"] = False
+        # the students did worse than the round they started from, on the same images: with the same parameters,
+        # selection (accuracy first) keeps the round's own model wherever both are within the budget
         notes.append(
             f"round {index}: distillation made round {source['round']} worse on the images its students did not see "
             f"(Δ {after.delta_points:+.2f} against {PairedAccuracy.model_validate(before).delta_points:+.2f} "
-            f"points before): round {source['round']} keeps its own model"
+            f"points before): where both are within the budget, round {source['round']}'s own model is kept"
         )
     atomic_write_json(folder / "round.json", record)
     return {"rounds": [record], "notes": notes}

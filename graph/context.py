@@ -104,6 +104,11 @@ class Context:
         None,
         float,
     )
+    unit_kinds: str = _setting(
+        "The unit kinds plans may use, comma-separated (structured, head, head_dim, block); empty: every one.",
+        "UNIT_KINDS",
+        "",
+    )
     selection: Selection = _setting(  # noqa: RUF009
         "accuracy (accuracy, then params, then latency) or smallest-within-budget.", "SELECTION", "accuracy"
     )
@@ -223,6 +228,11 @@ class Context:
             errors.append("--distill-rescues must be auto or 0 or more")
         if not 0 <= self.max_accuracy_drop <= 100:
             errors.append("--max-accuracy-drop must be between 0 and 100 points")
+        from tools.compression.units import UNIT_KINDS
+
+        unknown = [k for k in self.pruning_config().kinds if k not in UNIT_KINDS]
+        if unknown:
+            errors.append(f"--unit-kinds: unknown {', '.join(unknown)}: choose among {', '.join(UNIT_KINDS)}")
         if self.max_disagreement is not None and not 0 <= self.max_disagreement <= 100:
             errors.append("--max-disagreement must be between 0 and 100 percent")
         errors += self._recipe_errors()
@@ -247,6 +257,7 @@ class Context:
             head_round_to=self.head_round_to,
             seed=self.seed,
             max_ratio=self.max_pruning_ratio,
+            kinds=tuple(k.strip() for k in self.unit_kinds.split(",") if k.strip()),
         )
 
     def recovery_config(self) -> RecoveryConfig:

@@ -103,6 +103,7 @@ def test_a_run_distils_its_round_over_the_budget_and_deploys_it_judged_on_its_ot
         quantize=True,
         quant_backend="torch-ao-dynamic",
         distill_rescues=1,  # the search goes on after a rescue while distillations are left (tests/unit/test_routing)
+        unit_kinds="structured,head,head_dim",  # blocks removed from the 4-layer ViT would lose most of it
     )
     rounds = report["rounds"]
     assert len(rounds) == 2 and not rounds[0]["within_budget"] and rounds[0]["cross_fit"] is None
@@ -188,6 +189,7 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
         calibration_samples=64,
         quantize=False,
         distill_rescues=1,
+        unit_kinds="structured,head,head_dim",
     )
     graph = build_graph().compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}

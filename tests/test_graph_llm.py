@@ -101,7 +101,7 @@ def test_llm_plans_every_step(model_dir: Path, tmp_path: Path) -> None:
     assert first["prompt"] and first["raw_response"] and first["parsed"] and first["token_usage"]
     # the LLM sees the run's recovery and the measured sensitivity of every unit (heads, head width and fc1)
     units = report["profile"]["sensitivity"]["units"]
-    assert len(units) >= 3 and {u["pruning_type"] for u in units} == {"head", "head_dim", "structured"}
+    assert len(units) >= 3 and {u["pruning_type"] for u in units} == {"block", "head", "head_dim", "structured"}
     for exchange in map(json.loads, exchanges[1:]):
         prompt = exchange["prompt"][1]["content"]
         assert "recovery 'reconstruct' after every prune" in prompt and "Sensitivity, measured" in prompt

@@ -326,7 +326,7 @@ def _with_sensitivity(ctx: PlanningContext) -> PlanningContext:
                 for r in (0.25, 0.5)
             ],
         )
-        for i, (name, heads) in enumerate(sorted(ctx.prunable["heads"].items()))
+        for i, (name, heads) in enumerate(sorted(ctx.prunable.heads.items()))
     ]
     sens = SensitivityProfile(
         samples=128, importance="act", recovery="reconstruct", ratios=[0.25, 0.5], seconds=1.0, units=units

@@ -227,6 +227,7 @@ def sensitivity(
     profile_file = out_dir / "profile.json"
     model_profile = ModelProfile.model_validate(read_json(profile_file))
     units = prunable_units(prunable(original_dir, shape, out_dir), model_profile.layers)
+    units = [u for u in units if config is None or config.allows(u.pruning_type)]  # --unit-kinds
     target_device = resolve_device(device)
     available = int(calibration.images.shape[0])
     count = samples or auto_samples(model_profile.total_macs, len(units) * len(DEFAULT_RATIOS), available)

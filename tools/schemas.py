@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PruningType = Literal["structured", "head", "head_dim"]
+PruningType = str
+"""A unit kind's name: the key of ``tools.compression.units.UNIT_KINDS`` (channels, heads, head width, blocks)."""
 QuantDType = Literal["qint8", "float16", "float32"]
 """A layer's deployed precision: int8, float16 (torch-ao-dynamic only), or float32 (kept in float: mixed precision)."""
 
@@ -23,13 +24,12 @@ class PruningRecommendation(BaseModel):
     justification: str = Field(default="", description="Why this layer group is pruned at this ratio.")
     layer: str = Field(description="Regular expression matched (re.search) against module names.")
     pruning_type: PruningType = Field(
-        description=(
-            "'structured' removes output channels of Conv2d/Linear; 'head' removes attention heads; "
-            "'head_dim' keeps the heads and removes the same share of every head's dimensions."
-        )
+        description="The unit kind that acts on the layers: what a ratio of them removes (the prompt lists the kinds)."
     )
     pruning_ratio: float = Field(
-        ge=0.0, lt=1.0, description="Fraction of channels/heads/head dimensions removed, in [0, 1)."
+        ge=0.0,
+        le=1.0,
+        description="Fraction of the units' channels, heads or head dimensions removed; 1 for a kind removed whole.",
     )
 
 

@@ -8,11 +8,10 @@ points (:func:`unit_saving`); its damage is the damage model's (:class:`~agents.
 from __future__ import annotations
 
 import itertools
-import re
 
 from agents.planning.damage import DamageModel
-from tools.compression.units import reachable_ratio
-from tools.profiling.profile import name_pattern
+from tools.compression.units import reachable_ratio, unit_kind
+from tools.profiling.profile import exact_pattern
 from tools.schemas import SensitivityProfile, SensitivityUnit
 
 __all__ = [
@@ -27,34 +26,6 @@ __all__ = [
 
 #: Ratios the allocation may choose (those above the run's highest ratio are left out).
 ALLOCATION_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-def exact_pattern(members: list[str], universe: list[str]) -> str:
-    """A regex selecting exactly ``members`` among ``universe``: block indices generalised where possible."""
-    wanted = set(members)
-
-    def exact(pattern: str) -> bool:
-        rx = re.compile(pattern)
-        return {n for n in universe if rx.search(n)} | wanted == wanted and all(rx.search(n) for n in wanted)
-
-    generic = name_pattern(members[0])
-    if exact(generic):
-        return generic
-    parts = [m.split(".") for m in members]
-    for i, part in enumerate(parts[0]):
-        # only a position every member has and where each has an index: members may differ in depth
-        # (EfficientNet's encoder.blocks.N.projection.project_conv with encoder.top_conv)
-        if not part.isdigit() or any(len(p) != len(parts[0]) or not p[i].isdigit() for p in parts):
-            continue
-        values = sorted({p[i] for p in parts}, key=int)
-        pieces = [
-            ("(?:" + "|".join(values) + ")") if j == i else (r"\d+" if piece.isdigit() else re.escape(piece))
-            for j, piece in enumerate(parts[0])
-        ]
-        candidate = "^" + r"\.".join(pieces) + "$"
-        if exact(candidate):
-            return candidate
-    return "^(?:" + "|".join(re.escape(m) for m in sorted(wanted)) + ")$"
 
 
 def interpolate(points: list[tuple[float, float]], ratio: float) -> float | None:
@@ -113,8 +84,9 @@ def allocate(
     options: dict[str, list[tuple[float, float, float]]] = {}  # pattern -> [(ratio, cost, saving)]
     for unit in sensitivity.units:
         choices = []
+        kind = unit_kind(unit)
         for ratio in sorted({reachable_ratio(unit, r) for r in ALLOCATION_RATIOS} - {0.0}):
-            if ratio > max_ratio + 1e-9:
+            if not kind.allowed(ratio, max_ratio):
                 continue
             d, v = model.cost(unit, ratio), unit_saving(unit, ratio, total_params, total_macs)
             if d is not None and v is not None:
@@ -122,11 +94,16 @@ def allocate(
         if choices:
             options[unit.pattern] = choices
     chosen: dict[str, tuple[float, float, float]] = {p: (0.0, 0.0, 0.0) for p in options}
+    units = {u.pattern: u for u in sensitivity.units}
+    profile_units = list(sensitivity.units)
     spent = 0.0
     while True:
         best: tuple[float, float, str, tuple[float, float, float]] | None = None
+        taken = [units[p] for p, c in chosen.items() if c[0] > 0]
         for pattern, choices in options.items():
             _, d0, v0 = chosen[pattern]
+            if chosen[pattern][0] == 0 and not unit_kind(units[pattern]).admits(units[pattern], taken, profile_units):
+                continue
             for option in choices:
                 ratio, d, v = option
                 if ratio <= chosen[pattern][0] or v <= v0 or spent + (d - d0) > budget * (1 + 1e-9) + 1e-12:

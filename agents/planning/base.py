@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from tools.compression.reports import PrunableLayers
 from tools.schemas import ModelProfile, OptimizationPlan, RoundResult
 
 __all__ = ["PlanResult", "Planner", "PlanningContext", "RoundRecord"]
@@ -71,7 +72,8 @@ class PlanningContext:
     """What a planner knows besides the profile."""
 
     profile: ModelProfile
-    prunable: dict[str, Any]
+    prunable: PrunableLayers
+    """What the model can prune, each unit kind's modules (a dict from ``ops.prunable`` is read as one)."""
     baseline_accuracy: float | None
     max_accuracy_drop: float
     max_ratio: float = 0.6
@@ -84,6 +86,15 @@ class PlanningContext:
     #: After a round distilled after the search came back within budget: the drop before distillation (points) the
     #: next one can be expected to bring back (``selection.distillation_target``); None otherwise.
     distillation_target_points: float | None = None
+    #: The unit kinds plans may use (``--unit-kinds``); empty: every one.
+    kinds: tuple[str, ...] = ()
+
+    def allows(self, pruning_type: str) -> bool:
+        """Whether a plan may use the unit kind ``pruning_type``."""
+        return not self.kinds or pruning_type in self.kinds
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prunable", PrunableLayers.model_validate(self.prunable))
 
 
 class PlanResult(BaseModel):

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tools.compression.units import kind_named
 from tools.llm.structured import find_object, norm_key, normalize_generic
 from tools.schemas import InputShape, OptimizationPlan
 
@@ -176,14 +177,8 @@ def _layer(value: Any, where: str, notes: list[str]) -> Any:
 def _pruning_type(value: Any) -> Any:
     if not isinstance(value, str):
         return value
-    text = norm_key(value)
-    if "head" in text and any(k in text for k in ("dim", "width", "size", "narrow")):
-        return "head_dim"
-    if "head" in text:
-        return "head"
-    if any(k in text for k in ("struct", "channel", "filter", "neuron", "width")):
-        return "structured"
-    return value
+    kind = kind_named(norm_key(value))  # the kind's name, or one of its words ("head width", "channels")
+    return kind.name if kind is not None else value
 
 
 def _normalize_prune_rec(item: Any, where: str, notes: list[str]) -> Any:

@@ -61,7 +61,8 @@ def _unit(unit: SensitivityUnit, total: int, accuracy: bool) -> str:
     kind = unit_kind(unit)
     points = "; ".join(_point(p, total, accuracy) for p in sorted(unit.points, key=lambda p: p.ratio))
     coupled = f", with {len(unit.members) - 1} coupled layers" if len(unit.members) > 1 else ""
-    return f"- {unit.pattern} ({unit.pruning_type}; {kind.name}: {unit.size} {kind.removes}{coupled}) {points}"
+    what = f"{unit.kind or kind.flavour}: {unit.size} {kind.removes_of(unit)}{coupled}"
+    return f"- {unit.pattern} ({unit.pruning_type}; {what}) {points}"
 
 
 def sensitivity_lines(ctx: PlanningContext, max_units: int = MAX_UNITS) -> list[str]:

@@ -23,12 +23,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agents.planning.allocation import exact_pattern
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.prompt_budget import FULL, PromptDetail, capped, compact_schema_text, rounds_shown
 from agents.planning.prompt_int8 import int8_lines
 from agents.planning.prompt_sensitivity import sensitivity_lines, settings_lines
 from agents.planning.recovery import TARGET_SLACK
+from tools.compression.reports import PrunableLayers
+from tools.compression.units import UNIT_KINDS
 from tools.profiling.profile import name_pattern
 from tools.schemas import LayerGroupProfile, ModelProfile, OptimizationPlan
 
@@ -54,8 +55,8 @@ __all__ = [
 ANALYSIS_SYSTEM = (
     "You are the analysis agent of ProfilingAgent, which compresses image classifiers. You read a model's "
     "profile (per-layer latency, MACs and parameters, and what the pruner can act on) and write a layer-wise "
-    "optimization plan: structured channel pruning, attention-head pruning (whole heads, or 'head_dim': the "
-    "same share of every head's dimensions) and post-training dynamic "
+    "optimization plan: structured channel pruning, attention-head pruning (whole heads, or the same share of every "
+    "head's dimensions), whole blocks removed, and post-training "
     "quantization. Target what costs the most latency and can be removed safely. Answer with one JSON object "
     "that matches the given schema and nothing else."
 )
@@ -144,32 +145,16 @@ def _members(group: LayerGroupProfile, names: Iterable[str]) -> list[str]:
     return [n for n in names if rx.search(n)]
 
 
-def _group_status(group: LayerGroupProfile, profile: ModelProfile, prunable: Mapping[str, Any]) -> str:
+def _group_status(group: LayerGroupProfile, profile: ModelProfile, prunable: PrunableLayers) -> str:
+    """How a profile group is prunable: what each unit kind says of its members, else why not."""
     names = [lp.name for lp in profile.layers if lp.type == group.type]
     members = _members(group, names) or _members(group, [lp.name for lp in profile.layers])
-    heads: dict[str, int] = prunable.get("heads") or {}
-    structured = set(prunable.get("structured") or [])
-    blocked: dict[str, str] = prunable.get("blocked") or {}
-    coupling: dict[str, int] = prunable.get("coupling") or {}
-    head_members = [m for m in members if m in heads]
-    if head_members:
-        counts = "/".join(str(c) for c in sorted({heads[m] for m in head_members}))
-        queries = prunable.get("head_dims") or {}
-        narrow = " or narrowed, 'head_dim'" if any(q.startswith(f"{m}.") for q in queries for m in head_members) else ""
-        return f"head-prunable ({counts} heads each; pruning_type 'head'{narrow})"
-    parts = []
-    internal = [m for m in members if m in structured and coupling.get(m, 1) == 1]
-    coupled = [m for m in members if m in structured and coupling.get(m, 1) > 1]
-    if internal:
-        parts.append(f"structured-prunable, internal to its block ({len(internal)} modules)")
-    if coupled:
-        width = max(coupling[m] for m in coupled)
-        parts.append(f"structured-prunable but coupled with up to {width} layers ({len(coupled)} modules)")
-    reasons = sorted({_reason_category(blocked[m]) for m in members if m in blocked})
+    parts = [status for kind in UNIT_KINDS.values() if (status := kind.group_status(members, prunable))]
+    reasons = sorted({_reason_category(prunable.blocked[m]) for m in members if m in prunable.blocked})
     if reasons:
         parts.append("not prunable: " + "; ".join(reasons))
     if not parts:
-        owner = next((h for h in heads if any(m.startswith(f"{h}.") for m in members)), None)
+        owner = next((h for h in prunable.heads if any(m.startswith(f"{h}.") for m in members)), None)
         if owner is not None:
             return "inside a head-prunable attention module (shrinks with head pruning)"
         return "no prunable output channels"
@@ -184,59 +169,6 @@ def plan_schema_json() -> str:
 # --------------------------------------------------------------------------------------------------
 # Profile summary P
 # --------------------------------------------------------------------------------------------------
-
-
-def _head_lines(ctx: PlanningContext) -> list[str]:
-    """One line per group of head-prunable attention modules (largest latency share first)."""
-    heads: dict[str, int] = ctx.prunable.get("heads") or {}
-    lines: list[tuple[float, str]] = []
-    for pattern in sorted({name_pattern(h) for h in heads}):
-        members = [h for h in heads if re.search(pattern, h)]
-        inside = [lp for lp in ctx.profile.layers if any(lp.name == h or lp.name.startswith(f"{h}.") for h in members)]
-        counts = "/".join(str(c) for c in sorted({heads[h] for h in members}))
-        latency = sum(lp.latency_share for lp in inside)
-        lines.append(
-            (
-                latency,
-                f"- {pattern} : {len(members)} attention modules with {counts} heads each; with their q/k/v/o "
-                f"projections {_pct(latency)} of latency, {_pct(sum(lp.macs_share for lp in inside))} of MACs, "
-                f"{_pct(sum(lp.params_share for lp in inside))} of parameters",
-            )
-        )
-    return [text for _, text in sorted(lines, key=lambda r: -r[0])]
-
-
-def _structured_lines(ctx: PlanningContext) -> tuple[list[str], list[str]]:
-    layers = {lp.name: lp for lp in ctx.profile.layers}
-    universe = list(layers)
-    coupling: dict[str, int] = ctx.prunable.get("coupling") or {}
-    internal: dict[str, list[str]] = defaultdict(list)
-    coupled: dict[str, list[str]] = defaultdict(list)
-    for name in ctx.prunable.get("structured") or []:
-        target = internal if coupling.get(name, 1) == 1 else coupled
-        target[name_pattern(name)].append(name)
-
-    def describe(groups: dict[str, list[str]], suffix: str) -> list[str]:
-        rows = []
-        for members in groups.values():
-            stats = [layers[n] for n in members if n in layers]
-            pattern = (
-                exact_pattern(members, universe) if all(n in layers for n in members) else name_pattern(members[0])
-            )
-            kind = stats[0].type if stats else "layer"
-            latency = sum(lp.latency_share for lp in stats)
-            rows.append(
-                (
-                    latency,
-                    f"- {pattern} : {len(members)} {kind}, {_pct(latency)} of latency, "
-                    f"{_pct(sum(lp.macs_share for lp in stats))} of MACs, "
-                    f"{_pct(sum(lp.params_share for lp in stats))} of parameters{suffix}",
-                )
-            )
-        return [text for _, text in sorted(rows, key=lambda r: -r[0])]
-
-    coupled_suffix = "; coupled: pruning them also prunes the layers tied to them (e.g. through residual adds)"
-    return describe(internal, ""), describe(coupled, coupled_suffix)
 
 
 def profile_summary(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
@@ -259,22 +191,19 @@ def profile_summary(ctx: PlanningContext, detail: PromptDetail = FULL) -> str:
             f"params {_pct(g.params_share)} — {_group_status(g, profile, ctx.prunable)}"
         )
 
-    out += [
-        "",
-        "Head pruning (pruning_type 'head' removes whole heads; 'head_dim' keeps them and removes the same share of "
-        "every head's dimensions; the regex may select the attention module or its projections):",
-    ]
-    heads = capped(_head_lines(ctx), detail.lines, "head-prunable groups")
-    out += heads or ["- none: this model has no head-prunable attention modules; do not use 'head'"]
+    absent = []
+    for kind in [k for k in UNIT_KINDS.values() if ctx.allows(k.name)]:  # what each unit kind can prune here
+        rows = [text for _, text in sorted(kind.prompt_lines(ctx.prunable, profile.layers), key=lambda r: -r[0])]
+        if not rows:
+            absent.append(kind)
+            continue
+        what = "" if detail.compact_schema else f" {kind.description}"  # short prompts: the kind's name only
+        out += ["", f"pruning_type {kind.name!r}{what}:"]
+        out += capped(rows, detail.lines, f"{kind.label} groups")
+    for kind in absent:
+        out += ["", f"pruning_type {kind.name!r}: none: this model has no {kind.noun}s; do not use {kind.name!r}"]
 
-    internal, coupled = _structured_lines(ctx)
-    out += ["", "Structured pruning, layers internal to their block (pruning_type 'structured'; safest):"]
-    out += capped(internal, detail.lines, "structured-prunable groups") or ["- none"]
-    if coupled:
-        out += ["", "Structured pruning, coupled layers (allowed; each prunes its whole coupled group once):"]
-        out += capped(coupled, detail.lines, "coupled groups")
-
-    blocked = ctx.prunable.get("blocked") or {}
+    blocked = ctx.prunable.blocked
     if blocked:
         out += ["", "Not prunable (never select these with a pruning regex):"]
         listed = [f"- {p} ({n}): {reason}" for p, n, reason in blocked_summary(blocked)]
@@ -318,11 +247,12 @@ def _rules(ctx: PlanningContext, *, iteration: bool) -> list[str]:
         "Rules:",
         "1. 'layer' is a Python regular expression matched with re.search against module names. Copy the "
         "patterns listed above (or narrow them); a pattern must select at least one prunable module of its type.",
-        "2. pruning_type 'head' or 'head_dim' only for the head-prunable attention modules; 'structured' only for "
-        "the structured-prunable layers. q/k/v projections are pruned through 'head'/'head_dim', never 'structured'.",
+        "2. Each pruning_type only for the modules listed under it above (q/k/v projections are pruned through the "
+        "attention kinds, never as channels).",
         "3. Never select the classifier or any module listed as not prunable.",
-        f"4. pruning_ratio is the fraction of channels/heads removed, in [0, {ctx.max_ratio:g}]. Higher ratios "
-        "on layers with a large latency share save the most, and cost the most accuracy.",
+        f"4. pruning_ratio is the fraction of channels/heads removed, in [0, {ctx.max_ratio:g}] (1 for a kind "
+        "removed whole). Higher ratios on layers with a large latency share save the most, and cost the most "
+        "accuracy.",
         "5. Each recommendation needs a short justification citing the profile numbers.",
     ]
     if iteration:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,52 +108,25 @@ class RulesPlanner:
         layers = {layer.name: layer for layer in profile.layers}
         by_macs = profile.total_macs > 0 and any(lp.macs > 0 for lp in profile.layers)
         raw: list[tuple[str, str, float, str]] = []  # pattern, type, cost share, justification
-
-        heads: dict[str, int] = ctx.prunable.get("heads", {})
-        for pat in sorted({name_pattern(h) for h in heads}):
-            members = [h for h in heads if re.search(pat, h)]
-            inside = [lp for lp in profile.layers if any(lp.name.startswith(f"{h}.") or lp.name == h for h in members)]
-            macs, params = self._cost_shares(profile, inside)
-            counts = "/".join(str(c) for c in sorted({heads[h] for h in members}))
-            raw.append(
-                (
-                    pat,
-                    "head",
-                    macs if by_macs else params,
-                    f"{len(members)} attention modules ({counts} heads each) hold {_pct(macs)} of MACs and "
-                    f"{_pct(params)} of parameters; whole heads are removed with their q/k/v rows and output "
-                    "columns, so the residual width is kept.",
-                )
-            )
-
-        coupling: dict[str, int] = ctx.prunable.get("coupling", {})
-        first_conv = next((lp.name for lp in profile.layers if lp.type == "Conv2d"), None)
-        by_template: dict[str, list[str]] = {}
         # units the sensitivity profile tried and could not prune at any ratio (BiT's GroupNorm, PvtV2's reshape)
         failed = set(profile.sensitivity.skipped) if profile.sensitivity is not None else set()
-        for name in ctx.prunable.get("structured", []):
-            if unit_pattern(name) in failed:
-                continue
-            if name in layers and coupling.get(name, 1) == 1 and name != first_conv:
-                by_template.setdefault(name_pattern(name), []).append(name)
         universe = list(layers)
-        for members in by_template.values():
-            stats = [layers[n] for n in members]
-            macs, params = self._cost_shares(profile, stats)
-            if macs < 0.002 and params < 0.002:
-                continue
-            kind = "Linear layers" if stats[0].type == "Linear" else "convolutions"
-            raw.append(
-                (
-                    exact_pattern(members, universe),
-                    "structured",
-                    macs if by_macs else params,
-                    f"{len(members)} {kind} hold {_pct(macs)} of MACs and {_pct(params)} of parameters; their "
-                    "output channels are internal to their block (the dependency graph couples them to no other "
-                    "layer's outputs), so removing the weakest ones shrinks this layer and the next without "
-                    "touching a residual stream.",
+        for kind in [k for k in UNIT_KINDS.values() if ctx.allows(k.name)]:
+            for members, why in kind.level_targets(ctx.prunable, profile.layers):
+                members = [m for m in members if unit_pattern(m) not in failed]
+                inside = [
+                    lp for lp in profile.layers if any(lp.name == m or lp.name.startswith(f"{m}.") for m in members)
+                ]
+                if not members or not inside:
+                    continue
+                macs, params = self._cost_shares(profile, inside)
+                if macs < 0.002 and params < 0.002:
+                    continue
+                pattern = (
+                    exact_pattern(members, universe) if all(m in layers for m in members) else name_pattern(members[0])
                 )
-            )
+                share = f"They hold {_pct(macs)} of MACs and {_pct(params)} of parameters; "
+                raw.append((pattern, kind.name, macs if by_macs else params, share + why[0].lower() + why[1:]))
 
         top = max((share for _, _, share, _ in raw), default=0.0) or 1.0
         raw.sort(key=lambda t: (-t[2], t[0]))
@@ -214,33 +186,40 @@ class RulesPlanner:
         units = {u.pattern: u for u in sens.units}
         model = DamageModel.fit(sens)
         predicted = model.flips(sum(model.cost(units[p], r) or 0.0 for p, r in ratios.items()))
-        groups: dict[tuple[str, float], list[SensitivityUnit]] = {}
+        groups: dict[tuple[str, str, float], list[SensitivityUnit]] = {}
+        removed = [units[p].modules[0] for p, r in ratios.items() if unit_kind(units[p]).whole and r > 0]
         for pattern, ratio in ratios.items():
-            groups.setdefault((unit_kind(units[pattern]).name, ratio), []).append(units[pattern])
+            unit = units[pattern]
+            if any(m.startswith(b + ".") for b in removed for m in (*unit.modules, *unit.members)):
+                continue  # inside a block the plan removes whole
+            groups.setdefault((unit.pruning_type, unit.kind, ratio), []).append(unit)
         # every layer a pattern can reach, not only the measured units: a generalised pattern must not take in
         # coupled layers never measured (ResNet's block-output conv, RegNet's squeeze-excite expand conv)
         universe = sorted(
             {m for u in sens.units for m in u.modules}
-            | set(ctx.prunable.get("structured") or [])
-            | set(ctx.prunable.get("blocked") or {})
-            | set(ctx.prunable.get("heads") or {})
+            | set(ctx.prunable.structured)
+            | set(ctx.prunable.blocked)
+            | set(ctx.prunable.heads)
+            | set(ctx.prunable.blocks)
         )
+        order = list(UNIT_KINDS)
         recs = []
-        for (kind_name, ratio), members in sorted(
-            groups.items(), key=lambda kv: (UNIT_KINDS[kv[0][0]].pruning_type, kv[0][0], -kv[0][1])
+        for (pruning_type, _, ratio), members in sorted(
+            groups.items(), key=lambda kv: (-UNIT_KINDS[kv[0][0]].whole, order.index(kv[0][0]), kv[0][1], -kv[0][2])
         ):
-            kind = UNIT_KINDS[kind_name]
+            kind = UNIT_KINDS[pruning_type]
             names = [m for u in members for m in u.modules]
             measured = "; ".join(self._measured(u, ratio) for u in members[:4])
             more = f" (+{len(members) - 4} more)" if len(members) > 4 else ""
-            what = kind.removes
+            what = kind.removes_of(members[0])
+            share = f"lose {_pct(ratio)} of their {what}" if not kind.whole else f"are removed: {what}"
             recs.append(
                 PruningRecommendation(
                     layer=exact_pattern(names, universe) if len(names) > 1 else members[0].pattern,
-                    pruning_type=kind.pruning_type,
+                    pruning_type=kind.name,
                     pruning_ratio=round(ratio, 4),
                     justification=(
-                        f"{len(members)} unit(s) lose {_pct(ratio)} of their {what}; measured alone on "
+                        f"{len(members)} unit(s) {share}; measured alone on "
                         f"{sens.samples} calibration images after {sens.recovery} recovery: {measured}{more}. "
                         f"{note}"
                     ),
@@ -401,7 +380,11 @@ class RulesPlanner:
             for unit in ranked(step):
                 current = base.get(unit.pattern, 0.0)
                 ratio = next_reachable(unit, current, step)
-                if ratio is None or ratio > ctx.max_ratio + 1e-9 or ratio < 0 or (step < 0 and current <= 0):
+                kind = unit_kind(unit)
+                if ratio is None or not kind.allowed(ratio, ctx.max_ratio) or ratio < 0 or (step < 0 and current <= 0):
+                    continue
+                taken = [u for u in sens.units if base.get(u.pattern, 0.0) > 0]
+                if current <= 0 and not kind.admits(unit, taken, sens.units):
                     continue
                 ratios = {p: r for p, r in {**base, unit.pattern: ratio}.items() if r > 0}
                 if not ratios or {p: round(r, 4) for p, r in sorted(ratios.items())} in seen:

@@ -6,10 +6,9 @@ ratios and drops the recommendations that cannot be applied.
 
 What is checked:
 
-* every pruning regex compiles and selects at least one prunable module of its type: for ``structured``
-  a name in ``prunable["structured"]``; for ``head`` an attention module of ``prunable["heads"]`` or one of
-  its q/k/v/o projections (as ``tools.compression.heads`` matches them);
-* ``head`` only where the model has head-prunable attention modules;
+* every pruning regex compiles and selects at least one module its unit kind can prune (``UnitKind.selectable``:
+  a channel-prunable Conv2d/Linear, an attention module or one of its projections, a removable block);
+* a unit kind only where the model has modules of it;
 * ``pruning_ratio`` in ``[0, ctx.max_ratio]``;
 * no pruning regex selects the classifier (a ``prunable["blocked"]`` module whose reason names the
   classifier / output head);
@@ -25,11 +24,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agents.planning.base import PlanningContext
 from agents.planning.prompts import is_classifier_reason
-from tools.compression.heads import ATTENTION_SPECS
+from tools.compression.reports import PrunableLayers
+from tools.compression.units import UNIT_KINDS, UnitKind, kind_of
 from tools.profiling.profile import name_pattern
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
 
@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["repair_plan", "validate_plan"]
 
-_PROJECTIONS = sorted({p for spec in ATTENTION_SPECS.values() for p in spec.projections})
 _MAX_LISTED = 4
 
 
@@ -51,21 +50,19 @@ def _listing(items: Sequence[str], limit: int = _MAX_LISTED) -> str:
 
 @dataclass
 class _Universe:
-    """Names a plan may select, from the planning context."""
+    """Names a plan may select, from the planning context: by unit kind, each prunable module with the names a
+    pattern may select it by."""
 
     model_class: str
-    structured: list[str]
-    heads: dict[str, int]
+    prunable: PrunableLayers
+    selectable: dict[str, dict[str, list[str]]]
     blocked: dict[str, str]
     classifier: list[str]
     quant_names: list[str]
-    head_candidates: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ctx: PlanningContext, model_layer_names: Sequence[str] | None) -> _Universe:
         prunable = ctx.prunable
-        heads: dict[str, int] = dict(prunable.get("heads") or {})
-        blocked: dict[str, str] = dict(prunable.get("blocked") or {})
         names = (
             list(model_layer_names)
             if model_layer_names is not None
@@ -73,19 +70,19 @@ class _Universe:
         )
         return cls(
             model_class=ctx.profile.model_class,
-            structured=list(prunable.get("structured") or []),
-            heads=heads,
-            blocked=blocked,
-            classifier=[n for n, reason in blocked.items() if is_classifier_reason(reason)],
+            prunable=prunable,
+            selectable={name: kind.selectable(prunable) for name, kind in UNIT_KINDS.items()},
+            blocked=dict(prunable.blocked),
+            classifier=[n for n, reason in prunable.blocked.items() if is_classifier_reason(reason)],
             quant_names=names,
-            head_candidates={h: [h, *(f"{h}.{p}" for p in _PROJECTIONS)] for h in heads},
         )
 
-    def structured_patterns(self) -> list[str]:
-        return sorted({name_pattern(n) for n in self.structured})
+    def selected(self, kind: UnitKind, rx: re.Pattern[str]) -> list[str]:
+        return [n for n, names in self.selectable[kind.name].items() if any(rx.search(c) for c in names)]
 
-    def head_patterns(self) -> list[str]:
-        return sorted({name_pattern(n) for n in self.heads})
+    def others(self, kind: UnitKind, rx: re.Pattern[str]) -> list[UnitKind]:
+        """The other kinds whose modules ``rx`` selects (a hint when ``kind``'s select none)."""
+        return [k for k in UNIT_KINDS.values() if k is not kind and self.selected(k, rx)]
 
 
 def _compile(pattern: str) -> tuple[re.Pattern[str] | None, str | None]:
@@ -95,17 +92,17 @@ def _compile(pattern: str) -> tuple[re.Pattern[str] | None, str | None]:
         return None, str(exc)
 
 
-def _selected(rec: PruningRecommendation, rx: re.Pattern[str], u: _Universe) -> list[str]:
-    if rec.pruning_type in ("head", "head_dim"):
-        return [h for h, cands in u.head_candidates.items() if any(rx.search(c) for c in cands)]
-    return [n for n in u.structured if rx.search(n)]
-
-
 def _pruning_errors(
     i: int, rec: PruningRecommendation, ctx: PlanningContext, u: _Universe, claimed: dict[tuple[str, str], int]
 ) -> tuple[list[str], bool]:
     """(errors, fatal): fatal errors make the recommendation unusable; the others (ratio) can be clamped."""
     where = f"pruning_recommendations[{i}] ({rec.pruning_type}, layer {rec.layer!r})"
+    try:
+        kind = kind_of(rec.pruning_type)
+    except ValueError as exc:
+        return [f"{where}: {exc}"], True
+    if not ctx.allows(kind.name):
+        return [f"{where}: the run's --unit-kinds are {', '.join(ctx.kinds)}: do not use {kind.name!r}"], True
     rx, problem = _compile(rec.layer)
     if rx is None:
         return [f"{where}: invalid regular expression: {problem}"], True
@@ -118,33 +115,26 @@ def _pruning_errors(
             "never pruned; anchor the pattern (^...$) so that it selects only the layers you mean"
         )
         fatal = True
-    if rec.pruning_type in ("head", "head_dim") and not u.heads:
-        alternatives = u.structured_patterns()
-        hint = f"; use pruning_type 'structured' on {_listing(alternatives)}" if alternatives else ""
-        errors.append(f"{where}: {u.model_class} has no head-prunable attention modules{hint}")
+    if not u.selectable[kind.name]:
+        usable = [k for k in UNIT_KINDS.values() if u.selectable[k.name]]
+        hint = f"; use pruning_type {usable[0].name!r} on {_listing(usable[0].patterns(u.prunable))}" if usable else ""
+        errors.append(f"{where}: {u.model_class} has no {kind.noun}s{hint}")
         return errors, True
-    selected = _selected(rec, rx, u)
+    selected = u.selected(kind, rx)
     if not selected:
         fatal = True
-        if rec.pruning_type in ("head", "head_dim"):
-            errors.append(
-                f"{where}: matches no head-prunable attention module; head-prunable patterns: "
-                f"{_listing(u.head_patterns())}"
-            )
-        else:
-            blocked_hits = [n for n in u.blocked if rx.search(n) and n not in hits_classifier]
-            head_hits = [h for h, cands in u.head_candidates.items() if any(rx.search(c) for c in cands)]
-            if blocked_hits:
-                reasons = "; ".join(f"{n}: {u.blocked[n]}" for n in blocked_hits[:2])
-                more = f" (and {len(blocked_hits) - 2} more)" if len(blocked_hits) > 2 else ""
-                msg = f"{where}: selects only modules whose output channels cannot be pruned — {reasons}{more}"
-                if head_hits:
-                    msg += "; for attention use pruning_type 'head'"
-                errors.append(msg)
-            elif not hits_classifier:
-                patterns = u.structured_patterns()
-                listed = _listing(patterns) if patterns else "none (nothing is structured-prunable)"
-                errors.append(f"{where}: matches no structured-prunable module; structured-prunable patterns: {listed}")
+        blocked_hits = [n for n in u.blocked if rx.search(n) and n not in hits_classifier]
+        others = u.others(kind, rx)
+        if blocked_hits:
+            reasons = "; ".join(f"{n}: {u.blocked[n]}" for n in blocked_hits[:2])
+            more = f" (and {len(blocked_hits) - 2} more)" if len(blocked_hits) > 2 else ""
+            msg = f"{where}: selects only modules whose output channels cannot be pruned — {reasons}{more}"
+            errors.append(msg + (f"; for those use pruning_type {others[0].name!r}" if others else ""))
+        elif not hits_classifier:
+            patterns = kind.patterns(u.prunable)
+            listed = _listing(patterns) if patterns else "none"
+            hint = f"; it selects {others[0].noun}s: use pruning_type {others[0].name!r}" if others else ""
+            errors.append(f"{where}: matches no {kind.noun}; {kind.noun} patterns: {listed}{hint}")
     else:
         overlap = sorted({claimed[(rec.pruning_type, n)] for n in selected if (rec.pruning_type, n) in claimed})
         if overlap:
@@ -156,7 +146,7 @@ def _pruning_errors(
         elif not fatal:
             for n in selected:
                 claimed[(rec.pruning_type, n)] = i
-    if rec.pruning_ratio > ctx.max_ratio + 1e-9:
+    if not kind.allowed(rec.pruning_ratio, ctx.max_ratio):
         errors.append(f"{where}: pruning_ratio {rec.pruning_ratio:g} exceeds the maximum {ctx.max_ratio:g}")
     elif rec.pruning_ratio < 0:
         errors.append(f"{where}: pruning_ratio {rec.pruning_ratio:g} is negative")
@@ -182,7 +172,7 @@ def _quantization_errors(i: int, rec: QuantizationRecommendation, u: _Universe) 
 
 
 def _prunes_anything(ctx: PlanningContext) -> bool:
-    return bool(ctx.prunable.get("structured") or ctx.prunable.get("heads"))
+    return any(kind.selectable(ctx.prunable) for kind in UNIT_KINDS.values())
 
 
 def validate_plan(
@@ -205,10 +195,7 @@ def validate_plan(
     for i, qrec in enumerate(plan.quantization_recommendations):
         errors.extend(_quantization_errors(i, qrec, u))
     if require_pruning and not plan.pruning_recommendations and _prunes_anything(ctx):
-        errors.append(
-            "the plan has no pruning_recommendations; prune at least one of the head-prunable or "
-            "structured-prunable groups"
-        )
+        errors.append("the plan has no pruning_recommendations; prune at least one of the prunable groups listed")
     return errors
 
 
@@ -228,7 +215,8 @@ def repair_plan(
         if fatal:
             changes.append(f"dropped pruning_recommendations[{i}]: " + "; ".join(errors))
             continue
-        if rec.pruning_ratio > ctx.max_ratio:
+        kind = kind_of(rec.pruning_type)
+        if not kind.allowed(rec.pruning_ratio, ctx.max_ratio):
             changes.append(f"clamped pruning_recommendations[{i}] ratio {rec.pruning_ratio:g} to {ctx.max_ratio:g}")
             rec = rec.model_copy(update={"pruning_ratio": ctx.max_ratio})
         pruning.append(rec)

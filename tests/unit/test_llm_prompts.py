@@ -45,12 +45,12 @@ def test_analysis_prompt_lists_top_groups_heads_structured_and_blocked(vit_ctx: 
     assert VIT_HEADS in text and "4 heads each" in text
     # fc1 is listed among the structured layers whatever its measured latency; among the top groups (12 of the
     # tiny ViT's 16, ranked by a one-call timing) only when it ranks there, with its status
-    structured = text.split("Structured pruning, layers internal to their block")[1].split("\n\n")[0]
-    assert f"- {VIT_FC1} :" in structured
+    structured = text.split("pruning_type 'structured'")[1].split("\n\n")[0]
+    assert f"- {VIT_FC1} :" in structured and "internal to their block" in structured
     fc1 = next(g for g in vit_ctx.profile.groups if g.pattern == VIT_FC1)
     status = _group_status(fc1, vit_ctx.profile, vit_ctx.prunable)
     assert status.startswith("structured-prunable, internal to its block")
-    assert (f"{VIT_FC1} : " in text.split("Head pruning")[0]) == (status in text)
+    assert (f"{VIT_FC1} : " in text.split("pruning_type 'structured'")[0]) == (status in text)
     assert r"^classifier$" in text and "classifier / output head" in text
     assert "q/k/v projection" in text
     assert "ViTForImageClassification" in text
@@ -67,9 +67,10 @@ def test_analysis_prompt_for_a_cnn_separates_internal_and_coupled_and_has_no_hea
 ) -> None:
     text = analysis_prompt(resnet_ctx)
     assert "no head-prunable attention modules" in text
-    internal, _, coupled = text.partition("coupled layers")
-    assert r"layer\.(?:0)\.convolution$" in internal
-    assert r"layer\.(?:1)\.convolution$" in coupled
+    lines = text.splitlines()
+    internal = next(line for line in lines if r"layer\.(?:0)\.convolution$ :" in line)
+    coupled = next(line for line in lines if r"layer\.(?:1)\.convolution$ :" in line)
+    assert "internal to their block" in internal and "coupled:" in coupled
     assert r"^classifier\.\d+$" in text
 
 

@@ -128,14 +128,14 @@ def _shape() -> Any:
 
 
 def test_predictions_are_kept_beside_the_artifact_and_reused(original: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tools import ops
+    from tools import load_compressed, ops
 
     spec = _spec(original)
     first = ops.predictions_on(original, original, _shape(), spec)
     assert first is not None and first.samples == 40 and len(first.predictions) == 40
     path = original.with_name("original.predictions.evaluation.json")
     assert path.is_file() and not (original / path.name).exists(), "the artifact directory is left alone"
-    assert first.accuracy == pytest.approx(ops.accuracy_of(ops.load_compressed(original), original, _shape(), spec)[0])
+    assert first.accuracy == pytest.approx(ops.accuracy_of(load_compressed(original), original, _shape(), spec)[0])
 
     calls: list[str] = []
     real = paired.predict_part

@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from graph import Context, build_graph
-from graph.cli import _context, build_parser
+from graph.options import _context, build_parser
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
 from tools.artifacts.io import deployed_file, is_complete, load_compressed, load_module, load_original, save_original

@@ -36,6 +36,8 @@ def test_units_and_measurements_on_a_tiny_vit() -> None:
     units = prunable_units(prunable_layers(model, images[:1]).model_dump())
     kinds = sorted((u.pruning_type, u.modules[0]) for u in units)
     assert kinds == [
+        ("block", "vit.layers.0"),
+        ("block", "vit.layers.1"),
         ("head", "vit.layers.0.attention"),
         ("head", "vit.layers.1.attention"),
         ("head_dim", "vit.layers.0.attention"),
@@ -48,10 +50,13 @@ def test_units_and_measurements_on_a_tiny_vit() -> None:
     assert result.ratios == [0.25, 0.5] and not result.skipped
     assert result.fit_samples == 12 and result.samples == 12  # repaired on half the images, judged on the others
     for unit in result.units:
+        assert all(0.0 <= p.agreement <= 1.0 and p.kl >= 0 and p.accuracy_drop_points is not None for p in unit.points)
+        if unit.pruning_type == "block":  # removed whole, probed once
+            assert [p.ratio for p in unit.points] == [1.0] and unit.size == 1 and unit.points[0].params_saved > 0
+            continue
         assert [p.ratio for p in unit.points] == [0.25, 0.5]
         saved = [p.params_saved for p in unit.points]
         assert 0 < saved[0] < saved[1]
-        assert all(0.0 <= p.agreement <= 1.0 and p.kl >= 0 and p.accuracy_drop_points is not None for p in unit.points)
         assert unit.size == {"head": 4, "head_dim": 16}.get(unit.pruning_type, 128)
     for key, value in model.state_dict().items():  # the original is not modified
         torch.testing.assert_close(value, before[key])

@@ -100,7 +100,10 @@ def test_mobile_blocks_are_units_pruned_with_their_depthwise_channels_and_repair
     layers = prunable_layers(model, images[:1])
     units = {u.modules[0]: u for u in prunable_units(layers.model_dump())}
     block = units["blocks.0.expand.0"]
-    assert block.kind == "mobile_block" and UNIT_KINDS[block.kind].pruning_type == "structured"
+    assert (
+        block.kind == "mobile_block"
+        and UNIT_KINDS[block.pruning_type].removes_of(block) == "expanded (depthwise) channels"
+    )
     assert "blocks.0.depthwise.0" in block.members
     assert ("blocks.0.se.expand" in block.members) == se  # the excitation's outputs gate the depthwise channels
     assert "grouped" in layers.grouped_convs

@@ -8,7 +8,8 @@ A module pruning replaced by another class (:data:`REPLACEMENTS`) is recorded as
 attributes, from which it is rebuilt, its descendants not described apart. So are a parameter-free padding shortcut
 turned into an index map (:class:`ChannelSelect`, :mod:`tools.compression.shortcuts`) and an
 ``nn.MultiheadAttention`` split into q/k/v/o layers (:class:`SplitMultiheadAttention`, :mod:`tools.compression.mha`:
-its head count, head width and sizes are attributes).
+its head count, head width and sizes are attributes), and a block removed whole (:class:`SkippedBlock`,
+:mod:`tools.compression.kinds.blocks`: its output layout).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tools.compression.kinds.blocks import SkippedBlock
 from tools.compression.mha import SplitMultiheadAttention
 from tools.compression.shortcuts import ChannelSelect, replace_module
 
@@ -31,6 +33,7 @@ REPLACEMENTS: dict[str, Callable[[dict[str, Any], nn.Module], nn.Module]] = {
         int(attrs["in_channels"]), int(attrs["out_channels"]), int(attrs["stride"])
     ),
     "SplitMultiheadAttention": lambda attrs, old: SplitMultiheadAttention.from_attrs(attrs, like=old),
+    "SkippedBlock": lambda attrs, _old: SkippedBlock(int(attrs.get("outputs", 0))),
 }
 
 

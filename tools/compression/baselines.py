@@ -15,17 +15,24 @@ from torch import nn
 
 from tools.compression.pruning import apply_pruning, count_params
 from tools.compression.recipes import PruningConfig
+from tools.compression.reports import PrunableLayers
+from tools.compression.units import UNIT_KINDS
 from tools.models.base import example_input
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
 
 
 def uniform_plan(ratio: float, prunable: dict[str, Any]) -> OptimizationPlan:
-    """The baseline: every prunable layer at the same ratio (channels, and heads where there are any)."""
+    """The baseline: every prunable layer at the same ratio, by each uniform unit kind the model has (the paper's:
+    channels, and heads where there are any)."""
     why = f"uniform baseline: every prunable layer at ratio {ratio}"
-    recs = [PruningRecommendation(layer=".*", pruning_type="structured", pruning_ratio=ratio, justification=why)]
-    if prunable.get("heads"):
-        recs.append(PruningRecommendation(layer=".*", pruning_type="head", pruning_ratio=ratio, justification=why))
-    return OptimizationPlan(pruning_recommendations=recs)
+    record = PrunableLayers.model_validate(prunable)
+    return OptimizationPlan(
+        pruning_recommendations=[
+            PruningRecommendation(layer=".*", pruning_type=kind.name, pruning_ratio=ratio, justification=why)
+            for kind in UNIT_KINDS.values()
+            if kind.uniform and kind.selectable(record)
+        ]
+    )
 
 
 def _params_at(fresh_model: Callable[[], nn.Module], shape: InputShape, ratio: float, prunable: dict[str, Any]) -> int:

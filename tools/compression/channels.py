@@ -448,7 +448,7 @@ def apply_structured(
         return None, skipped
     applied = AppliedPruning(
         pattern=rec.layer,
-        pruning_type="structured",
+        pruning_type=rec.pruning_type,
         ratio=rec.pruning_ratio,
         modules=modules,
         before=before,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,7 +236,7 @@ def narrowable(module: nn.Module, spec: AttentionSpec) -> bool:
     return isinstance(getattr(module, scale_attr, None), float) and head_dim_of(module, spec) > 1
 
 
-def _prune_heads_of(
+def prune_heads_of(
     module: nn.Module,
     spec: AttentionSpec,
     ratio: float,
@@ -299,7 +300,7 @@ def _qkv_rows(module: nn.Module, spec: AttentionSpec) -> list[tuple[torch.Tensor
     return list(zip(fused.weight.chunk(3), biases, strict=True))
 
 
-def _prune_head_dims_of(
+def narrow_heads_of(
     module: nn.Module,
     spec: AttentionSpec,
     ratio: float,
@@ -371,19 +372,21 @@ def head_targets(model: nn.Module, regex: re.Pattern[str]) -> list[tuple[str, nn
     return targets
 
 
+#: Prunes one attention module: (its name, the module, its spec, the module holding it) -> (count before, count
+#: after), or why not.
+HeadPruner = Callable[[str, nn.Module, AttentionSpec, nn.Module], "tuple[int, int] | str"]
+
+
 def apply_heads(
     model: nn.Module,
     inputs: Any,
     num_classes: int,
     rec: PruningRecommendation,
     regex: re.Pattern[str],
-    importance: str,
-    gen: torch.Generator,
-    scores: ChannelScores | None = None,
-    head_round_to: int = 0,
+    prune: HeadPruner,
 ) -> tuple[AppliedPruning | None, list[SkippedPruning], bool]:
-    """Apply one ``head`` or ``head_dim`` recommendation, checked by a forward pass (rolled back on failure).
-    Narrowed heads keep a multiple of ``head_round_to`` dimensions (0: any width).
+    """Apply one head recommendation (``prune`` does each attention module ``regex`` selects: whole heads or their
+    width, the kinds of :mod:`tools.compression.kinds`), checked by a forward pass (rolled back on failure).
 
     Returns (applied, skipped, changed).
     """
@@ -394,12 +397,7 @@ def apply_heads(
     snap = snapshot(model)
     for name, module, spec in head_targets(model, regex):
         try:
-            if rec.pruning_type == "head_dim":
-                result = _prune_head_dims_of(module, spec, rec.pruning_ratio, importance, gen, scores, head_round_to)
-            else:
-                parent = model.get_submodule(name.rpartition(".")[0])
-                ratio = rec.pruning_ratio
-                result = _prune_heads_of(module, spec, ratio, importance, gen, scores, head_round_to, parent)
+            result = prune(name, module, spec, model.get_submodule(name.rpartition(".")[0]))
         except Exception as exc:
             result = f"head pruning raised {one_line(exc)}"
         if isinstance(result, str):
@@ -432,11 +430,14 @@ def apply_heads(
 __all__ = [
     "ATTENTION_SPECS",
     "AttentionSpec",
+    "HeadPruner",
     "apply_heads",
     "attention_modules",
     "has_attention",
     "head_dim_of",
     "head_targets",
     "kept_count",
+    "narrow_heads_of",
     "narrowable",
+    "prune_heads_of",
 ]

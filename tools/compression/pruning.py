@@ -58,14 +58,17 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tools.compression.channels import apply_structured, channel_issue, new_context, prunable_names
-from tools.compression.forward import ExampleInputs, check_forward, one_line, restore, snapshot
-from tools.compression.heads import apply_heads, attention_modules, head_dim_of, head_targets, narrowable
+from tools.compression.channels import channel_issue, new_context, prunable_names
+from tools.compression.forward import ExampleInputs, one_line
+from tools.compression.heads import attention_modules, head_dim_of, narrowable
 from tools.compression.importance import DATA_AWARE, get_importance
-from tools.compression.mha import split_attention_, split_selected_
+from tools.compression.kinds.base import PruningSession, UnitKind
+from tools.compression.kinds.blocks import removable_blocks
+from tools.compression.mha import split_attention_
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
 from tools.compression.shortcuts import find_channel_shortcuts, to_channel_selects_, to_selection_convs_
+from tools.compression.units import kind_of
 from tools.schemas import PruningRecommendation
 
 logger = logging.getLogger(__name__)
@@ -97,6 +100,7 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
         for name, (module, spec) in attention
         if narrowable(module, spec)
     }
+    result.blocks = removable_blocks(model, example_inputs)
     try:
         ctx = new_context(model, example_inputs)
     except Exception as exc:  # Torch-Pruning cannot trace it (CvT: a split along tokens, then a cat)
@@ -148,66 +152,46 @@ def apply_pruning(
     original split the same way (:func:`~tools.compression.mha.split_attention_`).
     """
     config = config or PruningConfig()
-    importance, round_to, seed = config.importance, config.round_to or None, config.seed
-    compiled: list[tuple[PruningRecommendation, re.Pattern[str]]] = []
+    compiled: list[tuple[PruningRecommendation, re.Pattern[str], UnitKind]] = []
     for rec in recommendations:
         try:
-            compiled.append((rec, re.compile(rec.layer)))
+            compiled.append((rec, re.compile(rec.layer), kind_of(rec.pruning_type)))
         except re.error as exc:
             raise ValueError(f"invalid layer regex {rec.layer!r}: {exc}") from None
-    # the nn.MultiheadAttention modules head patterns select, split first (exact): scores and checks see the split
-    split_selected_(model, [regex for rec, regex in compiled if rec.pruning_type in ("head", "head_dim")])
-    scores = None
-    if importance in DATA_AWARE:
-        if channel_scores is None and calibration is not None:
-            channel_scores = DATA_AWARE[importance](model, calibration, calibration_targets, 64)
-        if not channel_scores:
-            logger.warning("importance %r has no calibration data; ranking by l2 weight norm instead", importance)
-        else:
-            scores = {m: channel_scores[n] for n, m in model.named_modules() if n in channel_scores}
-    imp = get_importance(importance, scores)
-
     model.eval()
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     params_before = count_params(model)
+    kinds = {kind.name: kind for _, _, kind in compiled}.values()
+    for kind in kinds:  # e.g. nn.MultiheadAttention split (exact), padding shortcuts as convolutions
+        kind.prepare(model, [regex for _, regex, k in compiled if k is kind], example_inputs)
+    scores = None
+    if config.importance in DATA_AWARE:
+        if channel_scores is None and calibration is not None:
+            channel_scores = DATA_AWARE[config.importance](model, calibration, calibration_targets, 64)
+        if not channel_scores:
+            logger.warning(
+                "importance %r has no calibration data; ranking by l2 weight norm instead", config.importance
+            )
+        else:
+            scores = {m: channel_scores[n] for n, m in model.named_modules() if n in channel_scores}
+
     report = PruneReport(params_before=params_before, params_after=params_before)
-    gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        structured = any(rec.pruning_type == "structured" for rec, _ in compiled)
-        if structured:
-            to_selection_convs_(model, example_inputs)
-        ctx = new_context(model, example_inputs, graph=structured)
-        claimed: dict[nn.Module, str] = {}
-        for rec, regex in compiled:
-            if rec.pruning_type in ("head", "head_dim"):
-                if not head_targets(model, regex):
-                    report.skipped.append(
-                        SkippedPruning(target=rec.layer, reason="no head-prunable attention module matches")
-                    )
-                    continue
-                applied, skipped, changed = apply_heads(
-                    model, example_inputs, ctx.num_classes, rec, regex, importance, gen, scores, config.head_round_to
-                )
-                if changed:
-                    ctx.dg = None  # shapes changed outside the dependency graph: retrace when needed
-            else:
-                ctx.ensure_graph()
-                if not any(regex.search(n) for n in prunable_names(ctx)):
-                    report.skipped.append(SkippedPruning(target=rec.layer, reason="no Conv2d/Linear module matches"))
-                    continue
-                snap, claimed_before = snapshot(model), dict(claimed)
-                applied, skipped = apply_structured(ctx, rec, regex, round_to, imp, claimed, verify_each=False)
-                problem = check_forward(model, example_inputs, ctx.num_classes) if applied else None
-                if problem:
-                    logger.warning(
-                        "structured %r broke the forward (%s); retrying module by module", rec.layer, problem
-                    )
-                    restore(snap)
-                    claimed.clear()
-                    claimed.update(claimed_before)
-                    ctx.rebuild()
-                    applied, skipped = apply_structured(ctx, rec, regex, round_to, imp, claimed, verify_each=True)
+        torch.manual_seed(config.seed)
+        session = PruningSession(
+            model=model,
+            inputs=example_inputs,
+            config=config,
+            context=new_context(model, example_inputs, graph=any(kind.traced for kind in kinds)),
+            importance=get_importance(config.importance, scores),
+            scores=scores,
+            generator=torch.Generator().manual_seed(config.seed),
+        )
+        for rec, regex, kind in compiled:
+            if not kind.matches(session, regex):
+                report.skipped.append(SkippedPruning(target=rec.layer, reason=kind.nothing_matches))
+                continue
+            applied, skipped = kind.apply(session, rec, regex)
             if applied:
                 report.applied.append(applied)
             report.skipped.extend(skipped)

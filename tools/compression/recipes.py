@@ -35,6 +35,15 @@ class PruningConfig(BaseModel):
     )
     seed: int = Field(default=0, description="Seed for random importance.")
     max_ratio: float = Field(default=0.9, description="Highest per-layer pruning ratio a planner may use.")
+    kinds: tuple[str, ...] = Field(
+        default=(),
+        description="The unit kinds (pruning types of tools.compression.units.UNIT_KINDS) a planner may use; empty: "
+        "every one (the run checks the names: graph.context).",
+    )
+
+    def allows(self, pruning_type: str) -> bool:
+        """Whether a plan may use the unit kind ``pruning_type``."""
+        return not self.kinds or pruning_type in self.kinds
 
     @field_validator("importance")
     @classmethod

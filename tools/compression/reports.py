@@ -43,7 +43,7 @@ class PruneReport(BaseModel):
 
 
 class PrunableLayers(BaseModel):
-    """What ``apply_pruning`` can prune in a model.
+    """What ``apply_pruning`` can prune in a model (each unit kind finds its units in it).
 
     ``structured``: Conv2d/Linear names (forward order) whose output channels can be pruned.
     ``heads``: attention-module name -> number of heads, for head pruning.
@@ -72,6 +72,10 @@ class PrunableLayers(BaseModel):
     )
     grouped_convs: list[str] = Field(
         default_factory=list, description="Prunable Conv2d layers with groups > 1 (depthwise): a mobile block's."
+    )
+    blocks: dict[str, int] = Field(
+        default_factory=dict,
+        description="Removable blocks (tools.compression.kinds.blocks) -> the output layout of what replaces them.",
     )
 
 

@@ -44,7 +44,7 @@ from tools.compression.recovery import (
 )
 from tools.compression.reference import ReferencePasses
 from tools.compression.repair import held_out_count, kl_agreement
-from tools.compression.units import reachable_ratio, unit_step
+from tools.compression.units import reachable_ratio, unit_kind, unit_step
 from tools.schemas import (
     LayerProfile,
     PruningRecommendation,
@@ -208,14 +208,7 @@ def _probe(
     if not repaired:
         repaired.append(_logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size))
     logits = repaired[0].cpu()
-    return logits[passes.fit :]
-
-
-def _module_size(model: nn.Module, name: str, pruning_type: str, heads: int) -> int:
-    if pruning_type in ("head", "head_dim"):
-        return heads
-    module = model.get_submodule(name)
-    return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
+    return logits[passes.fit :] if passes.held_images.shape[0] else logits
 
 
 def _probe_order(ratios: Sequence[float]) -> list[float]:
@@ -281,6 +274,7 @@ def _measure(
     start = time.perf_counter()
     original = original.eval()
     example = images[:1]
+    asked = list(ratios)
     ratios = sorted({float(r) for r in ratios if 0 < r <= pruning.max_ratio})
     # re-estimating BatchNorm outright needs every layer run; the other recoveries only need what follows a change
     prefix: PrefixCache | None = None
@@ -290,8 +284,9 @@ def _measure(
         firsts = [name for unit in units for name in (*unit.modules, *unit.members)]
         prefix, reference = PrefixCache.build(original, images, firsts)
     passes = ReferencePasses(original, images, targets, batch_size, holdout=held_out_count(len(images), PROBE_HOLDOUT))
-    reference = reference[passes.fit :]  # probes are judged on the images their repair was not fit on
-    targets = None if targets is None else targets[passes.fit :]
+    judged = passes.fit if passes.held_images.shape[0] else 0  # too few images to hold any out: judged in sample
+    reference = reference[judged:]  # probes are judged on the images their repair was not fit on
+    targets = None if targets is None else targets[judged:]
     reference_acc = _accuracy(reference, targets)
     scores = passes.channel_scores(pruning.importance)
     if recovery.method == "reconstruct":
@@ -309,11 +304,12 @@ def _measure(
     steps, done = len(units) * len(ratios), 0
     for unit in units:
         measured = unit.model_copy(deep=True)
-        measured.size = _module_size(original, unit.modules[0], unit.pruning_type, unit.size)
+        kind = unit_kind(unit)
+        measured.size = kind.size(original, unit)
         measured.step = unit_step(measured, pruning)
         why_not = "no ratio removes a channel"  # else the last reason pruning gave
         try:
-            for requested in _probe_order(ratios):
+            for requested in _probe_order(kind.probe_ratios(asked, pruning.max_ratio)):
                 if _enough(measured, requested):
                     done += 1
                     continue
@@ -343,13 +339,13 @@ def _measure(
                     logits = _probe(model, passes, consumers, recovery, batch_size)
                 kl, agreement = kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
-                involved = list(dict.fromkeys([*unit.modules, *unit.members, *consumers]))
-                if unit.pruning_type in ("head", "head_dim"):
-                    involved = [lp for lp in by_layer if any(lp.startswith(m + ".") for m in unit.modules)]
+                involved = kind.involved(unit, list(by_layer), consumers)
                 macs = sum(by_layer[n].macs for n in involved if n in by_layer)
                 latency = sum(by_layer[n].latency_s for n in involved if n in by_layer)
-                measured.params = sum(
-                    p.numel() for n in involved for p in original.get_submodule(n).parameters(recurse=False)
+                measured.params = (
+                    report.params_before - report.params_after
+                    if kind.whole
+                    else sum(p.numel() for n in involved for p in original.get_submodule(n).parameters(recurse=False))
                 )
                 measured.points.append(
                     SensitivityPoint(

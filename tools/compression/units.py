@@ -1,42 +1,39 @@
-"""Unit kinds: what a plan can address on its own, found in a model's prunable layers, one registry.
+"""The registry of unit kinds, and what the rest of the project asks of a unit through it.
 
-A *unit* (:class:`tools.schemas.SensitivityUnit`) is pruned alone by the sensitivity profile, allocated a ratio by
-the planners and named in a recommendation by its ``pattern``. Each kind declares how it is found in the prunable
-record (:class:`tools.compression.reports.PrunableLayers`, as a dict), which pruning type applies it and what a
-ratio removes (for justifications and prompts):
+A *unit* (:class:`tools.schemas.SensitivityUnit`) is what a plan can address on its own: pruned alone by the
+sensitivity profile, allocated a ratio by the planners and named in a recommendation by its ``pattern``. Its kind is
+its recommendations' pruning type; each kind is one module of :mod:`tools.compression.kinds` that owns everything the
+kind does (:class:`~tools.compression.kinds.base.UnitKind`), and one line of :data:`UNIT_KINDS`:
 
-``heads``            one attention module's whole heads (``head``)
-``head_width``       the width of every head of one attention module (``head_dim``)
-``channels``         a block-internal Conv2d/Linear: an MLP's hidden channels, a residual block's inner convolution
-``mobile_block``     a coupled group with a depthwise/grouped convolution: a mobile block's expansion 1x1 and its
-                     depthwise channels (with squeeze-and-excitation where there is one), repaired at the project 1x1
-``residual_stage``   a coupled group of full convolutions: the channels of a residual stream, every block of a
-                     stage that adds into it (with its projection shortcut, or a parameter-free padding shortcut
-                     made a selection convolution first)
+``structured``  channels: a Conv2d/Linear's output channels with their coupled group (:mod:`.kinds.channels`)
+``head``        one attention module's whole heads (:mod:`.kinds.heads`)
+``head_dim``    the width of every head of one attention module (:mod:`.kinds.head_width`)
+``block``       a whole residual block or transformer layer, replaced by its input (:mod:`.kinds.blocks`)
 
-A new kind is one :class:`UnitKind` with a ``find`` function and one line of :data:`UNIT_KINDS`.
-
-A ratio is not always what pruning removes: kept counts are whole heads, or channel counts rounded to ``round_to``
-(:func:`tools.compression.channels.channel_step`). :func:`unit_step` gives a unit's rounding under a pruning config,
-:func:`reachable_ratio` what a requested ratio really removes; the sensitivity profile measures, and the planners
-allocate, reachable ratios only.
+A new kind is one module and one line here (``tests/unit/test_unit_kinds.py`` says so). A ratio is not always what
+pruning removes: kept counts are whole heads, channel counts rounded to ``round_to``, whole blocks (:func:`unit_step`,
+:func:`reachable_ratio`); the sensitivity profile measures, and the planners allocate, reachable ratios only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
-from tools.compression.channels import channel_step
-from tools.compression.heads import kept_count
+from tools.compression.kinds.base import UnitKind, exact_name
+from tools.compression.kinds.blocks import Blocks
+from tools.compression.kinds.channels import Channels
+from tools.compression.kinds.head_width import HeadWidth
+from tools.compression.kinds.heads import Heads
 from tools.compression.recipes import PruningConfig
-from tools.schemas import LayerProfile, PruningType, SensitivityUnit
+from tools.compression.reports import PrunableLayers
+from tools.schemas import LayerProfile, SensitivityUnit
 
 __all__ = [
     "UNIT_KINDS",
     "UnitKind",
+    "kind_named",
+    "kind_of",
     "prunable_units",
     "reachable_ratio",
     "unit_kind",
@@ -44,115 +41,53 @@ __all__ = [
     "unit_step",
 ]
 
+#: Every unit kind, by the pruning type of its recommendations.
+UNIT_KINDS: dict[str, UnitKind] = {kind.name: kind for kind in (Channels(), Heads(), HeadWidth(), Blocks())}
+
 
 def unit_pattern(name: str) -> str:
     """The regex that selects exactly the module ``name``."""
-    return "^" + re.escape(name) + "$"
+    return exact_name(name)
 
 
-Finder = Callable[[dict[str, Any], Sequence[LayerProfile]], list[SensitivityUnit]]
+def kind_of(pruning_type: str) -> UnitKind:
+    """The kind of recommendations of ``pruning_type`` (``ValueError`` naming the kinds when there is none)."""
+    try:
+        return UNIT_KINDS[pruning_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown pruning_type {pruning_type!r}: choose one of {', '.join(map(repr, UNIT_KINDS))}"
+        ) from None
 
 
-@dataclass(frozen=True)
-class UnitKind:
-    """One kind of unit: its pruning type, what a ratio removes, and how its units are found."""
-
-    name: str
-    pruning_type: PruningType
-    removes: str
-    """What a ratio of it removes, e.g. ``attention heads``."""
-    find: Finder
-
-
-def _heads(prunable: dict[str, Any], _layers: Sequence[LayerProfile]) -> list[SensitivityUnit]:
-    return [
-        SensitivityUnit(pattern=unit_pattern(name), pruning_type="head", kind="heads", modules=[name], size=int(n))
-        for name, n in (prunable.get("heads") or {}).items()
-        if int(n) > 1
-    ]
-
-
-def _head_width(prunable: dict[str, Any], _layers: Sequence[LayerProfile]) -> list[SensitivityUnit]:
-    return [
-        SensitivityUnit(
-            pattern=unit_pattern(query),
-            pruning_type="head_dim",
-            kind="head_width",
-            modules=[query.rpartition(".")[0]],
-            size=int(dim),
-        )
-        for query, dim in (prunable.get("head_dims") or {}).items()
-    ]
-
-
-def _channels(prunable: dict[str, Any], layers: Sequence[LayerProfile]) -> list[SensitivityUnit]:
-    """Block-internal layers (coupling 1), but the model's first convolution (its channels feed what follows)."""
-    coupling: dict[str, int] = prunable.get("coupling") or {}
-    first_conv = next((lp.name for lp in layers if lp.type == "Conv2d"), None)
-    return [
-        SensitivityUnit(pattern=unit_pattern(name), pruning_type="structured", kind="channels", modules=[name], size=0)
-        for name in prunable.get("structured") or []
-        if coupling.get(name, 1) == 1 and name != first_conv
-    ]
-
-
-def _coupled(grouped: bool) -> Finder:
-    def find(prunable: dict[str, Any], _layers: Sequence[LayerProfile]) -> list[SensitivityUnit]:
-        convs = set(prunable.get("grouped_convs") or [])
-        kind = "mobile_block" if grouped else "residual_stage"
-        return [
-            SensitivityUnit(
-                pattern=unit_pattern(root),
-                pruning_type="structured",
-                kind=kind,
-                modules=[root],
-                members=members,
-                size=0,
-            )
-            for root, members in (prunable.get("groups") or {}).items()
-            if bool(convs & set(members)) == grouped
-        ]
-
-    return find
-
-
-UNIT_KINDS: dict[str, UnitKind] = {
-    kind.name: kind
-    for kind in (
-        UnitKind("heads", "head", "attention heads", _heads),
-        UnitKind("head_width", "head_dim", "dimensions of every head", _head_width),
-        UnitKind("channels", "structured", "output channels", _channels),
-        UnitKind("mobile_block", "structured", "expanded (depthwise) channels", _coupled(grouped=True)),
-        UnitKind("residual_stage", "structured", "residual-stream channels", _coupled(grouped=False)),
-    )
-}
+def kind_named(text: str) -> UnitKind | None:
+    """The kind ``text`` names: its registry name, else one of its keywords (``head width``); the kinds with the
+    longest keywords are asked first, so that ``head width`` is not read as ``head``. None: no kind."""
+    if text in UNIT_KINDS:
+        return UNIT_KINDS[text]
+    words = re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+    ranked = sorted(UNIT_KINDS.values(), key=lambda k: -max((len(w) for w in k.keywords), default=0))
+    return next((kind for kind in ranked if any(w in words for w in kind.keywords)), None)
 
 
 def unit_kind(unit: SensitivityUnit) -> UnitKind:
-    """The registered kind of ``unit`` (units saved before kinds existed: by their pruning type)."""
-    if unit.kind in UNIT_KINDS:
-        return UNIT_KINDS[unit.kind]
-    return next(k for k in UNIT_KINDS.values() if k.pruning_type == unit.pruning_type)
+    """The registered kind of ``unit``."""
+    return kind_of(unit.pruning_type)
 
 
-def prunable_units(prunable: dict[str, Any], layers: Sequence[LayerProfile] = ()) -> list[SensitivityUnit]:
+def prunable_units(
+    prunable: PrunableLayers | dict[str, object], layers: Sequence[LayerProfile] = ()
+) -> list[SensitivityUnit]:
     """Every unit of ``prunable`` (``ops.prunable``'s record), kind by kind in :data:`UNIT_KINDS` order."""
-    return [unit for kind in UNIT_KINDS.values() for unit in kind.find(prunable, layers)]
+    record = PrunableLayers.model_validate(prunable)
+    return [unit for kind in UNIT_KINDS.values() for unit in kind.find(record, layers)]
 
 
 def unit_step(unit: SensitivityUnit, config: PruningConfig) -> int:
-    """What ``unit``'s kept count is rounded to under ``config`` (its ``size`` known): whole heads (0), head widths to
-    ``head_round_to``, channels to :func:`~tools.compression.channels.channel_step`."""
-    pruning_type = unit_kind(unit).pruning_type
-    if pruning_type == "head":
-        return 0
-    if pruning_type == "head_dim":
-        return config.head_round_to
-    return channel_step(unit.size, config.round_to)
+    """What ``unit``'s kept count is rounded to under ``config`` (its ``size`` known); its kind decides."""
+    return unit_kind(unit).step(unit, config)
 
 
 def reachable_ratio(unit: SensitivityUnit, ratio: float) -> float:
     """The share of ``unit`` (``size`` and ``step`` set) that pruning at ``ratio`` really removes (4 decimals)."""
-    if unit.size <= 0:
-        return round(ratio, 4)
-    return round(1.0 - kept_count(unit.size, ratio, unit.step) / unit.size, 4)
+    return unit_kind(unit).reachable(unit, ratio)

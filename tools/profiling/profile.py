@@ -29,7 +29,7 @@ from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["group_layers", "name_pattern", "profile_model"]
+__all__ = ["exact_pattern", "group_layers", "name_pattern", "profile_model"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,3 +191,31 @@ def profile_model(
         operators=operators,
         trace_path=str(trace_path) if trace_path is not None else None,
     )
+
+
+def exact_pattern(members: list[str], universe: list[str]) -> str:
+    """A regex selecting exactly ``members`` among ``universe``: block indices generalised where possible."""
+    wanted = set(members)
+
+    def exact(pattern: str) -> bool:
+        rx = re.compile(pattern)
+        return {n for n in universe if rx.search(n)} | wanted == wanted and all(rx.search(n) for n in wanted)
+
+    generic = name_pattern(members[0])
+    if exact(generic):
+        return generic
+    parts = [m.split(".") for m in members]
+    for i, part in enumerate(parts[0]):
+        # only a position every member has and where each has an index: members may differ in depth
+        # (EfficientNet's encoder.blocks.N.projection.project_conv with encoder.top_conv)
+        if not part.isdigit() or any(len(p) != len(parts[0]) or not p[i].isdigit() for p in parts):
+            continue
+        values = sorted({p[i] for p in parts}, key=int)
+        pieces = [
+            ("(?:" + "|".join(values) + ")") if j == i else (r"\d+" if piece.isdigit() else re.escape(piece))
+            for j, piece in enumerate(parts[0])
+        ]
+        candidate = "^" + r"\.".join(pieces) + "$"
+        if exact(candidate):
+            return candidate
+    return "^(?:" + "|".join(re.escape(m) for m in sorted(wanted)) + ")$"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tools.compression.units import UNIT_KINDS
 from tools.deploy.choice import is_chosen
 from tools.deploy.choice import label as candidate_label
 from tools.reporting.format import damage_text, recovery_text
@@ -68,7 +69,7 @@ def _round_plan(r: RoundResult) -> str:
         done = applied.get(p.layer)
         change = ""
         if done and done.get("before") is not None:
-            unit = {"head": "heads", "head_dim": "dims/head"}.get(p.pruning_type, "ch")
+            unit = UNIT_KINDS[p.pruning_type].counts if p.pruning_type in UNIT_KINDS else ""
             change = f' <span class="muted">({esc(done["before"])}→{esc(done.get("after"))} {unit})</span>'
         items.append(f'<li title="{esc(p.layer)}">{esc(text)}{change}</li>')
     skipped = (r.prune_report or {}).get("skipped") or []

@@ -1,0 +1,1 @@
+"""Unit kinds: one module each (channels, heads, head width, blocks), registered in :mod:`tools.compression.units`."""
