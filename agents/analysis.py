@@ -38,6 +38,7 @@ def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
         int8_reserve_points=float((state.get("accuracy_budget") or {}).get("int8_reserve_points", 0.0)),
         distillation_target_points=distillation_target(list(state.get("rounds") or []), pruning_budget(state, ctx)),
         kinds=ctx.pruning_config().kinds,
+        objective=ctx.objective,
     )
 
 

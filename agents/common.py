@@ -61,3 +61,12 @@ def pruning_budget(state: dict[str, Any], ctx: Context) -> float:
     (``accuracy_budget``, written by ``profile_int8``); the whole budget before that is known."""
     split = state.get("accuracy_budget") or {}
     return float(split.get("pruning_points", budget_points(state, ctx)))
+
+
+def deployment_runtime(state: dict[str, Any]) -> str:
+    """The runtime the original deploys to: that of its fastest build within the budget (``original_deployment``,
+    written by ``profile_int8``); ``pytorch`` before it is known or where the float model itself is chosen."""
+    from tools.deploy.registry import runtime_and_precision
+
+    chosen = str((state.get("original_deployment") or {}).get("chosen") or "")
+    return runtime_and_precision(chosen)[0] if chosen else "pytorch"

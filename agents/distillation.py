@@ -16,7 +16,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import disagreement_budget, paths, pruning_budget, settings, shape_of
-from agents.evaluation import eval_spec, rescue_config, rescues_wanted
+from agents.evaluation import eval_spec, rescue_config, rescues_wanted, with_deploy_latency
 from agents.planning.recovery import AT_TARGET
 from agents.planning.selection import (
     accuracy_drop_points,
@@ -48,7 +48,9 @@ def next_round_to_distill(state: dict[str, Any], ctx: Context) -> dict[str, Any]
     original_params = int((state.get("baseline") or {}).get("params") or 0)
     rounds = list(state.get("rounds") or [])
     budget = pruning_budget(state, ctx)
-    return round_to_distill(rounds, ctx.selection, budget, rescues, original_params, search_goes_on=ctx.iterate)
+    return round_to_distill(
+        rounds, ctx.selection, budget, rescues, original_params, search_goes_on=ctx.iterate, objective=ctx.objective
+    )
 
 
 def distillations_left(state: Any, ctx: Context) -> bool:
@@ -101,6 +103,8 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}")
     merged = {"accuracy": result.accuracy, "samples": result.samples, "paired": result.paired}
     metrics = measured.model_copy(update=merged)  # its cost as measured; its accuracy from both students
+    if ctx.objective == "latency":
+        metrics = with_deploy_latency(data, ctx, metrics, Path(first.artifact))
     drop = accuracy_drop_points(state["baseline"].get("accuracy"), result.accuracy)
     budget = pruning_budget(data, ctx)
     record = RoundResult(

@@ -198,6 +198,8 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     data: dict[str, Any] = dict(state)
     pending = dict(state["pending_round"] or {})
     metrics = _evaluate(data, ctx, Path(pending["artifact"]), f"round {pending['round']}")
+    if ctx.objective == "latency":
+        metrics = with_deploy_latency(data, ctx, metrics, Path(pending["artifact"]))
     drop = accuracy_drop_points(state["baseline"].get("accuracy"), metrics.accuracy)
     record = RoundResult.model_validate(
         {
@@ -211,6 +213,41 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     ).model_dump()
     atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log
     return {"rounds": [record], "pending_round": None}
+
+
+def with_deploy_latency(state: dict[str, Any], ctx: Context, metrics: Metrics, artifact: Path) -> Metrics:
+    """``metrics`` with the round's batch-1 latency in the build the original deploys in (``--objective latency``),
+    timed interleaved with the original's own build of it; as they were where the original's deployment is not
+    known (no int8 profile) or the build fails."""
+    from tools.deployment import latency_in_build
+
+    choice = state.get("original_deployment") or {}
+    backend = str(choice.get("chosen") or "")
+    reference = next(
+        (c.get("artifact") for c in choice.get("candidates") or [] if c["backend"] == backend and not c.get("source")),
+        None,
+    )
+    if not backend or not reference:
+        return metrics
+    try:
+        seconds, original_s = latency_in_build(
+            artifact,
+            paths(state).original,
+            backend,
+            Path(reference),
+            artifact.with_name(f"{artifact.name}-{backend}"),
+            shape_of(state),
+            eval_spec(state, ctx),
+            int8_cpu=ctx.int8_cpu,
+            repeats=ctx.latency_repeats,
+        )
+    except Exception as exc:  # a build that fails leaves the round ranked by its PyTorch latency
+        logger.warning("round latency in %s not measured: %s", backend, exc)
+        return metrics
+    speedup = round(original_s / seconds, 4) if seconds > 0 else None
+    return metrics.model_copy(
+        update={"deploy_latency_s": seconds, "deploy_backend": backend, "deploy_speedup": speedup}
+    )
 
 
 def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

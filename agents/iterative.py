@@ -47,7 +47,7 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     rounds = list(state.get("rounds") or [])
     notes: list[str] = []
     while True:
-        best, why = kept_round(rounds, ctx.selection, pruning_budget(data, ctx))
+        best, why = kept_round(rounds, ctx.selection, pruning_budget(data, ctx), ctx.objective)
         if why and why not in notes:
             notes.append(why)
         if best is None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings, shape_of
+from agents.common import deployment_runtime, paths, settings, shape_of
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -48,6 +48,7 @@ def profile_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, An
         ctx.recovery_config(),
         device=ctx.device,
         samples=ctx.sensitivity_samples,
+        latency_runtime=deployment_runtime(data) if ctx.objective == "latency" else None,
     )
     if result is None:
         return {"notes": ["sensitivity profile skipped: no calibration images (a dataset is needed)"]}

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from tools.deploy.config import QuantizationConfig
 
 Selection = Literal["accuracy", "smallest-within-budget"]
+#: ``--objective``: what ranks rounds tied on accuracy (and what the planner aims at).
+Objective = Literal["params", "latency"]
 #: ``finetune_steps`` of automatic distillation (``--finetune-steps auto``).
 AUTO_STEPS = -1
 #: ``--distill-precision`` values: ``auto`` picks bf16 where the CPU computes it natively.
@@ -102,6 +104,20 @@ class Context:
         "without it, --max-accuracy-drop's value); with labels, both budgets must hold. None: no agreement budget.",
         "MAX_DISAGREEMENT",
         None,
+        float,
+    )
+    objective: Objective = _setting(  # noqa: RUF009
+        "What ranks rounds tied on accuracy and what the planner's steps aim at: params (the paper's order: accuracy, "
+        "then parameters, then latency) or latency (accuracy, then batch-1 latency in the runtime the original "
+        "deploys to, measured; the planner aims at each unit's measured latency there).",
+        "OBJECTIVE",
+        "params",
+    )
+    target_speedup: float = _setting(
+        "With --objective latency: stop the search once a round within the budget runs this many times faster than "
+        "the original's fastest build (0: off).",
+        "TARGET_SPEEDUP",
+        0.0,
         float,
     )
     unit_kinds: str = _setting(
@@ -233,6 +249,10 @@ class Context:
         unknown = [k for k in self.pruning_config().kinds if k not in UNIT_KINDS]
         if unknown:
             errors.append(f"--unit-kinds: unknown {', '.join(unknown)}: choose among {', '.join(UNIT_KINDS)}")
+        if self.objective not in get_args(Objective):
+            errors.append(f"--objective must be one of {', '.join(get_args(Objective))}")
+        if self.target_speedup < 0 or (self.target_speedup and self.objective != "latency"):
+            errors.append("--target-speedup must be positive, and goes with --objective latency")
         if self.max_disagreement is not None and not 0 <= self.max_disagreement <= 100:
             errors.append("--max-disagreement must be between 0 and 100 percent")
         errors += self._recipe_errors()

@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_args
 
-from graph.context import DISTILL_PRECISIONS, Context, Selection, parse_steps
+from graph.context import DISTILL_PRECISIONS, Context, Objective, Selection, parse_steps
 
 DEMO_MODEL = "digits-vit"
 DEMO_DATASET = "digits"
@@ -86,6 +86,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         "and OpenVINO)",
     )
     parser.add_argument("--max-pruning-ratio", type=float, default=defaults.max_pruning_ratio)
+    parser.add_argument("--objective", default=defaults.objective, choices=list(get_args(Objective)))
+    parser.add_argument("--target-speedup", type=float, default=defaults.target_speedup, metavar="X")
     parser.add_argument(
         "--recovery",
         default=defaults.recovery,

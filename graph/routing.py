@@ -51,12 +51,25 @@ def after_search(state: State, ctx: Context) -> Literal["distill_over_budget_rou
     return "distill_over_budget_round" if next_round_to_distill(dict(state), ctx) else "select_best_model"
 
 
+def reached_target_speedup(state: State, ctx: Context) -> bool:
+    """``--target-speedup X``: a round within the budget runs at least X times faster than the original in the build
+    the original deploys in (``Metrics.deploy_speedup``): the search stops there."""
+    if not ctx.target_speedup:
+        return False
+    return any(
+        r.get("within_budget") and float((r.get("metrics") or {}).get("deploy_speedup") or 0.0) >= ctx.target_speedup
+        for r in state.get("rounds") or []
+    )
+
+
 def route_after_evaluate_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["iterate_pruning", "distill_over_budget_round", "select_best_model"]:
     from agents.distillation import target_rounds_left
 
     ctx = context_of(runtime)
+    if reached_target_speedup(state, ctx):
+        return "select_best_model"
     if len(state.get("rounds") or []) < rounds_wanted(ctx):
         return "iterate_pruning"
     then = after_search(state, ctx)  # past the T rounds: a round at a distillation target may take more tries

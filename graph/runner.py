@@ -304,7 +304,7 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
     finished = [node for step in history[:-1] for node in step.next if not node.startswith("__")]
     values = snapshot.values or {}
     rounds = values.get("rounds") or []
-    best, _ = kept_round(rounds, ctx.selection, pruning_budget(values, ctx))
+    best, _ = kept_round(rounds, ctx.selection, pruning_budget(values, ctx), ctx.objective)
     return {
         "run_dir": str(run_dir),
         "thread_id": thread_id,

@@ -544,3 +544,31 @@ def deploy(
             else None
         ),
     )
+
+
+def latency_in_build(
+    source_dir: Path,
+    original_dir: Path,
+    backend: str,
+    reference: Path,
+    out_dir: Path,
+    shape: InputShape,
+    spec: ops.EvalSpec,
+    *,
+    int8_cpu: str = "auto",
+    repeats: int = 20,
+) -> tuple[float, float]:
+    """(``source_dir``'s, ``reference``'s) batch-1 seconds, the source built in ``backend`` into ``out_dir`` (every
+    layer int8 where the backend quantizes, calibrated as the deployment calibrates; a mixed-precision backend's
+    full-int8 one) and timed interleaved with ``reference`` (the original's build of it): ``--objective latency``'s
+    measure of a round."""
+    name = BACKENDS[backend].mixed_of or backend if backend in BACKENDS else backend
+    built = source_dir
+    if name != FLOAT:
+        images, _ = calibration_images(original_dir, shape, spec)
+        config = QuantizationConfig(backend=name, int8_cpu=int8_cpu)
+        recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="every layer, for its latency")]
+        ops.quantize(source_dir, original_dir, recs, out_dir, config, shape=shape, calibration=images)
+        built = out_dir
+    times = ops.compare_latency({"model": built, "reference": reference}, shape, repeats=repeats, seed=spec.seed)
+    return times["model"], times["reference"]

@@ -7,8 +7,9 @@ artifact is already complete returns the existing result instead of recomputing 
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,12 +209,14 @@ def sensitivity(
     recovery: RecoveryConfig | None = None,
     device: str = "cpu",
     samples: int = 0,
+    latency_runtime: str | None = None,
 ) -> SensitivityProfile | None:
     """Per-unit sensitivity on the calibration images (``sensitivity.json``, also put into ``profile.json``).
 
     ``samples``: calibration images to probe with (0: automatic, about two minutes in all, from the model's
     MACs, not its timed latency; see ``tools.compression.sensitivity.auto_samples``). None without
-    calibration images (no dataset, or ``calibration_samples`` 0).
+    calibration images (no dataset, or ``calibration_samples`` 0). ``latency_runtime`` (``--objective latency``): each
+    probe's latency saving is measured in that runtime at FP32 (:mod:`tools.evaluation.runtime_latency`), batch 1.
     """
     from tools.compression.sensitivity import DEFAULT_RATIOS, affordable_units, auto_samples, measure_sensitivity
     from tools.compression.units import prunable_units
@@ -235,8 +238,9 @@ def sensitivity(
     unaffordable: dict[str, str] = {}
     if not samples:  # at the floor of images a large model cannot probe every unit in the profile's time
         units, unaffordable = affordable_units(units, model_profile.layers, count, len(DEFAULT_RATIOS))
+    original = _as_pruned(load_original(original_dir).model).to(target_device)
     result = measure_sensitivity(
-        _as_pruned(load_original(original_dir).model).to(target_device),
+        original,
         channels_last(calibration.images[:count].to(target_device)),
         units,
         targets=None if calibration.targets is None else calibration.targets[:count],
@@ -244,8 +248,10 @@ def sensitivity(
         pruning=config,
         recovery=recovery,
         batch_size=spec.batch_size,
+        latency_saving=_latency_saving(latency_runtime, original, shape) if latency_runtime else None,
     )
     result.skipped.update(unaffordable)
+    result.latency_runtime = latency_runtime
     atomic_write_json(target, result.model_dump())
     atomic_write_json(profile_file, model_profile.model_copy(update={"sensitivity": result}).model_dump())
     return result
@@ -294,6 +300,20 @@ def channels_last(images: torch.Tensor) -> torch.Tensor:
     faster on: EfficientNet-Lite2's recovery pass over 125 images at 260 px went from 5.1 to 7.7 images a second at
     one thread. The same numbers (1e-6)."""
     return images.contiguous(memory_format=torch.channels_last) if images.ndim == 4 else images
+
+
+def _latency_saving(runtime: str, original: nn.Module, shape: InputShape) -> Callable[[nn.Module], float]:
+    """What a model runs faster than ``original`` in ``runtime`` at FP32, batch 1 (the two timed interleaved)."""
+    from tools.evaluation.runtime_latency import compiled_in, latencies_in
+
+    example = example_input(shape)
+    reference = compiled_in(runtime, copy.deepcopy(original).cpu(), example)
+
+    def saving(model: nn.Module) -> float:
+        times = latencies_in({"original": reference, "probe": compiled_in(runtime, model.cpu(), example)}, example)
+        return times["original"] - times["probe"]
+
+    return saving
 
 
 def _as_pruned(model: nn.Module) -> nn.Module:

@@ -176,6 +176,11 @@ class SensitivityProfile(BaseModel):
     recovery: str
     ratios: list[float]
     seconds: float
+    latency_runtime: str | None = Field(
+        default=None,
+        description="Where each point's latency saving was measured (--objective latency: the deployment's runtime, "
+        "FP32, batch 1); None: the profile's per-layer latency times the ratio.",
+    )
     units: list[SensitivityUnit] = Field(default_factory=list)
     skipped: dict[str, str] = Field(default_factory=dict)
 
@@ -259,6 +264,15 @@ class Metrics(BaseModel):
     samples: int = 0
     within_budget: bool | None = None
     paired: PairedAccuracy | None = Field(default=None, description="Against the original, same images.")
+    deploy_latency_s: float | None = Field(
+        default=None,
+        description="--objective latency: batch-1 seconds in the build the original deploys in (deploy_backend), "
+        "timed interleaved with the original's own build of it.",
+    )
+    deploy_backend: str | None = None
+    deploy_speedup: float | None = Field(
+        default=None, description="The original's latency in that build over this model's (higher: faster)."
+    )
 
 
 # --- records of a run: what the nodes write, and what the report, plots, CLI and bench read -----------

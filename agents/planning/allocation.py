@@ -51,10 +51,18 @@ def next_reachable(unit: SensitivityUnit, current: float, step: float) -> float 
     return None
 
 
-def unit_saving(unit: SensitivityUnit, ratio: float, total_params: int, total_macs: int) -> float | None:
-    """What pruning ``unit`` at ``ratio`` saves: its share of the model's parameters plus its share of MACs,
+def unit_saving(
+    unit: SensitivityUnit, ratio: float, total_params: int, total_macs: int, objective: str = "params"
+) -> float | None:
+    """What pruning ``unit`` at ``ratio`` saves: its share of the model's parameters plus its share of MACs, or with
+    the latency objective its measured latency saving (seconds, batch 1, in the runtime the original deploys to);
     interpolated between the measured points (None beyond the last)."""
-    saved = [(p.ratio, p.params_saved / max(1, total_params) + p.macs_saved / max(1, total_macs)) for p in unit.points]
+    if objective == "latency":
+        saved = [(p.ratio, p.latency_saved_s) for p in unit.points]
+    else:
+        saved = [
+            (p.ratio, p.params_saved / max(1, total_params) + p.macs_saved / max(1, total_macs)) for p in unit.points
+        ]
     return interpolate(saved, ratio)
 
 
@@ -69,7 +77,12 @@ def params_saved(sensitivity: SensitivityProfile, allocation: dict[str, float]) 
 
 
 def allocate(
-    sensitivity: SensitivityProfile, total_params: int, total_macs: int, damage_budget: float, max_ratio: float
+    sensitivity: SensitivityProfile,
+    total_params: int,
+    total_macs: int,
+    damage_budget: float,
+    max_ratio: float,
+    objective: str = "params",
 ) -> tuple[dict[str, float], float]:
     """Per-unit ratios (by pattern) whose predicted damage together stays within ``damage_budget`` (a share of images
     that change class).
@@ -88,7 +101,7 @@ def allocate(
         for ratio in sorted({reachable_ratio(unit, r) for r in ALLOCATION_RATIOS} - {0.0}):
             if not kind.allowed(ratio, max_ratio):
                 continue
-            d, v = model.cost(unit, ratio), unit_saving(unit, ratio, total_params, total_macs)
+            d, v = model.cost(unit, ratio), unit_saving(unit, ratio, total_params, total_macs, objective)
             if d is not None and v is not None:
                 choices.append((ratio, d, v))
         if choices:

@@ -88,6 +88,8 @@ class PlanningContext:
     distillation_target_points: float | None = None
     #: The unit kinds plans may use (``--unit-kinds``); empty: every one.
     kinds: tuple[str, ...] = ()
+    #: What the planner's steps aim at (``--objective``): params (parameters and MACs) or latency (measured).
+    objective: str = "params"
 
     def allows(self, pruning_type: str) -> bool:
         """Whether a plan may use the unit kind ``pruning_type``."""

@@ -170,13 +170,17 @@ class RulesPlanner:
     def _allocated(self, ctx: PlanningContext, budget: float, note: str) -> PlanResult:
         sens = ctx.profile.sensitivity
         assert sens is not None
-        ratios, _ = allocate(sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio)
+        ratios, _ = allocate(
+            sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio, ctx.objective
+        )
         for _ in range(12):  # a budget too small for any step would waste the round: raise it until one fits
             if ratios:
                 break
             budget *= 2
             note += f" Raised the damage budget to {budget:.4f}: no unit fitted in less."
-            ratios, _ = allocate(sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio)
+            ratios, _ = allocate(
+                sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio, ctx.objective
+            )
         return self._plan_from(ctx, ratios, budget, note)
 
     def _plan_from(self, ctx: PlanningContext, ratios: dict[str, float], budget: float, note: str) -> PlanResult:
@@ -365,8 +369,8 @@ class RulesPlanner:
             if ratio is None:
                 return float("inf")
             c0, c1 = model.cost(unit, current), model.cost(unit, ratio)
-            v0 = unit_saving(unit, current, total_params, total_macs)
-            v1 = unit_saving(unit, ratio, total_params, total_macs)
+            v0 = unit_saving(unit, current, total_params, total_macs, ctx.objective)
+            v1 = unit_saving(unit, ratio, total_params, total_macs, ctx.objective)
             if c1 is None or v1 is None or v1 <= (v0 or 0.0):
                 return float("inf")
             return max(c1 - (c0 or 0.0), 0.0) / (v1 - (v0 or 0.0))

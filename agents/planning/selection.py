@@ -41,7 +41,16 @@ def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> floa
     return round(100.0 * (baseline - accuracy), 4)
 
 
-def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, Any] | None:
+def cost_of(r: dict[str, Any], objective: str = "params") -> float:
+    """What ranks a round after accuracy: its parameters, or with the latency objective its batch-1 latency in the
+    runtime the original deploys to (its PyTorch latency where that was not measured)."""
+    m = r["metrics"]
+    if objective == "latency":
+        return float(m.get("deploy_latency_s") or m["latency_s"])
+    return float(m["params"])
+
+
+def best_round(rounds: list[dict[str, Any]], selection: Selection, objective: str = "params") -> dict[str, Any] | None:
     """The best round within budget: by accuracy, then params, then latency (or fewest params first).
 
     Accuracy differences the evaluation cannot resolve are ties: a round whose accuracy is within
@@ -62,8 +71,8 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, 
     def key(r: dict[str, Any]) -> tuple[float, ...]:
         m = r["metrics"]
         if selection == "smallest-within-budget":
-            return (m["params"], -accuracy(r), m["latency_s"], r["round"])
-        return (-accuracy(r), m["params"], m["latency_s"], r["round"])
+            return (cost_of(r, objective), -accuracy(r), m["latency_s"], r["round"])
+        return (-accuracy(r), cost_of(r, objective), m["params"], m["latency_s"], r["round"])
 
     best = min(candidates, key=key)
     if selection == "smallest-within-budget" or best["metrics"].get("accuracy") is None:
@@ -74,7 +83,9 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection) -> dict[str, 
         return standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
 
     tied = [r for r in candidates if accuracy(r) >= accuracy(best) - TIE_Z * math.hypot(se(best), se(r)) - 1e-12]
-    return min(tied, key=lambda r: (r["metrics"]["params"], r["metrics"]["latency_s"], -accuracy(r), r["round"]))
+    return min(
+        tied, key=lambda r: (cost_of(r, objective), r["metrics"]["params"], r["metrics"]["latency_s"], r["round"])
+    )
 
 
 def selection_z(candidates: int) -> float:
@@ -84,7 +95,9 @@ def selection_z(candidates: int) -> float:
     return NormalDist().inv_cdf(1.0 - _ONE_SE_LEVEL / max(1, candidates))
 
 
-def kept_round(rounds: list[dict[str, Any]], selection: Selection, budget: float) -> tuple[dict[str, Any] | None, str]:
+def kept_round(
+    rounds: list[dict[str, Any]], selection: Selection, budget: float, objective: str = "params"
+) -> tuple[dict[str, Any] | None, str]:
     """The round the run keeps, and a note when the multiplicity check changed it ("" otherwise).
 
     Every round passed or failed the budget test alone (drop + one standard error); keeping the most pruned of
@@ -97,9 +110,9 @@ def kept_round(rounds: list[dict[str, Any]], selection: Selection, budget: float
     within = [r for r in rounds if r["within_budget"]]
     z = _multiplicity_z(rounds)
     confirmed = confirmed_rounds(rounds, budget)
-    best_alone = best_round(within, selection)
+    best_alone = best_round(within, selection, objective)
     if confirmed or not within:
-        best = best_round(confirmed, selection)
+        best = best_round(confirmed, selection, objective)
     else:
         best = min(within, key=lambda r: (_bound(r, 1.0), r["round"]))
     if best is None or best_alone is None or best["round"] == best_alone["round"]:
@@ -161,6 +174,7 @@ def round_to_distill(
     original_params: int,
     *,
     search_goes_on: bool = True,
+    objective: str = "params",
 ) -> dict[str, Any] | None:
     """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
     or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
@@ -178,18 +192,22 @@ def round_to_distill(
     distilled = [r["cross_fit"]["source_round"] for r in rounds if r.get("cross_fit")]
     if len(distilled) >= rescues:
         return None
-    kept, _ = kept_round(rounds, selection, budget)
+    kept, _ = kept_round(rounds, selection, budget, objective)
     confirmed = {r["round"] for r in confirmed_rounds(rounds, budget)}
-    ceiling = kept["metrics"]["params"] if kept is not None else original_params
+    if objective == "latency":  # a round faster than the kept one (the original when none is) is worth distilling
+        ceiling = cost_of(kept, objective) if kept is not None else math.inf
+    else:
+        ceiling = kept["metrics"]["params"] if kept is not None else original_params
 
     def drop(r: dict[str, Any]) -> float:
         value = budget_drop_points(r.get("accuracy_drop_points"), r["metrics"].get("paired"))
         return math.inf if value is None else value
 
     def worth_it(r: dict[str, Any]) -> bool:
+        cost = cost_of(r, objective) if objective == "latency" else r["metrics"]["params"]
         if AT_TARGET in (r.get("planner_state") or {}):  # planned to be distilled: even the kept one itself
-            return bool(r["metrics"]["params"] <= ceiling)
-        return r["round"] not in confirmed and r["metrics"]["params"] < ceiling
+            return bool(cost <= ceiling)
+        return r["round"] not in confirmed and cost < ceiling
 
     candidates = [
         r
@@ -207,4 +225,4 @@ def round_to_distill(
     if target is None or (search_goes_on and not planned):
         return None
     fits = [r for r in candidates if float(r.get("accuracy_drop_points") or 0.0) <= TARGET_SLACK * target]
-    return min(fits, key=lambda r: (r["metrics"]["params"], r["round"]), default=None)
+    return min(fits, key=lambda r: (cost_of(r, objective), r["round"]), default=None)

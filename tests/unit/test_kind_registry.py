@@ -1,0 +1,181 @@
+"""Unit kinds own what they do: a new kind is one module and one registry line; blocks are a kind; the latency
+objective ranks rounds by their measured latency where the original deploys."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from agents.planning.base import PlanningContext
+from agents.planning.normalize import normalize_payload
+from agents.planning.selection import best_round
+from agents.planning.validation import validate_plan
+from tools.compression.kinds.base import PruningSession, UnitKind, exact_name
+from tools.compression.kinds.blocks import SkippedBlock, removable_blocks
+from tools.compression.pruning import apply_pruning, prunable_layers
+from tools.compression.reports import AppliedPruning, PrunableLayers, SkippedPruning
+from tools.compression.units import UNIT_KINDS, prunable_units
+from tools.schemas import LayerProfile, ModelProfile, OptimizationPlan, PruningRecommendation, SensitivityUnit
+from tools.zoo.cifar_resnet import resnet20
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ZeroFirst(UnitKind):
+    """A fifth kind, written here in full: it zeroes the weights of each selected block's first convolution."""
+
+    name = "zero_first"
+    label = "first convolutions"
+    counts = "convs"
+    removes = "the first convolution's weights"
+    keywords = ("zero first",)
+    whole = True
+    noun = "block's first convolution"
+    description = "zeroes the weights of each selected block's first convolution, pruning_ratio 1"
+
+    def find(self, prunable: PrunableLayers, layers: Sequence[LayerProfile]) -> list[SensitivityUnit]:
+        return [
+            SensitivityUnit(pattern=exact_name(name), pruning_type=self.name, kind="firsts", modules=[name], size=1)
+            for name in self.selectable(prunable)
+        ]
+
+    def selectable(self, prunable: PrunableLayers) -> dict[str, list[str]]:
+        return {name: [name] for name in prunable.structured if name.endswith(".conv1")}
+
+    def _hit(self, model: nn.Module, regex: re.Pattern[str]) -> list[str]:
+        return [
+            n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n.endswith(".conv1") and regex.search(n)
+        ]
+
+    def matches(self, session: PruningSession, regex: re.Pattern[str]) -> bool:
+        return bool(self._hit(session.model, regex))
+
+    def apply(
+        self, session: PruningSession, rec: PruningRecommendation, regex: re.Pattern[str]
+    ) -> tuple[AppliedPruning | None, list[SkippedPruning]]:
+        hit = self._hit(session.model, regex)
+        for name in hit:
+            session.model.get_submodule(name).weight.data.zero_()
+        applied = AppliedPruning(pattern=rec.layer, pruning_type=self.name, ratio=1.0, modules=hit, before=1, after=0)
+        return applied, []
+
+
+def test_a_fifth_kind_is_one_module_and_one_registry_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(UNIT_KINDS, ZeroFirst.name, ZeroFirst())  # the one registry line
+    torch.manual_seed(0)
+    model = resnet20().eval()
+    example = torch.randn(2, 3, 32, 32)
+    prunable = prunable_layers(model, example[:1])
+    layers = [LayerProfile(name="layer1.0.conv1", type="Conv2d", params=2304, macs=10**6)]
+    units = [u for u in prunable_units(prunable, layers) if u.pruning_type == "zero_first"]
+    assert len(units) == 9 and units[0].modules == ["layer1.0.conv1"]
+    rec = PruningRecommendation(layer=r"^layer1\.0\.conv1$", pruning_type="zero_first", pruning_ratio=1.0)
+    plan = OptimizationPlan(pruning_recommendations=[rec])
+    profile = ModelProfile(
+        model_class="ResNet",
+        family="resnet",
+        device="cpu",
+        input_shape=[3, 32, 32],
+        total_params=1,
+        total_macs=1,
+        latency_s=0.001,
+        layers=layers,
+    )
+    ctx = PlanningContext(profile=profile, prunable=prunable, baseline_accuracy=0.8, max_accuracy_drop=1.0)
+    assert validate_plan(plan, ctx) == []  # whole, so ratio 1 is allowed past max_ratio
+    normalized = normalize_payload(
+        {"pruning_recommendations": [{"layer": "^x$", "pruning_type": "Zero first", "pruning_ratio": 1}]},
+        OptimizationPlan,
+    )
+    assert normalized["pruning_recommendations"][0]["pruning_type"] == "zero_first"
+    pruned = copy.deepcopy(model)
+    report = apply_pruning(pruned, plan.pruning_recommendations, example[:1])
+    assert [a.pruning_type for a in report.applied] == ["zero_first"] and not pruned.layer1[0].conv1.weight.any()
+
+
+def test_no_module_but_a_kind_and_the_registry_tests_a_kind_by_name() -> None:
+    """A kind's name compared with a pruning type only in its own module (tools/compression/kinds/) or the registry."""
+    found = []
+    pattern = re.compile(r"pruning_type\s*(==|!=|\bin\b)\s*[(\[\"']")
+    for path in sorted((ROOT / "tools").rglob("*.py")) + sorted((ROOT / "agents").rglob("*.py")):
+        if "kinds" in path.parts or path.name == "units.py":
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}:{i}"
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if pattern.search(line)
+        ]
+    assert found == []
+
+
+def test_removable_blocks_are_the_residual_blocks_whose_shape_holds() -> None:
+    model = resnet20().eval()
+    blocks = removable_blocks(model, torch.randn(1, 3, 32, 32))
+    # a stage's first block changes the width (stages 2 and 3): it stays; a single convolution is no block
+    assert sorted(blocks) == sorted(f"layer{s}.{b}" for s in (1, 2, 3) for b in range(3) if not (s > 1 and b == 0))
+    pruned = copy.deepcopy(model)
+    rec = PruningRecommendation(layer=r"^layer2\.1$", pruning_type="block", pruning_ratio=1.0, justification="test")
+    report = apply_pruning(pruned, [rec], torch.randn(1, 3, 32, 32))
+    assert isinstance(pruned.layer2[1], SkippedBlock) and report.params_after < report.params_before
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert pruned(x).shape == model(x).shape
+
+
+def test_a_removed_block_is_saved_and_rebuilt(tmp_path: Path) -> None:
+    from tools.artifacts.structure import apply_structure, describe_structure
+
+    model = resnet20().eval()
+    pruned = copy.deepcopy(model)
+    rec = PruningRecommendation(layer=r"^layer3\.2$", pruning_type="block", pruning_ratio=1.0, justification="test")
+    apply_pruning(pruned, [rec], torch.randn(1, 3, 32, 32))
+    structure = describe_structure(pruned, model)
+    assert structure["layer3.2"]["replace"]["type"] == "SkippedBlock"
+    rebuilt = resnet20().eval()
+    apply_structure(rebuilt, structure)
+    rebuilt.load_state_dict(pruned.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), pruned(x))
+
+
+def test_a_container_keeps_one_of_its_blocks() -> None:
+    blocks = UNIT_KINDS["block"]
+    units = [
+        SensitivityUnit(pattern=f"^s.{i}$", pruning_type="block", kind="blocks", modules=[f"s.{i}"], size=1)
+        for i in range(3)
+    ]
+    assert blocks.admits(units[0], [], units) and blocks.admits(units[1], units[:1], units)
+    assert not blocks.admits(units[2], units[:2], units)
+
+
+def _round(index: int, accuracy: float, params: int, deploy_s: float | None) -> dict[str, object]:
+    metrics = {"accuracy": accuracy, "params": params, "latency_s": 1e-3, "deploy_latency_s": deploy_s}
+    return {"round": index, "metrics": metrics, "within_budget": True}
+
+
+def test_the_latency_objective_ranks_rounds_tied_on_accuracy_by_their_deployed_latency() -> None:
+    rounds = [_round(0, 0.80, 100, 2e-3), _round(1, 0.80, 120, 1e-3)]
+    assert best_round(rounds, "accuracy")["round"] == 0  # the paper's order: fewer parameters
+    assert best_round(rounds, "accuracy", "latency")["round"] == 1  # faster where it deploys
+
+
+def test_float_models_are_timed_in_a_runtime() -> None:
+    from tools.evaluation.runtime_latency import compiled_in, latencies_in
+
+    model = resnet20().eval()
+    example = torch.randn(1, 3, 32, 32)
+    fewer = copy.deepcopy(model)
+    fewer.layer3[1] = SkippedBlock()
+    fewer.layer3[2] = SkippedBlock()
+    for runtime in ("pytorch", "openvino"):
+        times = latencies_in(
+            {"all": compiled_in(runtime, model, example), "fewer": compiled_in(runtime, fewer, example)}, example
+        )
+        assert 0 < times["fewer"] < times["all"]
