@@ -57,8 +57,8 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         return {**update, "notes": notes} if notes else update
     backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
 
-    def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
-        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx))
+    def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
+        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx), z)
 
     choice = deployment.deploy(
         run.original,

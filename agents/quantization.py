@@ -130,8 +130,8 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
     spec = eval_spec(data, ctx)
 
-    def budget(drop: float | None, paired: PairedAccuracy | None) -> bool:
-        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx))
+    def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
+        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx), z)
 
     headroom = _headroom_round(state, source)
     second = _second_student(state, source)
@@ -159,6 +159,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         control=control,
         spec_of=lambda model_dir: spec_for(data, ctx, model_dir),
         luck_of=lambda model_dir: half_luck(data, model_dir),
+        allow_over_budget=ctx.allow_over_budget,
     )
     changes: dict[str, Any] = {}
     headroom_notes: list[str] = []

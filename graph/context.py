@@ -120,6 +120,12 @@ class Context:
         0.0,
         float,
     )
+    allow_over_budget: bool = _setting(
+        "With --deploy NAME: deploy that backend even where it is over the accuracy budget (the report says so).",
+        "ALLOW_OVER_BUDGET",
+        False,
+        bool,
+    )
     unit_kinds: str = _setting(
         "The unit kinds plans may use, comma-separated (structured, head, head_dim, block); empty: every one.",
         "UNIT_KINDS",

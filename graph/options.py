@@ -87,6 +87,9 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     )
     parser.add_argument("--max-pruning-ratio", type=float, default=defaults.max_pruning_ratio)
     parser.add_argument("--objective", default=defaults.objective, choices=list(get_args(Objective)))
+    parser.add_argument(
+        "--allow-over-budget", action="store_true", help="with --deploy NAME: deploy it even over the accuracy budget"
+    )
     parser.add_argument("--target-speedup", type=float, default=defaults.target_speedup, metavar="X")
     parser.add_argument(
         "--recovery",

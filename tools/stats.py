@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any
 
 from tools.schemas import PairedAccuracy
@@ -30,6 +31,7 @@ __all__ = [
     "paired_accuracy",
     "resolution_note",
     "resolution_points",
+    "selection_z",
     "sequential_looks",
     "standard_error_points",
     "unlabelled_note",
@@ -194,15 +196,26 @@ def drop_points(
 
 
 def budget_drop_points(
-    drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None = None
+    drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None = None, z: float = 1.0
 ) -> float | None:
-    """The drop the budget test holds against ``--max-accuracy-drop``: the measured drop plus one standard
-    error of the paired difference (``se`` = the 95 % interval's half-width / 1.96). Without a paired result,
-    the point estimate ``drop_points``; None when accuracy is unknown."""
+    """The drop the budget test holds against ``--max-accuracy-drop``: the measured drop plus ``z`` (one, for one
+    candidate) standard errors of the paired difference (``se`` = the 95 % interval's half-width / 1.96). Without a
+    paired result, the point estimate ``drop_points``; None when accuracy is unknown."""
     if paired is None:
         return drop_points
     result = PairedAccuracy.model_validate(paired)
-    return -result.delta_points + standard_error_points(result)
+    return -result.delta_points + z * standard_error_points(result)
+
+
+#: The one-sided level of the budget test for one candidate: drop + one standard error (z = 1).
+ONE_SE_LEVEL = 1.0 - NormalDist().cdf(1.0)
+
+
+def selection_z(candidates: int) -> float:
+    """How many standard errors a candidate's drop must stay under the budget by when it was the best of
+    ``candidates`` tried: the budget test's one-sided level (one standard error for one) split over the tries
+    (Bonferroni): 1.00 for one, 1.75 for four, 1.94 for six, 2.24 for twelve."""
+    return NormalDist().inv_cdf(1.0 - ONE_SE_LEVEL / max(1, candidates))
 
 
 def disagreement_bound_pct(paired: PairedAccuracy | dict[str, Any], z: float = 1.0) -> float:
@@ -220,6 +233,7 @@ def within_budget(
     max_drop: float,
     paired: PairedAccuracy | dict[str, Any] | None = None,
     max_disagreement: float | None = None,
+    z: float = 1.0,
 ) -> bool:
     """The accuracy budget test, the one place it is decided.
 
@@ -231,8 +245,10 @@ def within_budget(
     point estimate ``drop_points`` decides; an unknown accuracy (untrained model, no dataset) never rejects.
     With ``max_disagreement`` (percent), the agreement budget must hold too: the share of images whose answer
     changed, plus one standard error, at most that (:func:`disagreement_bound_pct`; it needs the paired result).
+    ``z``: standard errors instead of one, for a candidate that was the best of several tried (:func:`selection_z`).
     """
-    drop = budget_drop_points(drop_points, paired)
-    if max_disagreement is not None and paired is not None and disagreement_bound_pct(paired) > max_disagreement + 1e-9:
+    drop = budget_drop_points(drop_points, paired, z)
+    changed = disagreement_bound_pct(paired, z) if max_disagreement is not None and paired is not None else None
+    if changed is not None and max_disagreement is not None and changed > max_disagreement + 1e-9:
         return False
     return drop is None or drop <= max_drop + 1e-9

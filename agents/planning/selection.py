@@ -9,7 +9,7 @@ from typing import Any
 from agents.planning.recovery import AT_TARGET, TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
 from tools.schemas import PairedAccuracy
-from tools.stats import budget_drop_points, standard_error_points, within_budget
+from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
 
 __all__ = [
     "TIE_Z",
@@ -29,9 +29,6 @@ __all__ = [
 #: ViT-tiny distilled kept 47.7 % fewer parameters (+0.06 points in the run) over 57.8 % (-0.36), which lost the
 #: same on 5,000 unseen images (-0.48 and -0.50); of 32 saved runs it changes only that one's kept round.
 TIE_Z = NormalDist().inv_cdf(0.975)
-
-#: The one-sided level of the budget test for one candidate: drop + one standard error (z = 1).
-_ONE_SE_LEVEL = 1.0 - NormalDist().cdf(1.0)
 
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
@@ -86,13 +83,6 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection, objective: st
     return min(
         tied, key=lambda r: (cost_of(r, objective), r["metrics"]["params"], r["metrics"]["latency_s"], r["round"])
     )
-
-
-def selection_z(candidates: int) -> float:
-    """How many standard errors the kept round's drop must stay under the budget by when it was the best of
-    ``candidates`` evaluated rounds: the budget test's one-sided level (one standard error for one round) split
-    over the rounds (Bonferroni): 1.00 for one round, 1.75 for four, 1.94 for six."""
-    return NormalDist().inv_cdf(1.0 - _ONE_SE_LEVEL / max(1, candidates))
 
 
 def kept_round(

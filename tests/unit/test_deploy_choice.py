@@ -6,9 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tools.deploy.choice import DeployCandidate, available_backends, choose
 from tools.deploy.registry import FLOAT
-from tools.schemas import InputShape
+from tools.schemas import InputShape, PairedAccuracy
 
 
 def _c(backend: str, latency_ms: float | None, ok: bool = True, error: str | None = None) -> DeployCandidate:
@@ -73,7 +75,7 @@ def test_without_data_static_int8_is_calibrated_on_synthetic_inputs(tmp_path: Pa
         shape,
         spec,
         backends=[FLOAT, "onnxruntime-static"],
-        within_budget=lambda drop, paired: True,
+        within_budget=lambda drop, paired, z=1.0: True,
         baseline_accuracy=None,
         repeats=3,
     )
@@ -83,12 +85,18 @@ def test_without_data_static_int8_is_calibrated_on_synthetic_inputs(tmp_path: Pa
     assert choice.chosen in {FLOAT, "onnxruntime-static"}
 
 
-def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(tmp_path: Path) -> None:
+def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The best round's candidates all fail the budget: the headroom round's are built, timed with them, and
     the choice says which model the deployed one was built from."""
     from tests.helpers import save_tiny, tiny_vit
+    from tools import deployment as deployment_module
     from tools import ops
     from tools.deployment import deploy
+
+    # each candidate keeps the answer its measurement got (the count of tries is test_the_budget_test_counts_...)
+    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
 
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src", 16)), original)
@@ -96,7 +104,7 @@ def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(tm
     ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src2", 16)), headroom)
     calls: list[int] = []
 
-    def budget(drop: float | None, paired: object) -> bool:  # the best round's two candidates fail it
+    def budget(drop: float | None, paired: object, z: float = 1.0) -> bool:  # the best round's two candidates fail
         calls.append(1)
         return len(calls) > 2
 
@@ -228,7 +236,7 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
             ops.resolve_input_shape(original),
             ops.EvalSpec(dataset=None, samples=10, progress=False),
             backends=[FLOAT, "onnxruntime-fused"],
-            within_budget=lambda drop, paired: True,
+            within_budget=lambda drop, paired, z=1.0: True,
             baseline_accuracy=None,
             repeats=3,
             forced=forced,
@@ -333,6 +341,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
     monkeypatch.setattr(ops, "compare_latency", again)
     monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
+    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
     choice = deployment_module.deploy(
         tmp_path / "best",
         tmp_path / "original",
@@ -341,7 +350,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
         InputShape(channels=3, height=8, width=8),
         ops.EvalSpec(dataset=None, samples=10, progress=False),
         backends=[FLOAT, "openvino-bf16", "openvino-int8"],
-        within_budget=lambda drop, paired: True,
+        within_budget=lambda drop, paired, z=1.0: True,
         baseline_accuracy=0.8,
         repeats=3,
         alternatives=[headroom],
@@ -392,7 +401,7 @@ def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(tmp_pa
         ops.resolve_input_shape(original),
         ops.EvalSpec(dataset=None, samples=10, progress=False),
         backends=[FLOAT, "onnxruntime-fp32", "openvino"],
-        within_budget=lambda drop, paired: True,
+        within_budget=lambda drop, paired, z=1.0: True,
         baseline_accuracy=None,
         repeats=3,
     )
@@ -618,7 +627,7 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
         ops.resolve_input_shape(original),
         ops.EvalSpec(dataset=None, samples=10, progress=False),
         backends=[FLOAT],
-        within_budget=lambda drop, paired: within_budget(drop, 1.0, paired),
+        within_budget=lambda drop, paired, z=1.0: within_budget(drop, 1.0, paired, z=z),
         baseline_accuracy=0.8,
         repeats=2,
         forced=True,
@@ -648,3 +657,68 @@ def test_the_note_says_why_the_unpruned_original_deploys() -> None:
     assert "faster than every runtime of the pruned model (round-02) within the accuracy budget and no larger" in note
     over = choice.model_copy(update={"candidates": [ours.model_copy(update={"within_budget": False}), theirs]})
     assert "no runtime of the pruned model (round-02)" in _original_note(over, pruned, original)
+
+
+def test_the_budget_test_counts_every_candidate_tried() -> None:
+    """Each candidate that ran is judged with the standard errors of the best of all tried: one that passed alone by
+    a standard error is refused as one of twelve, and the choice says how many were tried."""
+    from tools.deployment import _judged_together
+    from tools.stats import selection_z, within_budget
+
+    paired = PairedAccuracy(
+        delta_points=-0.7,
+        ci95_low_points=-1.28,
+        ci95_high_points=-0.11,
+        agreement=0.95,
+        samples=2000,
+        gained=10,
+        lost=24,
+    )
+    rows = [
+        _c(f"b{i}", 1.0).model_copy(update={"artifact": f"/a/{i}", "paired": paired, "accuracy_drop_points": 0.7})
+        for i in range(12)
+    ]
+    assert within_budget(0.7, 1.0, paired)  # alone: drop + one standard error (0.3) = 1.0
+    tried = _judged_together(rows, lambda drop, p, z: within_budget(drop, 1.0, p, z=z))
+    assert tried == 12 and selection_z(12) > 2 and not any(c.within_budget for c in rows)
+
+
+def test_a_forced_backend_over_the_budget_is_refused_unless_allowed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--deploy NAME over the budget does not ship (the fastest within it does, with one line saying so and what to
+    do); --allow-over-budget ships it, and the choice says so."""
+    import torch
+
+    from tools import deployment as deployment_module
+    from tools import ops
+
+    def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
+        over = backend == "openvino-int8"
+        return _c(backend, 1.0, ok=not over).model_copy(
+            update={"artifact": str(artifact_dir), "accuracy_drop_points": 3.0 if over else 0.0}
+        )
+
+    monkeypatch.setattr(deployment_module, "_measure", measure)
+    monkeypatch.setattr(deployment_module, "_time", lambda candidates, *_: 6e-3)
+    monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
+    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
+    for allowed in (False, True):
+        choice = deployment_module.deploy(
+            tmp_path / "best",
+            tmp_path / "original",
+            [],
+            tmp_path / f"deploy-{allowed}",
+            InputShape(channels=3, height=8, width=8),
+            ops.EvalSpec(dataset=None, samples=10, progress=False),
+            backends=[FLOAT, "openvino-int8"],
+            within_budget=lambda drop, paired, z=1.0: True,
+            baseline_accuracy=0.8,
+            repeats=3,
+            forced=True,
+            allow_over_budget=allowed,
+        )
+        if allowed:
+            assert choice.chosen == "openvino-int8" and "over the accuracy budget (--allow-over-budget)" in choice.why
+        else:
+            assert choice.chosen == FLOAT and choice.refused and "--allow-over-budget" in choice.refused

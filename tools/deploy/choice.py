@@ -119,6 +119,14 @@ class DeployChoice(BaseModel):
     accuracy_control: str | None = Field(
         default=None, description="What the mixed-precision candidates were judged on (images, budget)."
     )
+    tries: int = Field(default=0, description="Candidates built and evaluated: what the budget test counted.")
+    refused: str | None = Field(
+        default=None, description="A backend --deploy asked for that was over the budget, and what deployed instead."
+    )
+    budget_z: float | None = Field(
+        default=None,
+        description="Standard errors each candidate's drop had to stay under the budget by, for the tries counted.",
+    )
     candidates: list[DeployCandidate] = Field(default_factory=list)
 
 
