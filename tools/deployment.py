@@ -121,15 +121,17 @@ def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec
 def accuracy_control(
     original_dir: Path, shape: InputShape, spec: ops.EvalSpec, budget_points: float
 ) -> AccuracyControl | None:
-    """What the mixed-precision candidates are judged on: the evaluation images with their classes, the original's
-    answers on them, and the accuracy budget (None without a labelled dataset, or for an untrained model)."""
+    """What the mixed-precision candidates are tuned on: the calibration images with their classes, the original's
+    answers on them, and the accuracy budget (None without a labelled dataset, or for an untrained model). Not the
+    evaluation images: the budget test then judges the tuned build on them, which a build tuned until it passed there
+    would pass by construction."""
     from tools.evaluation.labels import LabelMatch
 
-    evaluation = ops.calibration_batch(original_dir, shape, spec, part="evaluation")
+    evaluation = ops.calibration_batch(original_dir, shape, spec, part="calibration")
     unlabelled = bool((spec.label_match or {}).get("unlabelled"))
     if evaluation is None or spec.label_match is None or (evaluation.targets is None and not unlabelled):
         return None
-    reference = ops.predictions_on(original_dir, original_dir, shape, spec, "evaluation", desc="original")
+    reference = ops.predictions_on(original_dir, original_dir, shape, spec, "calibration", desc="original")
     if reference is None or reference.samples == 0:
         return None
     # an unlabelled dataset's targets are the original's answers
@@ -567,8 +569,8 @@ def deploy(
         refused=refused,
         budget_z=round(selection_z(sum(1 for c in candidates if c.ran and c.paired is not None)), 3),
         accuracy_control=(
-            f"{len(judged.images)} evaluation images, the original's answers, a {judged.max_drop_points:g}-point "
-            "budget with one standard error"
+            f"tuned on {len(judged.images)} calibration images (the original's answers, a "
+            f"{judged.max_drop_points:g}-point budget with one standard error), judged on the evaluation images"
             if judge.made and (judged := judge()) is not None
             else None
         ),
