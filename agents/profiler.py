@@ -10,6 +10,7 @@ from agents.common import deployment_runtime, paths, settings, shape_of
 from graph.context import Context
 from graph.state import State
 from tools import ops
+from tools.profiling.static import uncounted_note
 
 
 def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
@@ -27,7 +28,9 @@ def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         "trace_path": profile.trace_path,
         "top_groups": top,
     }
-    return {"profile_path": str(run.profile / "profile.json"), "profile_summary": summary}
+    update: dict[str, Any] = {"profile_path": str(run.profile / "profile.json"), "profile_summary": summary}
+    note = uncounted_note(profile.uncounted_macs)
+    return update | {"notes": [note]} if note else update
 
 
 def profile_sensitivity(state: State, runtime: Runtime[Context]) -> dict[str, Any]:

@@ -85,12 +85,16 @@ def _finish(result: RunResult) -> None:
         if pending.get("errors"):
             raise ValueError(f"the edited plan was not accepted (the run is still paused): {pending['errors'][0]}")
         return
+    from tools.profiling.static import is_count_note
     from tools.schemas import RunReport
     from tools.stats import is_budget_note
 
     report, run_dir = RunReport.model_validate(result.report), result.run_dir
-    first = [f"budget: {n}" for n in report.notes if is_budget_note(n)]  # what the data resolves, before the figures
-    print("\n".join([*first, _summary(report), *(f"note: {n}" for n in report.notes if not is_budget_note(n))]))
+    # what the data resolves and what the counts leave out, before the figures
+    first = [f"budget: {n}" for n in report.notes if is_budget_note(n)]
+    first += [f"note: {n}" for n in report.notes if is_count_note(n)]
+    rest = [f"note: {n}" for n in report.notes if not (is_budget_note(n) or is_count_note(n))]
+    print("\n".join([*first, _summary(report), *rest]))
     print(f"report: {Path(run_dir) / 'report.json'} and report.md")
 
 

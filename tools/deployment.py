@@ -21,7 +21,7 @@ from tools import ops
 from tools.artifacts.io import load_compressed, load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.budget import INT8_MARGIN, split_budget
+from tools.deploy.budget import not_faster_than_float, split_budget
 from tools.deploy.choice import (
     ALTERNATIVE_MARGIN,
     DeployCandidate,
@@ -29,15 +29,17 @@ from tools.deploy.choice import (
     available_backends,
     choose,
     eligible,
+    faster_over_budget,
     is_usable,
     luck_removed,
+    never_slower,
     own_source,
     preferred,
     runoff,
 )
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
-from tools.deploy.registry import AUTO, BACKENDS, FLOAT, available, runtime_and_precision
+from tools.deploy.registry import AUTO, BACKENDS, FLOAT, ONE_COMMAND_BUILDS, available, runtime_and_precision
 from tools.models.base import example_input
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
@@ -357,38 +359,6 @@ def _unconfirmed_alternative(
     )
 
 
-def _faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[str]:
-    """Backends that ran faster than the chosen candidate (all, when none is within budget) but were over the
-    accuracy budget."""
-    usable = [c.latency_s for c in candidates if c.backend == chosen and c.within_budget and c.latency_s]
-    limit = min(usable, default=None)
-    return [
-        c.backend
-        for c in candidates
-        if c.ran and not c.within_budget and c.latency_s and (limit is None or c.latency_s < limit)
-    ]
-
-
-def _not_faster_than_float(row: DeployCandidate, candidates: list[DeployCandidate]) -> str | None:
-    """Why building ``row``'s mixed-precision version is pointless: ``row`` (full int8, timed) is less than
-    :data:`INT8_MARGIN` faster than the fastest float candidate within budget, so keeping layers of it in float
-    cannot make it worth deploying. None when it is faster, or when there is no timing to tell."""
-    floats = [
-        c
-        for c in candidates
-        if c.ran and c.within_budget and c.latency_s is not None and not c.precision.startswith("int8")
-    ]
-    if row.latency_s is None or not floats:
-        return None
-    fastest = min(floats, key=lambda c: c.latency_s or 0.0)
-    if fastest.latency_s is None or row.latency_s < fastest.latency_s * (1 - INT8_MARGIN):
-        return None
-    return (
-        f"full int8 ({row.backend}, {1e3 * row.latency_s:.2f} ms) is not {100 * INT8_MARGIN:.0f} % faster "
-        f"than {fastest.key} ({1e3 * fastest.latency_s:.2f} ms), so no mixed precision of it can be worth it"
-    )
-
-
 def _mixed(
     backends: list[str],
     candidates: list[DeployCandidate],
@@ -411,7 +381,7 @@ def _mixed(
             why = f"{full} was not built"
         elif row.within_budget:
             why = f"not needed: full int8 ({full}) is within the accuracy budget"
-        elif (slow := _not_faster_than_float(row, candidates)) is not None:
+        elif (slow := not_faster_than_float(row, candidates)) is not None:
             why = slow
         if why is None and control() is None:
             why = "needs a labelled dataset to control accuracy"
@@ -500,12 +470,15 @@ def deploy(
     own: str | None = None  # the source counted as the best model's
     order: list[str | None] = [None]  # the sources in order of preference
     if alternatives and not forced:
-        faster = _faster_over_budget(candidates, chosen)
+        faster = faster_over_budget(candidates, chosen)
         retry = list(dict.fromkeys([*faster, *([chosen] if chosen != FLOAT else [])]))
         for i, other in enumerate(alternatives):
             # the original's builds are copied (prebuilt) and take part in the timing; a round with more headroom
             # (fewer parameters removed) is built only where the best model's faster builds were over the budget
-            rebuilt = retry if Path(other).resolve() == Path(original_dir).resolve() else faster
+            # the original in every one-command build, too: the last timing holds the deployed model against them
+            is_the_original = Path(other).resolve() == Path(original_dir).resolve()
+            one_command = [b for b in ONE_COMMAND_BUILDS if b in full and b not in left_out]
+            rebuilt = list(dict.fromkeys([*retry, *one_command])) if is_the_original else faster
             if not rebuilt:
                 continue
             logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
@@ -556,6 +529,16 @@ def deploy(
         source = picked.source
     elif usable and not forced:
         source = preferred(usable, {c.key: c.latency_s or 0.0 for c in usable}, order, ALTERNATIVE_MARGIN).source
+    if not forced:
+        rival, slower = never_slower(
+            candidates,
+            chosen,
+            source,
+            original_dir,
+            lambda pair: ops.compare_latency(pair, shape, repeats=3 * repeats, seed=spec.seed),
+        )
+        if rival is not None:
+            chosen, source, why = rival.backend, rival.source, f"{slower}; {why}"
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)
     return DeployChoice(
         chosen=chosen,

@@ -36,6 +36,7 @@ __all__ = [
     "first_evaluated_images",
     "match_dataset_labels",
     "part_sizes",
+    "parts_disjoint",
     "preprocess_of",
 ]
 
@@ -174,6 +175,7 @@ class DataCheck(BaseModel):
     unreadable: int = 0
     unreadable_parts: dict[str, int] = Field(default_factory=dict, description="Unreadable images of each part.")
     examples: list[str] = Field(default_factory=list, description="The first unreadable images: 'path (why)'.")
+    disjoint: bool = Field(default=False, description="No row is in two of calibration, evaluation and holdout.")
 
     def note(self) -> str | None:
         """The report's note naming the unreadable images (None when every image was read)."""
@@ -235,7 +237,18 @@ def check_data(spec: EvalSpec) -> DataCheck:
         unreadable=len(unreadable),
         unreadable_parts={name: len(data.unreadable) for name, data in loaded.items() if data.unreadable},
         examples=[str(u) for u in unreadable[:UNREADABLE_SHOWN]],
+        disjoint=parts_disjoint(planned),
     )
+
+
+#: The parts a report says are disjoint (finetune reuses calibration rows by design).
+REPORTED_PARTS = ("calibration", "evaluation", "holdout")
+
+
+def parts_disjoint(parts: dict[str, list[int]], names: tuple[str, ...] = REPORTED_PARTS) -> bool:
+    """Whether no row index is in two of the ``names`` parts."""
+    rows = [i for name in names for i in parts.get(name, [])]
+    return len(rows) == len(set(rows))
 
 
 def _in_mode(preprocess: Callable[[list[Any]], torch.Tensor], channels: int) -> Callable[[list[Any]], torch.Tensor]:
@@ -296,9 +309,12 @@ def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]]
 
 def part_sizes(spec: EvalSpec) -> dict[str, int]:
     """Images each part of the spec's data holds as the run uses it (calibration, evaluation, holdout, finetune:
-    the images distillation adds to the calibration ones), ``total`` rows, and ``unreadable`` images left out."""
+    the images distillation adds to the calibration ones), ``total`` rows, ``unreadable`` images left out, and
+    ``disjoint`` (1 when no row is in two of calibration, evaluation and holdout, from the drawn index sets)."""
     check = check_data(spec)
-    return {**check.parts, "total": check.total, "unreadable": check.unreadable} if check.total else {}
+    if not check.total:
+        return {}
+    return {**check.parts, "total": check.total, "unreadable": check.unreadable, "disjoint": int(check.disjoint)}
 
 
 class Calibration(BaseModel):

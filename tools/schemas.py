@@ -221,6 +221,9 @@ class ModelProfile(BaseModel):
     groups: list[LayerGroupProfile] = Field(default_factory=list)
     operators: list[OperatorProfile] = Field(default_factory=list)
     trace_path: str | None = None
+    uncounted_macs: dict[str, int] = Field(
+        default_factory=dict, description="Module type -> modules with weights whose MACs no rule counted."
+    )
     sensitivity: SensitivityProfile | None = None
     int8_sensitivity: Int8Sensitivity | None = None
 

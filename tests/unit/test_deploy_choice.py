@@ -722,3 +722,37 @@ def test_a_forced_backend_over_the_budget_is_refused_unless_allowed(
             assert choice.chosen == "openvino-int8" and "over the accuracy budget (--allow-over-budget)" in choice.why
         else:
             assert choice.chosen == FLOAT and choice.refused and "--allow-over-budget" in choice.refused
+
+
+def _built(backend: str, latency_ms: float, source: str | None) -> DeployCandidate:
+    row = _c(backend, latency_ms)
+    return row.model_copy(update={"source": source, "artifact": f"{source or '/run/pruned'}/{backend}"})
+
+
+def test_what_ships_is_never_slower_than_the_originals_one_command_builds() -> None:
+    """The deployed row is timed once more, alone, against the original's fastest one-command build within budget:
+    when it is not faster, the original in that build ships, with the reason."""
+    from tools.deploy.choice import never_slower
+
+    original = "/run/original"
+    rows = [
+        _built("onnxruntime-static", 1.0, None),
+        _built("openvino-int8", 1.1, original),
+        _built("openvino", 2.0, original),
+        _built("onnxruntime-static", 0.9, original),  # not a one-command build: not the floor
+    ]
+
+    def timer(deployed_ms: float, original_ms: float) -> Callable[[dict[str, Path]], dict[str, float]]:
+        def time_alone(pair: dict[str, Path]) -> dict[str, float]:
+            assert pair["original"] == Path("/run/original/openvino-int8")
+            return {"deployed": deployed_ms / 1e3, "original": original_ms / 1e3}
+
+        return time_alone
+
+    rival, why = never_slower(rows, "onnxruntime-static", None, Path(original), timer(1.2, 1.1))
+    assert rival is not None and rival.backend == "openvino-int8" and rival.source == original
+    assert "not faster than the original's openvino-int8" in why
+    assert never_slower(rows, "onnxruntime-static", None, Path(original), timer(1.0, 1.1)) == (None, "")
+    # the original's own row ships as it is; with no original build within budget there is no floor
+    assert never_slower(rows, "openvino-int8", original, Path(original), timer(1.2, 1.1)) == (None, "")
+    assert never_slower(rows[:1], "onnxruntime-static", None, Path(original), timer(1.2, 1.1)) == (None, "")

@@ -96,8 +96,11 @@ def report() -> dict[str, Any]:
             accuracy_drop_points=1.0,
             latency_measured="interleaved",
         ),
-        "quantized": _metrics(0.88, 14000, 0.00025, 0.03, "/run/models/quantized", accuracy_drop_points=2.0),
-        "quantized_original": _metrics(0.9, 20000, 0.00035, 0.04, "/run/models/quantized-original"),
+        "quantized": {
+            **_metrics(0.88, 14000, 0.00025, 0.03, "/run/models/quantized", accuracy_drop_points=2.0),
+            **BUILD,
+        },
+        "quantized_original": {**_metrics(0.9, 20000, 0.00035, 0.04, "/run/models/quantized-original"), **BUILD},
         "rounds": [
             _round(0, 0.9, 0.0, 16000, True),
             _round(1, 0.89, 1.0, 14000, True, source="llm-repaired", attempts=2, rejected=[rejected]),
@@ -122,6 +125,12 @@ def profile() -> dict[str, Any]:
     return {"device": "cpu", "latency_s": 0.0004, "groups": groups}
 
 
+#: The build the fixture's deployed model and original's build record.
+BUILD = {"backend": "openvino-int8", "runtime": "openvino", "precision": "int8 static (NNCF)"}
+DEPLOYED = "deployed: pruned, openvino int8 static (NNCF)"
+ORIGINAL_BUILD = "original, openvino int8 static (NNCF)"
+
+
 def html_escaped(text: str) -> str:
     return html.escape(text, quote=True)
 
@@ -140,7 +149,7 @@ def _png(data: bytes) -> Image.Image:
 def test_page_has_summary_rounds_and_escaped_text(report: dict[str, Any], profile: dict[str, Any]) -> None:
     page = render_html(report, profile)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    for label in ("original", "best pruned", "pruned + quantized", "original quantized"):
+    for label in ("original", "best pruned", DEPLOYED, ORIGINAL_BUILD):
         assert f"<td>{label}" in page, label
     assert "90.00%" in page and "89.00%" in page and "-1.00" in page  # accuracy and its change in points
     assert "1.33×" in page  # speed-up of best pruned: 0.4 ms / 0.3 ms
@@ -206,7 +215,7 @@ def test_over_budget_report_says_so(report: dict[str, Any]) -> None:
 def test_missing_stages_render(report: dict[str, Any]) -> None:
     report.update(pruned=None, quantized=None, rounds=[])
     page = render_html(report, None)
-    assert "No pruning round ran." in page and "<td>pruned + quantized" not in page
+    assert "No pruning round ran." in page and "<td>deployed" not in page
     assert page.count(IMG_PREFIX) == 1
 
 
@@ -240,18 +249,27 @@ def test_tradeoff_chart_size_and_points(report: dict[str, Any]) -> None:
     points = plots.tradeoff_points(report)
     series = [s for s, _, _ in points]
     assert series.count("round (within budget)") == 2 and series.count("round (over budget)") == 1
-    assert {"original", "best pruned", "pruned + quantized", "original quantized"} <= set(series)
+    assert {"original", "best pruned", DEPLOYED, ORIGINAL_BUILD} <= set(series)
     assert [note for _, note, _ in points if note] == ["R0", "R1", "R2"]
 
 
 def test_an_original_deployed_is_named_so(report: dict[str, Any]) -> None:
-    """When the deployment chose the unpruned original's runtime, its row and chart point say so, not
-    "pruned + quantized"."""
-    report["quantized"] = {**report["quantized"], "source": "/run/models/original"}
+    """When the deployment chose the unpruned original's runtime, its row and chart point say so; a float build is
+    named by its precision, never "quantized"."""
+    report["quantized"] = {**report["quantized"], "source": "/run/models/original", "precision": "fp32"}
     page = render_html(report, None)
-    assert "<td>original quantized (deployed)" in page and "<td>pruned + quantized" not in page
-    assert "original quantized (deployed)" in {s for s, _, _ in plots.tradeoff_points(report)}
+    label = "deployed: original, openvino fp32"
+    assert f"<td>{label}" in page and "<td>deployed: pruned" not in page and "quantized (deployed)" not in page
+    assert label in {s for s, _, _ in plots.tradeoff_points(report)}
     _png(plots.tradeoff_charts(report))
+
+
+def test_an_entry_without_its_build_keeps_the_old_names(report: dict[str, Any]) -> None:
+    """A report written before entries recorded their build still renders, with the generic names."""
+    for key in ("quantized", "quantized_original"):
+        report[key] = {k: v for k, v in report[key].items() if k not in BUILD}
+    page = render_html(report, None)
+    assert "<td>deployed" in page and "<td>original quantized" in page
 
 
 def test_generic_charts_handle_empty_input(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from tools.deploy.base import PRECISION_FP32
 from tools.deploy.choice import DeployCandidate, DeployChoice
 from tools.schemas import AccuracyBudget
 
-__all__ = ["INT8_MARGIN", "split_budget"]
+__all__ = ["INT8_MARGIN", "not_faster_than_float", "split_budget"]
 
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
@@ -94,4 +94,24 @@ def split_budget(original: DeployChoice, total_points: float) -> AccuracyBudget:
         pruning_points=pruning,
         measured_with=measured,
         why=f"{total_points:g} points: {reserve:.2f} kept for int8 ({why}), {pruning:.2f} for pruning",
+    )
+
+
+def not_faster_than_float(row: DeployCandidate, candidates: list[DeployCandidate]) -> str | None:
+    """Why building ``row``'s mixed-precision version is pointless: ``row`` (full int8, timed) is less than
+    :data:`INT8_MARGIN` faster than the fastest float candidate within budget, so keeping layers of it in float
+    cannot make it worth deploying. None when it is faster, or when there is no timing to tell."""
+    floats = [
+        c
+        for c in candidates
+        if c.ran and c.within_budget and c.latency_s is not None and not c.precision.startswith("int8")
+    ]
+    if row.latency_s is None or not floats:
+        return None
+    fastest = min(floats, key=lambda c: c.latency_s or 0.0)
+    if fastest.latency_s is None or row.latency_s < fastest.latency_s * (1 - INT8_MARGIN):
+        return None
+    return (
+        f"full int8 ({row.backend}, {1e3 * row.latency_s:.2f} ms) is not {100 * INT8_MARGIN:.0f} % faster "
+        f"than {fastest.key} ({1e3 * fastest.latency_s:.2f} ms), so no mixed precision of it can be worth it"
     )

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tools.deploy.cpu import Int8Settings
-from tools.deploy.registry import BACKENDS, FLOAT
+from tools.deploy.registry import BACKENDS, FLOAT, ONE_COMMAND_BUILDS
 from tools.schemas import PairedAccuracy
 
 __all__ = [
@@ -30,10 +30,12 @@ __all__ = [
     "choose",
     "dominates",
     "eligible",
+    "faster_over_budget",
     "has_pruned_within",
     "is_original",
     "is_usable",
     "luck_removed",
+    "never_slower",
     "own_source",
     "preferred",
     "runoff",
@@ -341,3 +343,44 @@ def dominates(candidate: DeployCandidate, lead: DeployCandidate | None) -> bool:
     if lead is None or candidate.memory_mb is None or lead.memory_mb is None:
         return False
     return candidate.memory_mb <= lead.memory_mb
+
+
+def never_slower(
+    candidates: list[DeployCandidate],
+    chosen: str,
+    source: str | None,
+    original_dir: Path,
+    time_alone: Callable[[dict[str, Path]], dict[str, float]],
+) -> tuple[DeployCandidate | None, str]:
+    """The original's fastest one-command build within budget (:data:`ONE_COMMAND_BUILDS`) and why it deploys, when
+    the chosen row is not faster than it timed once more, the two alone, interleaved; ``(None, "")`` when it is
+    faster, is the original's own, or no build of the original ran within budget. What a user gets from a runtime
+    in one command is the floor: a run never ships something slower."""
+    originals = [
+        c for c in candidates if is_original(c, original_dir) and is_usable(c) and c.backend in ONE_COMMAND_BUILDS
+    ]
+    row = next((c for c in candidates if c.backend == chosen and c.source == source and c.ran), None)
+    if row is None or row.artifact is None or is_original(row, original_dir) or not originals:
+        return None, ""
+    rival = min(originals, key=lambda c: c.latency_s or 0.0)
+    if rival.artifact is None:
+        return None, ""
+    times = time_alone({"deployed": Path(str(row.artifact)), "original": Path(str(rival.artifact))})
+    if times["deployed"] < times["original"]:
+        return None, ""
+    return rival, (
+        f"{row.key} ({1e3 * times['deployed']:.3f} ms) is not faster than the original's {rival.key} "
+        f"({1e3 * times['original']:.3f} ms) timed alone together: the original in {rival.backend} deploys"
+    )
+
+
+def faster_over_budget(candidates: list[DeployCandidate], chosen: str) -> list[str]:
+    """Backends that ran faster than the chosen candidate (all, when none is within budget) but were over the
+    accuracy budget."""
+    usable = [c.latency_s for c in candidates if c.backend == chosen and c.within_budget and c.latency_s]
+    limit = min(usable, default=None)
+    return [
+        c.backend
+        for c in candidates
+        if c.ran and not c.within_budget and c.latency_s and (limit is None or c.latency_s < limit)
+    ]

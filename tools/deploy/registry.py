@@ -56,6 +56,10 @@ BACKENDS: dict[str, QuantizationBackend] = {
 #: Every name a model can be deployed as, described: the float model as it is (``torch``), then every backend.
 DEPLOYMENTS: dict[str, Deployment] = {FLOAT: FloatModel(), **BACKENDS}
 
+#: What a user gets from a runtime in one command, without this tool: the original in these builds takes part in the
+#: deployment's last timing, and the deployed model must beat the fastest of them within the budget.
+ONE_COMMAND_BUILDS = ("openvino", "openvino-int8", "onnxruntime-fp32", "onnxruntime")
+
 #: A run's ``--deploy auto``: measure every available backend and deploy the fastest within budget. To one
 #: quantize call, ``auto`` is the backend :func:`default_quantize_backend` names.
 AUTO = "auto"

@@ -190,6 +190,7 @@ def profile_model(
         groups=group_layers(layers),
         operators=operators,
         trace_path=str(trace_path) if trace_path is not None else None,
+        uncounted_macs=details.uncounted,
     )
 
 

@@ -44,7 +44,15 @@ from tools.profiling.modules import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StaticDetails", "mac_shares", "static_details", "static_profile", "weight_layer_macs"]
+__all__ = [
+    "StaticDetails",
+    "is_count_note",
+    "mac_shares",
+    "static_details",
+    "static_profile",
+    "uncounted_note",
+    "weight_layer_macs",
+]
 
 _MATMUL_NAMES = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm"})
 # Operations ptflops' pytorch backend already counts through its patched torch.* functions.
@@ -150,6 +158,7 @@ class StaticDetails:
     output_shapes: dict[str, list[int]] = field(default_factory=dict)
     atomic: list[str] = field(default_factory=list)
     types: dict[str, str] = field(default_factory=dict)
+    uncounted: dict[str, int] = field(default_factory=dict)
 
     def layer_names(self) -> list[str]:
         """Atomic modules and containers with their own parameters or MACs, in registration order."""
@@ -265,6 +274,7 @@ def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDeta
     if ptflops_macs is None:
         macs = defaultdict(int)
     return StaticDetails(
+        uncounted=_uncounted_types(atomic, hooked, macs, params),
         total_macs=total_macs,
         total_params=total_params,
         macs=dict(macs),
@@ -273,6 +283,39 @@ def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDeta
         atomic=list(atomic),
         types=types,
     )
+
+
+def _uncounted_types(
+    atomic: Mapping[str, nn.Module], hooked: set[str], macs: Mapping[str, int], params: Mapping[str, int]
+) -> dict[str, int]:
+    """Type name -> how many atomic modules with a weight matrix or kernel no rule counted (no ptflops hook, no matmul
+    seen): their parameters count, their MACs are 0."""
+    types: dict[str, int] = defaultdict(int)
+    for name, module in atomic.items():
+        if name in hooked or macs.get(name, 0) or not params.get(name, 0):
+            continue
+        if any(p.dim() >= 2 for p in module.parameters(recurse=False)):
+            types[type(module).__name__] += 1
+    return dict(types)
+
+
+UNCOUNTED_NOTE = "MACs not counted"
+
+
+def uncounted_note(uncounted: Mapping[str, int]) -> str | None:
+    """The report's line for modules whose MACs no rule counted, with their types; None when every one counted."""
+    if not uncounted:
+        return None
+    kinds = ", ".join(f"{n} x{k}" for n, k in sorted(uncounted.items(), key=lambda item: -item[1]))
+    return (
+        f"{UNCOUNTED_NOTE} for {sum(uncounted.values())} modules with weights ({kinds}): ptflops has no rule for their "
+        "type, so the MAC totals and the planner's MAC savings leave them out (their parameters and latency count)"
+    )
+
+
+def is_count_note(note: str) -> bool:
+    """Whether ``note`` is :func:`uncounted_note`'s, which a report says in its first lines."""
+    return note.startswith(UNCOUNTED_NOTE)
 
 
 def static_profile(model: nn.Module, input_shape: tuple[int, int, int]) -> tuple[int, int, dict[str, tuple[int, int]]]:

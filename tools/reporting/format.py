@@ -14,32 +14,51 @@ from tools.schemas import ModelEntry, RunReport
 DASH = "-"
 EN_DASH = "–"
 
-#: The report's named models, in table order: (key in report.json, label for people).
+#: The report's named models, in table order: (key in report.json, label for people). The deployed model
+#: (``quantized``) and the original in its build (``quantized_original``) are named by the runtime and precision they
+#: hold where the entry records them (:func:`named_entries`).
 NAMED_MODELS = (
     ("baseline", "original"),
     ("pruned", "best pruned"),
-    ("quantized", "pruned + quantized"),
+    ("quantized", "deployed"),
     ("quantized_original", "original quantized"),
 )
 
 
 #: The deployed model's label when the deployment chose the unpruned original (no pruned model within the budget in
-#: any runtime, or one faster and no larger than the pruned model's).
+#: any runtime, or one faster and no larger than the pruned model's) and the entry does not say its build.
 ORIGINAL_DEPLOYED = "original quantized (deployed)"
 
 
+def build_text(entry: ModelEntry) -> str | None:
+    """``openvino int8 static (NNCF)``: the runtime and precision an entry records; None when it records neither."""
+    runtime, precision = getattr(entry, "runtime", None), getattr(entry, "precision", None)
+    return " ".join(str(part) for part in (runtime, precision) if part) or None
+
+
 def named_entries(report: RunReport) -> list[tuple[str, str, ModelEntry]]:
-    """``(key, label, entry)`` of every named model the report holds, in table order."""
+    """``(key, label, entry)`` of every named model the report holds, in table order: the deployed model is
+    ``deployed: pruned, <runtime> <precision>`` (or ``original``), the original's build ``original, <runtime>
+    <precision>`` -- what shipped by what it is, a float build never called quantized."""
     entries = (report.baseline, report.pruned, report.quantized, report.quantized_original)
     original = report.baseline.artifact if report.baseline is not None else None
     out = []
     for (key, label), e in zip(NAMED_MODELS, entries, strict=True):
         if e is None:
             continue
-        if key == "quantized" and original and getattr(e, "source", None) == original:
-            label = ORIGINAL_DEPLOYED
+        build = build_text(e)
+        if key == "quantized":
+            which = "original" if original and getattr(e, "source", None) == original else "pruned"
+            label = f"deployed: {which}, {build}" if build else (ORIGINAL_DEPLOYED if which == "original" else label)
+        elif key == "quantized_original" and build:
+            label = f"original, {build}"
         out.append((key, label, e))
     return out
+
+
+def deployed_original(label: str) -> bool:
+    """Whether a :func:`named_entries` label is the deployed model being the unpruned original."""
+    return label.startswith("deployed: original") or label == ORIGINAL_DEPLOYED
 
 
 def accuracy_pct(fraction: float | None, missing: str = "n/a") -> str:

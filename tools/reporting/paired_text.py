@@ -51,7 +51,8 @@ def split_text(dataset: dict[str, Any]) -> str | None:
     sizes = ", ".join(
         f"{part} {dataset.get(f'{part}_samples', 0)}" for part in ("calibration", "evaluation", "holdout")
     )
-    return f"{sizes} images ({'disjoint' if dataset.get('parts_disjoint') else 'overlapping'}, seeded)"
+    disjoint = {True: "disjoint, ", False: "OVERLAPPING, ", None: ""}[dataset.get("parts_disjoint")]
+    return f"{sizes} images ({disjoint}seeded)"
 
 
 def selection_text(report: RunReport) -> str:

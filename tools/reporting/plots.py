@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.reporting.charts import Bar, Panel, Point, SeriesStyle, finite, scatter_panels, share_bar_chart
-from tools.reporting.format import ORIGINAL_DEPLOYED, named_entries
+from tools.reporting.format import deployed_original, named_entries
 from tools.schemas import Metrics, RunReport
 
 
@@ -104,16 +104,25 @@ def layer_latency_chart(profile: dict[str, Any], top: int = 20) -> bytes:
     )
 
 
-#: Styles of the trade-off charts' series, by name.
+#: Styles of the trade-off charts' rounds, by series name, and of the named models, by key in report.json
+#: (``original_deployed``: the deployed model when it is the unpruned original).
 TRADEOFF_STYLES: dict[str, SeriesStyle] = {
     "round (within budget)": SeriesStyle(marker="o", color="#2ca02c", size=45),
     "round (over budget)": SeriesStyle(marker="x", color="#d62728", size=50),
-    "original": SeriesStyle(marker="*", color="#222222", size=190, zorder=4),
-    "best pruned": SeriesStyle(marker="o", color="#1f77b4", size=190, filled=False, zorder=4),
-    "pruned + quantized": SeriesStyle(marker="s", color="#9467bd", size=75, zorder=4),
-    "original quantized": SeriesStyle(marker="^", color="#ff7f0e", size=75, zorder=4),
-    ORIGINAL_DEPLOYED: SeriesStyle(marker="s", color="#ff7f0e", size=75, zorder=4),
+    "baseline": SeriesStyle(marker="*", color="#222222", size=190, zorder=4),
+    "pruned": SeriesStyle(marker="o", color="#1f77b4", size=190, filled=False, zorder=4),
+    "quantized": SeriesStyle(marker="s", color="#9467bd", size=75, zorder=4),
+    "quantized_original": SeriesStyle(marker="^", color="#ff7f0e", size=75, zorder=4),
+    "original_deployed": SeriesStyle(marker="s", color="#ff7f0e", size=75, zorder=4),
 }
+
+
+def _named_styles(report: RunReport) -> dict[str, SeriesStyle]:
+    """The style of each series of ``report``'s charts, by the series' label."""
+    styles = {name: style for name, style in TRADEOFF_STYLES.items() if name.startswith("round")}
+    for key, label, _ in named_entries(report):
+        styles[label] = TRADEOFF_STYLES["original_deployed" if deployed_original(label) else key]
+    return styles
 
 
 def _entry(metrics: Metrics) -> dict[str, float | None]:
@@ -200,4 +209,4 @@ def tradeoff_charts(report: RunReport | dict[str, Any]) -> bytes:
             "Rounds are timed as they are evaluated; the original, best pruned and quantized models are re-timed "
             "together (interleaved), so the best pruned model can sit apart from its round on the latency axis."
         )
-    return scatter_panels(panels, title=title, styles=TRADEOFF_STYLES, footnote=footnote)
+    return scatter_panels(panels, title=title, styles=_named_styles(report), footnote=footnote)

@@ -13,6 +13,7 @@ from typing import Any
 
 from tools.deploy.choice import is_chosen
 from tools.deploy.choice import label as candidate_label
+from tools.profiling.static import is_count_note
 from tools.reporting.format import (
     accuracy_pct,
     damage_text,
@@ -73,7 +74,8 @@ def data_split(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any
         "evaluation_samples": int(parts.get("evaluation", 0)),
         "holdout_samples": int(parts.get("holdout", 0)),
         "unreadable_images": int(parts.get("unreadable", 0)),  # left out; the notes name them
-        "parts_disjoint": True,
+        # from the drawn index sets; unknown (None) for a run that recorded no split
+        "parts_disjoint": bool(parts["disjoint"]) if "disjoint" in parts else None,
     }
 
 
@@ -172,6 +174,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     if report.untrained:
         lines.append("- **UNTRAINED model (random weights): accuracy is not meaningful and reported as n/a.**")
     lines += [f"- **budget**: {note}" for note in report.notes if is_budget_note(note)]
+    lines += [f"- **counts**: {note}" for note in report.notes if is_count_note(note)]
     if (report.dataset.get("label_match") or {}).get("unlabelled"):
         lines.append(
             "- **no labels**: each image's target is the original's top-1 answer, so 'accuracy' is the agreement with "
