@@ -155,7 +155,7 @@ def test_parts_skip_unreadable_images_and_the_share_is_checked_over_all_parts(tm
     assert check.unreadable_parts == {name: len(d.unreadable) for name, d in parts.items() if d.unreadable}
     seen = [row for data in parts.values() for row in data.indices]
     assert len(seen) == len(set(seen)) == 82 and not broken & set(seen), "disjoint parts, none of them broken"
-    assert part_sizes(spec) == {**check.parts, "total": 85, "unreadable": 3}
+    assert part_sizes(spec) == {**check.parts, "total": 85, "unreadable": 3, "disjoint": 1}
     note = check.note()
     assert note is not None and note.startswith("3 of 85 images could not be read and were left out (calibration ")
     assert all(name in note for name in ("cat/cut.jpg", "dog/notes.jpg", "dog/empty.jpg"))
