@@ -184,7 +184,9 @@ def _measure(
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
     marker = attempt_marker(artifact_dir)
     if marker.exists():
-        logger.warning("deploy candidate %s left out: the process died in it before (%s)", backend, marker)
+        logger.warning(
+            "deploy candidate %s left out: the process died in it before (delete %s to try it again)", backend, marker
+        )
         candidate.error = (
             f"the process died while it was built or run in an earlier attempt (a crash inside {runtime}, or the "
             f"run was killed then): left out; delete {marker} to try it again"

@@ -751,8 +751,11 @@ def test_what_ships_is_never_slower_than_the_originals_one_command_builds() -> N
 
     rival, why = never_slower(rows, "onnxruntime-static", None, Path(original), timer(1.2, 1.1))
     assert rival is not None and rival.backend == "openvino-int8" and rival.source == original
-    assert "not faster than the original's openvino-int8" in why
+    assert "not 3 % faster than the original's openvino-int8" in why
     assert never_slower(rows, "onnxruntime-static", None, Path(original), timer(1.0, 1.1)) == (None, "")
+    # a tie within timing noise (the ResNet-56 row: 1.15 against 1.15 ms in the run, 1.21 against 1.11 ms re-timed)
+    rival, why = never_slower(rows, "onnxruntime-static", None, Path(original), timer(1.09, 1.1))
+    assert rival is not None and "a tie within timing noise goes to the original" in why
     # the original's own row ships as it is; with no original build within budget there is no floor
     assert never_slower(rows, "openvino-int8", original, Path(original), timer(1.2, 1.1)) == (None, "")
     assert never_slower(rows[:1], "onnxruntime-static", None, Path(original), timer(1.2, 1.1)) == (None, "")
