@@ -14,12 +14,13 @@ import pytest
 from pydantic import BaseModel
 
 from graph import Context
-from graph.runner import RunError, _checked_state, checkpointed_graph, start_run
+from graph.runner import RunError, _checked_state, checkpointed_graph, resume_run, start_run
 from graph.state import State, StateError, state_of
 from tests.helpers import save_tiny, tiny_vit
 from tools.schemas import (
     BaselineEntry,
     DeployedEntry,
+    Metrics,
     ModelInfo,
     PlanResult,
     PrunedEntry,
@@ -200,3 +201,45 @@ def test_a_tiny_run_checkpoints_plain_json_and_its_nodes_read_records(
     assert state.summary is not None and state.summary.baseline is not None
     assert state.report_path == str(run_dir / "report.json")
     assert state.summary.baseline.params == result.report["baseline"]["params"]
+
+
+def _as_old_version_wrote(values: dict[str, Any]) -> dict[str, Any]:
+    """Checkpointed values as the version before the typed state wrote them: the baseline as the metrics plus the
+    data's parts (no entry fields), the profile summary without a sensitivity key (none measured)."""
+    old = dict(values)
+    metrics = set(Metrics.model_fields)
+    old["baseline"] = {k: v for k, v in values["baseline"].items() if k in metrics | {"data_parts", "at_chance"}}
+    old["profile_summary"] = {k: v for k, v in values["profile_summary"].items() if v is not None}
+    return old
+
+
+def test_a_run_paused_by_the_previous_version_resumes_to_its_report(tmp_path: Path) -> None:
+    """A run paused for approval, its checkpoint rewritten as the previous version left it, resumes and finishes."""
+    model = save_tiny(tiny_vit(), tmp_path / "vit", 16)
+    run_dir = tmp_path / "run"
+    ctx = Context(
+        run_dir=str(run_dir),
+        iterations=0,
+        eval_samples=30,
+        latency_repeats=2,
+        progress=False,
+        approve_plan=True,
+        quantize=False,
+        max_accuracy_drop=100.0,
+    )
+    paused = start_run(str(model), dataset="digits", ctx=ctx)
+    assert not paused.finished and paused.pending is not None
+    thread = json.loads((run_dir / "settings.json").read_text())["thread_id"]
+    with checkpointed_graph(run_dir) as graph:
+        saver = graph.checkpointer
+        latest = saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+        checkpoint = latest.checkpoint
+        old = _as_old_version_wrote(checkpoint["channel_values"])
+        assert old["baseline"] != checkpoint["channel_values"]["baseline"]  # the test does change the shape
+        checkpoint["channel_values"] = old
+        saver.put(latest.config, checkpoint, latest.metadata, {})  # the same checkpoint, as the old version wrote it
+    with checkpointed_graph(run_dir, read_only=True) as graph:
+        assert graph.get_state({"configurable": {"thread_id": thread}}).values["baseline"] == old["baseline"]
+    done = resume_run(run_dir, answer={"action": "approve"})
+    assert done.finished and done.report is not None and len(done.report["rounds"]) == 1
+    assert done.report["baseline"]["params"] == old["baseline"]["params"]
