@@ -7,7 +7,6 @@ named in a note; too many stop the run) and matches the dataset's classes to the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
@@ -22,45 +21,44 @@ from tools.run_data import preprocessing_note
 from tools.store.run_paths import RunPaths
 
 
-def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfig) -> dict[str, Any]:
+def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfig) -> dict[str, object]:
     ctx = settings(runtime)
     run_dir = resolve_run_dir(ctx, config)
-    info = ops.acquire(
-        state["model"], RunPaths(run_dir).original, device=ctx.device, factory_options=state.get("model_options")
-    )
-    if not info.untrained and not state.get("dataset"):
+    info = ops.acquire(state.model, RunPaths(run_dir).original, device=ctx.device, factory_options=state.model_options)
+    if not info.untrained and not state.dataset:
         raise ValueError(
             f"a dataset is needed to measure the accuracy of {info.spec!r}: pass --dataset "
             "(only the untrained built-ins may omit it)"
         )
     notes = []
-    label_match = None
-    spec = eval_spec(dict(state), ctx)
+    label_match: LabelMatch | None = None
+    spec = eval_spec(state, ctx)
     if spec.dataset is not None:  # fail fast on data that cannot be read
         unreadable = ops.check_data(spec).note()
         notes += [unreadable] if unreadable else []
     described = preprocessing_note(Path(info.artifact))
     notes += [described] if described else []
     if spec.dataset is not None and not info.untrained:  # fail fast on a dataset that cannot be evaluated
-        label_match = ops.match_dataset_labels(
-            Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()
+        label_match = LabelMatch.model_validate(
+            ops.match_dataset_labels(
+                Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()
+            )
         )
-        notes += LabelMatch.model_validate(label_match).notes()
-        if label_match.get("unlabelled") and ctx.max_disagreement is None:
+        notes += label_match.notes()
+        if label_match.unlabelled and ctx.max_disagreement is None:
             notes.append(
                 f"{spec.dataset} has no class sub-folders, so no labels: the run's budget is the share of answers "
                 "changed against the original, --max-disagreement, here --max-accuracy-drop's "
                 f"{ctx.max_accuracy_drop:g}"
             )
-        if label_match.get("unmatched"):
+        if label_match.unmatched:
             notes.append(
                 "dataset classes that match no model label (their samples are left out): "
-                + ", ".join(label_match["unmatched"])
+                + ", ".join(label_match.unmatched)
             )
     if info.untrained:
         notes.append(
             f"{info.spec} is UNTRAINED (random weights from its published configuration): accuracy is "
             "reported as null; use it for profiling, latency and memory studies only."
         )
-    update: dict[str, Any] = {"run_dir": str(run_dir), "model_info": info.model_dump(), "label_match": label_match}
-    return update | {"notes": notes}
+    return {"run_dir": str(run_dir), "model_info": info, "label_match": label_match, "notes": notes}

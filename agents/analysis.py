@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, pruning_budget, settings, shape_of
+from agents.common import baseline_accuracy, need, paths, pruning_budget, settings, shape_of
 from agents.planning.base import Planner, PlanningContext, RoundRecord
 from agents.planning.registry import get_planner
 from agents.planning.selection import distillation_target
@@ -15,36 +15,36 @@ from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.compression.reports import PrunableLayers
-from tools.schemas import ModelProfile, RoundResult
+from tools.schemas import ModelProfile
 from tools.store.files import atomic_write_json, read_json
 
 
-def planning_context(state: dict[str, Any], ctx: Context) -> PlanningContext:
+def planning_context(state: State, ctx: Context) -> PlanningContext:
     """Profile, prunable layers, baseline and every finished round, as a planner sees them."""
     run = paths(state)
-    profile = ModelProfile.model_validate(read_json(Path(state["profile_path"])))
+    profile = ModelProfile.model_validate(read_json(Path(need(state.profile_path, "profile_path"))))
     prunable = PrunableLayers.model_validate(ops.prunable(run.original, shape_of(state), run.profile))
-    history = [RoundRecord.of(RoundResult.model_validate(r)) for r in state.get("rounds") or []]
+    history = [RoundRecord.of(r) for r in state.rounds]
     return PlanningContext(
         profile=profile,
         prunable=prunable,
-        baseline_accuracy=state["baseline"].get("accuracy"),
+        baseline_accuracy=baseline_accuracy(state),
         max_accuracy_drop=pruning_budget(state, ctx),
         max_ratio=ctx.pruning_config().max_ratio,
         history=history,
         importance=ctx.importance,
         # recovery needs calibration images: without a dataset every prune goes unrepaired
-        recovery=ctx.recovery if state.get("dataset") and ctx.calibration_samples > 0 else "none",
-        int8_reserve_points=float((state.get("accuracy_budget") or {}).get("int8_reserve_points", 0.0)),
-        distillation_target_points=distillation_target(list(state.get("rounds") or []), pruning_budget(state, ctx)),
+        recovery=ctx.recovery if state.dataset and ctx.calibration_samples > 0 else "none",
+        int8_reserve_points=state.accuracy_budget.int8_reserve_points if state.accuracy_budget is not None else 0.0,
+        distillation_target_points=distillation_target(state.rounds, pruning_budget(state, ctx)),
         kinds=ctx.pruning_config().kinds,
         objective=ctx.objective,
     )
 
 
-def new_notes(planner_state: dict[str, Any], state: dict[str, Any]) -> list[str]:
+def new_notes(planner_state: dict[str, Any], state: State) -> list[str]:
     """The planner's notes for the report (e.g. a shortened LLM prompt) that the run does not have yet."""
-    return [n for n in planner_state.get("report_notes") or [] if n not in (state.get("notes") or [])]
+    return [n for n in planner_state.get("report_notes") or [] if n not in state.notes]
 
 
 def planner_for(ctx: Context, run_dir: Path) -> Planner:
@@ -63,10 +63,9 @@ def planner_for(ctx: Context, run_dir: Path) -> Planner:
     return get_planner(ctx.planner)
 
 
-def analyze_profile(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def analyze_profile(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    result = planner_for(ctx, paths(data).root).analyze(planning_context(data, ctx))
+    result = planner_for(ctx, paths(state).root).analyze(planning_context(state, ctx))
     planned = result.model_dump()
-    atomic_write_json(paths(data).root / "plan.json", {k: planned[k] for k in ("source", "plan", "planner_state")})
-    return {"plan": planned, "next_plan": planned, "notes": new_notes(result.planner_state, data)}
+    atomic_write_json(paths(state).root / "plan.json", {k: planned[k] for k in ("source", "plan", "planner_state")})
+    return {"plan": result, "next_plan": result, "notes": new_notes(result.planner_state, state)}

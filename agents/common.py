@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
 from graph.context import Context, context_of
+from graph.state import State
 from tools.ops import set_threads
 from tools.schemas import InputShape
 from tools.store.run_paths import RunPaths
@@ -28,20 +29,35 @@ def resolve_run_dir(ctx: Context, config: RunnableConfig | None) -> Path:
     return (Path("runs") / str(thread_id)).resolve()
 
 
-def paths(state: dict[str, Any]) -> RunPaths:
-    return RunPaths(state["run_dir"])
+T = TypeVar("T")
 
 
-def shape_of(state: dict[str, Any]) -> InputShape:
-    return InputShape.model_validate(state["input_shape"])
+def need(value: T | None, what: str) -> T:
+    """A state field a node needs, written by an earlier node; a clear error where it is not there yet."""
+    if value is None:
+        raise ValueError(f"the graph state has no {what} yet: the node that writes it has not run")
+    return value
 
 
-def unlabelled(state: dict[str, Any]) -> bool:
+def paths(state: State) -> RunPaths:
+    return RunPaths(need(state.run_dir, "run_dir"))
+
+
+def shape_of(state: State) -> InputShape:
+    return need(state.input_shape, "input_shape")
+
+
+def unlabelled(state: State) -> bool:
     """The run's dataset has no labels: each image's target is the original's answer (``LabelMatch.unlabelled``)."""
-    return bool((state.get("label_match") or {}).get("unlabelled"))
+    return state.label_match is not None and state.label_match.unlabelled
 
 
-def budget_points(state: dict[str, Any], ctx: Context) -> float:
+def baseline_accuracy(state: State) -> float | None:
+    """The original's accuracy (None: not meaningful, or not measured yet)."""
+    return state.baseline.accuracy if state.baseline is not None else None
+
+
+def budget_points(state: State, ctx: Context) -> float:
     """The whole budget the run's candidates are tested against, in points of its measure: ``--max-accuracy-drop``;
     on an unlabelled dataset, whose "accuracy" is the agreement with the original, ``--max-disagreement`` (else
     ``--max-accuracy-drop``'s value)."""
@@ -50,23 +66,23 @@ def budget_points(state: dict[str, Any], ctx: Context) -> float:
     return float(ctx.max_accuracy_drop)
 
 
-def disagreement_budget(state: dict[str, Any], ctx: Context) -> float | None:
+def disagreement_budget(state: State, ctx: Context) -> float | None:
     """The agreement budget that must hold besides the accuracy budget (labelled data with ``--max-disagreement``);
     None where there is none, or where it is the run's budget itself (unlabelled data: :func:`budget_points`)."""
     return None if unlabelled(state) else ctx.max_disagreement
 
 
-def pruning_budget(state: dict[str, Any], ctx: Context) -> float:
+def pruning_budget(state: State, ctx: Context) -> float:
     """The budget the pruning rounds are held to: :func:`budget_points` less what int8 is expected to take
     (``accuracy_budget``, written by ``profile_int8``); the whole budget before that is known."""
-    split = state.get("accuracy_budget") or {}
-    return float(split.get("pruning_points", budget_points(state, ctx)))
+    split = state.accuracy_budget
+    return float(split.pruning_points) if split is not None else budget_points(state, ctx)
 
 
-def deployment_runtime(state: dict[str, Any]) -> str:
+def deployment_runtime(state: State) -> str:
     """The runtime the original deploys to: that of its fastest build within the budget (``original_deployment``,
     written by ``profile_int8``); ``pytorch`` before it is known or where the float model itself is chosen."""
     from tools.deploy.registry import runtime_and_precision
 
-    chosen = str((state.get("original_deployment") or {}).get("chosen") or "")
+    chosen = state.original_deployment.chosen if state.original_deployment is not None else ""
     return runtime_and_precision(chosen)[0] if chosen else "pytorch"

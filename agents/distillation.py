@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import disagreement_budget, paths, pruning_budget, settings, shape_of
+from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec, rescue_config, rescues_wanted, with_deploy_latency
 from agents.planning.recovery import AT_TARGET
 from agents.planning.selection import (
@@ -29,7 +28,7 @@ from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.cross_fit import cross_fit_distill
-from tools.schemas import CrossFit, PairedAccuracy, RoundResult
+from tools.schemas import CrossFit, RoundResult
 from tools.store.files import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -40,58 +39,61 @@ logger = logging.getLogger(__name__)
 TARGET_TRIES = 3
 
 
-def next_round_to_distill(state: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+def next_round_to_distill(state: State, ctx: Context) -> RoundResult | None:
     """The round distillation after the search takes next (None: off, unaffordable, or none left)."""
     rescues = rescues_wanted(state, ctx)
     if rescues == 0:
         return None
-    original_params = int((state.get("baseline") or {}).get("params") or 0)
-    rounds = list(state.get("rounds") or [])
+    original_params = state.baseline.params if state.baseline is not None else 0
     budget = pruning_budget(state, ctx)
     return round_to_distill(
-        rounds, ctx.selection, budget, rescues, original_params, search_goes_on=ctx.iterate, objective=ctx.objective
+        state.rounds,
+        ctx.selection,
+        budget,
+        rescues,
+        original_params,
+        search_goes_on=ctx.iterate,
+        objective=ctx.objective,
     )
 
 
-def distillations_left(state: Any, ctx: Context) -> bool:
+def distillations_left(state: State, ctx: Context) -> bool:
     """Whether distillation after the search is on, affordable and has distillations left (``--distill-rescues``),
     and, once a distilled round came back within budget, whether what it recovered leaves room for a larger one
     (``selection.distillation_target``)."""
-    rounds = list(state.get("rounds") or [])
-    if sum(1 for r in rounds if r.get("cross_fit")) >= rescues_wanted(dict(state), ctx):
+    rounds = state.rounds
+    if sum(1 for r in rounds if r.cross_fit is not None) >= rescues_wanted(state, ctx):
         return False
     if planned_since_recovery(rounds) is not None:  # after one came back: while it can grow
-        return distillation_target(rounds, pruning_budget(dict(state), ctx)) is not None
+        return distillation_target(rounds, pruning_budget(state, ctx)) is not None
     return True
 
 
-def target_rounds_left(state: Any, ctx: Context) -> bool:
+def target_rounds_left(state: State, ctx: Context) -> bool:
     """Whether the search should plan one more round at the distillation target: a distilled round came back
     within budget, distillations are left (:func:`distillations_left`), the last round was planned at the target
     (its planner says so, ``recovery.AT_TARGET``; one planned otherwise ends the tries) and fewer than
     :data:`TARGET_TRIES` rounds were planned since the last one came back (a round that overshot the target moves
     the damage line: the next is planned from it)."""
-    planned = planned_since_recovery(list(state.get("rounds") or []))
-    if not planned or AT_TARGET not in (planned[-1].get("planner_state") or {}):
+    planned = planned_since_recovery(state.rounds)
+    if not planned or AT_TARGET not in planned[-1].planner_state:
         return False
     return len(planned) < TARGET_TRIES and distillations_left(state, ctx)
 
 
-def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Distil the most promising round over the budget twice, cross-fitted on the evaluation images, and append
     the first student as a new round judged by both students' answers on the halves they did not see."""
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    source = next_round_to_distill(data, ctx)
-    config = rescue_config(data, ctx)
+    source = next_round_to_distill(state, ctx)
+    config = rescue_config(state, ctx)
     if source is None or config is None:
         return {}
-    rounds = list(state.get("rounds") or [])
-    index, run, shape = len(rounds), paths(data), shape_of(data)
-    folder, spec = run.round(index), eval_spec(data, ctx)
-    logger.info("round %d: distilling round %d twice, cross-fitted", index, source["round"])
+    index, run, shape = len(state.rounds), paths(state), shape_of(state)
+    folder, spec = run.round(index), eval_spec(state, ctx)
+    logger.info("round %d: distilling round %d twice, cross-fitted", index, source.round)
     result = cross_fit_distill(
-        Path(source["metrics"]["artifact"]),
+        Path(need(source.metrics.artifact, f"round {source.round}'s artifact")),
         run.original,
         shape,
         spec,
@@ -104,56 +106,56 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     merged = {"accuracy": result.accuracy, "samples": result.samples, "paired": result.paired}
     metrics = measured.model_copy(update=merged)  # its cost as measured; its accuracy from both students
     if ctx.objective == "latency":
-        metrics = with_deploy_latency(data, ctx, metrics, Path(first.artifact))
-    drop = accuracy_drop_points(state["baseline"].get("accuracy"), result.accuracy)
-    budget = pruning_budget(data, ctx)
+        metrics = with_deploy_latency(state, ctx, metrics, Path(first.artifact))
+    drop = accuracy_drop_points(baseline_accuracy(state), result.accuracy)
+    budget = pruning_budget(state, ctx)
     record = RoundResult(
         round=index,
-        plan=source["plan"],
-        source=source["source"],
-        planner_state=source.get("planner_state") or {},  # the planner's search reads it as the level it tried
+        plan=source.plan,
+        source=source.source,
+        planner_state=source.planner_state,  # the planner's search reads it as the level it tried
         prune_report={
-            **(source.get("prune_report") or {}),
-            "finetune": {**first.distilled, "cross_fitted_from_round": source["round"]},
+            **(source.prune_report or {}),
+            "finetune": {**first.distilled, "cross_fitted_from_round": source.round},
         },
         metrics=metrics,
         accuracy_drop_points=drop,
-        within_budget=within_budget(drop, budget, result.paired, disagreement_budget(data, ctx)),
+        within_budget=within_budget(drop, budget, result.paired, disagreement_budget(state, ctx)),
         cross_fit=CrossFit(
-            source_round=source["round"],
+            source_round=source.round,
             judged_on_half=first.judged_on_half,
             images_per_student=result.images_per_student,
             students=result.students,
         ),
-    ).model_dump()
+    )
     notes = [_note(record, source, budget)]
-    before = (source.get("metrics") or {}).get("paired")
+    before = source.metrics.paired
     after = result.paired
-    if before and after is not None and after.delta_points < PairedAccuracy.model_validate(before).delta_points:
+    if before is not None and after is not None and after.delta_points < before.delta_points:
         # the students did worse than the round they started from, on the same images: with the same parameters,
         # selection (accuracy first) keeps the round's own model wherever both are within the budget
         notes.append(
-            f"round {index}: distillation made round {source['round']} worse on the images its students did not see "
-            f"(Δ {after.delta_points:+.2f} against {PairedAccuracy.model_validate(before).delta_points:+.2f} "
-            f"points before): where both are within the budget, round {source['round']}'s own model is kept"
+            f"round {index}: distillation made round {source.round} worse on the images its students did not see "
+            f"(Δ {after.delta_points:+.2f} against {before.delta_points:+.2f} "
+            f"points before): where both are within the budget, round {source.round}'s own model is kept"
         )
-    atomic_write_json(folder / "round.json", record)
+    atomic_write_json(folder / "round.json", record.model_dump())
     return {"rounds": [record], "notes": notes}
 
 
-def _note(record: dict[str, Any], source: dict[str, Any], budget: float) -> str:
-    cross_fit = CrossFit.model_validate(record["cross_fit"])
-    paired = PairedAccuracy.model_validate(record["metrics"]["paired"])
+def _note(record: RoundResult, source: RoundResult, budget: float) -> str:
+    cross_fit = need(record.cross_fit, "cross_fit")
+    paired = need(record.metrics.paired, "paired accuracy")
     steps = int(cross_fit.students[0].distilled.get("steps") or 0)
-    verdict = "within" if record["within_budget"] else "still over"
+    verdict = "within" if record.within_budget else "still over"
     why = (
         f"within the {budget:g}-point budget alone, refused as the best of several"
-        if source["within_budget"]
+        if source.within_budget
         else f"over the {budget:g}-point budget"
     )
     return (
-        f"round {record['round']}: round {source['round']} ({why}, drop "
-        f"{source.get('accuracy_drop_points') or 0.0:.2f}) distilled from the original, {steps} steps, twice: each "
+        f"round {record.round}: round {source.round} ({why}, drop "
+        f"{source.accuracy_drop_points or 0.0:.2f}) distilled from the original, {steps} steps, twice: each "
         f"student on {cross_fit.images_per_student:,} images (calibration + one half of the evaluation images), "
         f"judged on the other half; together Δ {paired.delta_points:+.2f} [{paired.ci95_low_points:+.2f}, "
         f"{paired.ci95_high_points:+.2f}] on {paired.samples:,} images: {verdict} the budget. The first student is "

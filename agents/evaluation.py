@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from langgraph.runtime import Runtime
 
 from agents.common import (
+    baseline_accuracy,
     budget_points,
     disagreement_budget,
+    need,
     paths,
     pruning_budget,
     settings,
@@ -22,7 +24,15 @@ from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
-from tools.schemas import Metrics, RoundResult
+from tools.schemas import (
+    BaselineEntry,
+    DeployedBuild,
+    DeployedEntry,
+    Metrics,
+    ModelEntry,
+    RoundResult,
+    RuntimeReference,
+)
 from tools.stats import drop_points, resolution_note, unlabelled_note
 from tools.store.files import atomic_write_json
 
@@ -55,40 +65,48 @@ def distill_precision(ctx: Context) -> Precision:
     return "bf16" if detect_cpu().bf16 else "fp32"
 
 
-def distill_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
+def total_macs(state: State) -> int | None:
+    """The original's MACs per image (None before the profile)."""
+    return state.profile_summary.total_macs if state.profile_summary is not None else None
+
+
+def data_parts(state: State) -> dict[str, int]:
+    """Rows each disjoint part of the data holds (the baseline's ``data_parts``; empty before the baseline)."""
+    return state.baseline.data_parts if state.baseline is not None else {}
+
+
+def distill_config(state: State, ctx: Context) -> DistillConfig | None:
     """The run's distillation recipe (None: off): the settings' steps, or with ``--finetune-steps auto`` what the
     model's MACs allow (``tools.compression.distill.auto_distill_config``; none before the profile)."""
     from tools.compression.distill import DistillConfig, auto_distill_config
 
     precision = distill_precision(ctx)
     if ctx.finetune_steps == AUTO_STEPS:
-        macs = (state.get("profile_summary") or {}).get("total_macs")
-        return auto_distill_config(macs, device=ctx.device, seed=ctx.seed, precision=precision)
+        return auto_distill_config(total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision)
     if not ctx.finetune_steps:
         return None
     return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed, precision=precision)
 
 
-def rescue_config(state: dict[str, Any], ctx: Context) -> DistillConfig | None:
+def rescue_config(state: State, ctx: Context) -> DistillConfig | None:
     """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
     were not distilled already (``--finetune-steps 0``), the run has a dataset, calibration images and at least
     :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_rescue_config``);
     with ``auto``, not for an original at chance level (untrained, or labels that do not match). None otherwise."""
     from tools.compression.distill import auto_rescue_config
 
-    if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.get("dataset"):
+    if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.dataset:
         return None
-    if ctx.distill_rescues == AUTO_STEPS and (state.get("baseline") or {}).get("at_chance"):
+    if ctx.distill_rescues == AUTO_STEPS and state.baseline is not None and state.baseline.at_chance:
         return None  # an original at chance level has nothing to teach: minutes spent for no answer (said at its start)
-    parts = (state.get("baseline") or {}).get("data_parts") or {}
+    parts = data_parts(state)
     if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
         return None
-    macs = (state.get("profile_summary") or {}).get("total_macs")
     precision = distill_precision(ctx)
-    return auto_rescue_config(macs, device=ctx.device, seed=ctx.seed, precision=precision)
+    return auto_rescue_config(total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision)
 
 
-def rescues_wanted(state: dict[str, Any], ctx: Context) -> int:
+def rescues_wanted(state: State, ctx: Context) -> int:
     """Cross-fitted distillations after the search the run makes at most: ``--distill-rescues N``, or with ``auto``
     what the model's MACs allow, or more where the pairs distilled so far took less time than that assumed
     (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
@@ -99,14 +117,14 @@ def rescues_wanted(state: dict[str, Any], ctx: Context) -> int:
     if ctx.distill_rescues != AUTO_STEPS:
         return ctx.distill_rescues
     pairs = [
-        sum(float((s.get("distilled") or {}).get("seconds") or 0.0) for s in r["cross_fit"].get("students") or [])
-        for r in state.get("rounds") or []
-        if r.get("cross_fit")
+        sum(float(s.distilled.get("seconds") or 0.0) for s in r.cross_fit.students)
+        for r in state.rounds
+        if r.cross_fit is not None
     ]
-    return auto_rescues((state.get("profile_summary") or {}).get("total_macs"), pairs)
+    return auto_rescues(total_macs(state), pairs)
 
 
-def finetune_samples(state: dict[str, Any], ctx: Context) -> int:
+def finetune_samples(state: State, ctx: Context) -> int:
     """Unlabelled images asked for distillation: the settings', or with automatic steps up to 4,096 where the
     model is distilled at all."""
     if ctx.finetune_steps != AUTO_STEPS:
@@ -116,22 +134,22 @@ def finetune_samples(state: dict[str, Any], ctx: Context) -> int:
     return (ctx.finetune_samples or AUTO_DISTILL_IMAGES[1]) if distill_config(state, ctx) else 0
 
 
-def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
+def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
     """The run's data: its disjoint calibration, evaluation, holdout and finetune parts, and how to batch it."""
     from tools.evaluation.twin import float_runtime_for
 
     finetune = finetune_samples(state, ctx)
-    macs = (state.get("profile_summary") or {}).get("total_macs")
+    macs = total_macs(state)
     samples = ctx.eval_samples or ops.auto_eval_samples(
         macs,
         other_parts=ctx.holdout_samples > 0,  # distillation images share the rest (split_indices)
         budget_points=budget_points(state, ctx),
     )
-    evaluated = int(((state.get("baseline") or {}).get("data_parts") or {}).get("evaluation") or samples)
+    evaluated = int(data_parts(state).get("evaluation") or samples)
     return ops.EvalSpec(
-        dataset=state.get("dataset"),
-        split=state.get("dataset_split"),
-        label_match=state.get("label_match"),
+        dataset=state.dataset,
+        split=state.dataset_split,
+        label_match=state.label_match.model_dump() if state.label_match is not None else None,
         samples=samples,
         float_runtime=float_runtime_for(macs, evaluated, ctx.device),
         calibration_samples=ctx.calibration_samples,
@@ -145,88 +163,89 @@ def eval_spec(state: dict[str, Any], ctx: Context) -> ops.EvalSpec:
     )
 
 
-def spec_for(state: dict[str, Any], ctx: Context, artifact: Path) -> ops.EvalSpec:
+def spec_for(state: State, ctx: Context, artifact: Path) -> ops.EvalSpec:
     """:func:`eval_spec` for judging ``artifact`` or a model built from it: for a round distilled after the search
     (cross-fitted), only the half of the evaluation images its model (or its second student) was not distilled
     on."""
     wanted = Path(artifact).resolve()
-    for r in state.get("rounds") or []:
-        cross_fit = r.get("cross_fit")
-        if not cross_fit:
+    for r in state.rounds:
+        cross_fit = r.cross_fit
+        if cross_fit is None:
             continue
-        if Path(r["metrics"]["artifact"]).resolve() == wanted:
-            return eval_spec(state, ctx).model_copy(update={"evaluation_half": cross_fit["judged_on_half"]})
-        for student in cross_fit.get("students") or []:  # the second student: judged on the other half
-            if Path(student["artifact"]).resolve() == wanted:
-                return eval_spec(state, ctx).model_copy(update={"evaluation_half": student["judged_on_half"]})
+        if r.metrics.artifact and Path(r.metrics.artifact).resolve() == wanted:
+            return eval_spec(state, ctx).model_copy(update={"evaluation_half": cross_fit.judged_on_half})
+        for student in cross_fit.students:  # the second student: judged on the other half
+            if Path(student.artifact).resolve() == wanted:
+                return eval_spec(state, ctx).model_copy(update={"evaluation_half": student.judged_on_half})
     return eval_spec(state, ctx)
 
 
-def _evaluate(state: dict[str, Any], ctx: Context, artifact: Path, desc: str, source: Path | None = None) -> Metrics:
+def _evaluate(state: State, ctx: Context, artifact: Path, desc: str, source: Path | None = None) -> Metrics:
     spec = spec_for(state, ctx, source or artifact)
     return ops.evaluate(artifact, paths(state).original, shape_of(state), spec, desc)
 
 
-def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Evaluate the original model (the dataset's labels were matched at acquisition).
 
     The entry also records ``data_parts``: how many rows each disjoint part of the data holds.
     """
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    metrics = _evaluate(data, ctx, paths(data).original, "baseline")
-    matched = len((data.get("label_match") or {}).get("mapping") or {})
+    metrics = _evaluate(state, ctx, paths(state).original, "baseline")
+    matched = len(state.label_match.mapping) if state.label_match is not None else 0
     note = None
-    if not unlabelled(data):
-        note = chance_note(metrics.accuracy, metrics.samples, matched or int(data["model_info"].get("num_labels") or 0))
+    if not unlabelled(state):
+        note = chance_note(
+            metrics.accuracy, metrics.samples, matched or need(state.model_info, "model_info").num_labels
+        )
     notes = [note] if note else []
     if metrics.accuracy is not None and metrics.samples:  # said at the start: the data may not resolve the budget
-        if unlabelled(data):
-            resolution: str | None = unlabelled_note(metrics.samples, budget_points(data, ctx))
+        if unlabelled(state):
+            resolution: str | None = unlabelled_note(metrics.samples, budget_points(state, ctx))
         else:
             resolution = resolution_note(metrics.samples, ctx.max_accuracy_drop)
         if resolution:
             logger.warning("%s", resolution)
             notes.append(resolution)
-    baseline = {**metrics.model_dump(), "data_parts": ops.part_sizes(eval_spec(data, ctx)), "at_chance": bool(note)}
+    baseline = BaselineEntry(
+        **metrics.model_dump(), data_parts=ops.part_sizes(eval_spec(state, ctx)), at_chance=bool(note)
+    )
     return {"baseline": baseline, "notes": notes}
 
 
-def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Evaluate the round just pruned and append it to ``rounds``."""
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    pending = dict(state["pending_round"] or {})
-    metrics = _evaluate(data, ctx, Path(pending["artifact"]), f"round {pending['round']}")
+    pending = need(state.pending_round, "pending_round")
+    metrics = _evaluate(state, ctx, Path(pending.artifact), f"round {pending.round}")
     if ctx.objective == "latency":
-        metrics = with_deploy_latency(data, ctx, metrics, Path(pending["artifact"]))
-    drop = accuracy_drop_points(state["baseline"].get("accuracy"), metrics.accuracy)
-    record = RoundResult.model_validate(
-        {
-            **{k: v for k, v in pending.items() if k != "artifact"},
-            "metrics": metrics,
-            "accuracy_drop_points": drop,
-            "within_budget": within_budget(
-                drop, pruning_budget(data, ctx), metrics.paired, disagreement_budget(data, ctx)
-            ),
-        }
-    ).model_dump()
-    atomic_write_json(paths(data).round(record["round"]) / "round.json", record)  # the round's evaluation log
+        metrics = with_deploy_latency(state, ctx, metrics, Path(pending.artifact))
+    drop = accuracy_drop_points(baseline_accuracy(state), metrics.accuracy)
+    record = RoundResult(
+        round=pending.round,
+        plan=pending.plan,
+        source=pending.source,
+        planner_state=pending.planner_state,
+        prune_report=pending.prune_report,
+        metrics=metrics,
+        accuracy_drop_points=drop,
+        within_budget=within_budget(drop, pruning_budget(state, ctx), metrics.paired, disagreement_budget(state, ctx)),
+    )
+    atomic_write_json(paths(state).round(record.round) / "round.json", record.model_dump())  # its evaluation log
     return {"rounds": [record], "pending_round": None}
 
 
-def with_deploy_latency(state: dict[str, Any], ctx: Context, metrics: Metrics, artifact: Path) -> Metrics:
+def with_deploy_latency(state: State, ctx: Context, metrics: Metrics, artifact: Path) -> Metrics:
     """``metrics`` with the round's batch-1 latency in the build the original deploys in (``--objective latency``),
     timed interleaved with the original's own build of it; as they were where the original's deployment is not
     known (no int8 profile) or the build fails."""
     from tools.deployment import latency_in_build
 
-    choice = state.get("original_deployment") or {}
-    backend = str(choice.get("chosen") or "")
-    reference = next(
-        (c.get("artifact") for c in choice.get("candidates") or [] if c["backend"] == backend and not c.get("source")),
-        None,
-    )
+    choice = state.original_deployment
+    if choice is None:
+        return metrics
+    backend = choice.chosen
+    reference = next((c.artifact for c in choice.candidates if c.backend == backend and not c.source), None)
     if not backend or not reference:
         return metrics
     try:
@@ -250,28 +269,28 @@ def with_deploy_latency(state: dict[str, Any], ctx: Context, metrics: Metrics, a
     )
 
 
-def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Evaluate the quantized best model and the quantized original (once when they are the same)."""
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    baseline_acc = state["baseline"].get("accuracy")
-    update: dict[str, Any] = {}
-    done: dict[str, dict[str, Any]] = {}
-    for key in ("quantized", "quantized_original"):
-        entry = data.get(key)
-        if not entry:
+    baseline_acc = baseline_accuracy(state)
+    update: dict[str, object] = {}
+    done: dict[str, DeployedEntry] = {}
+    for key, entry in (("quantized", state.quantized), ("quantized_original", state.quantized_original)):
+        if entry is None or not entry.artifact:
             continue
-        artifact = entry["artifact"]
+        artifact = entry.artifact
         if artifact not in done:
-            source = Path(entry["source"]) if entry.get("source") else None
-            metrics = _evaluate(data, ctx, Path(artifact), key.replace("_", " "), source)
+            source = Path(entry.source) if entry.source else None
+            metrics = _evaluate(state, ctx, Path(artifact), key.replace("_", " "), source)
             drop = drop_points(baseline_acc, metrics.accuracy, metrics.paired)
-            done[artifact] = {**entry, **metrics.model_dump(), "accuracy_drop_points": drop}
-        update[key] = dict(done[artifact])
+            done[artifact] = DeployedEntry.model_validate(
+                {**entry.model_dump(), **metrics.model_dump(), "accuracy_drop_points": drop}
+            )
+        update[key] = done[artifact]
     return update
 
 
-def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Batch-1 latency of original, best pruned and deployed models, interleaved in one timing run.
 
     The same run times the original in the deployed runtime at FP32, so that the deployed model's speed-up
@@ -283,40 +302,45 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     from tools.deploy.speedup import SpeedupFactors
 
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    keys = ("baseline", "pruned", "quantized", "quantized_original", "runtime_fp32_original")
-    entries: dict[str, dict[str, Any] | None] = {key: data.get(key) for key in keys}
-    artifacts = {key: Path(e["artifact"]) for key, e in entries.items() if e and e.get("artifact")}
+    entries: dict[str, ModelEntry | DeployedBuild | RuntimeReference | None] = {
+        "baseline": state.baseline,
+        "pruned": state.pruned,
+        "quantized": state.quantized,
+        "quantized_original": state.quantized_original,
+        "runtime_fp32_original": state.runtime_fp32_original,
+    }
+    artifacts = {key: Path(e.artifact) for key, e in entries.items() if e is not None and e.artifact}
     unique = {str(p): p for p in artifacts.values()}
     times = ops.compare_latency(  # a slow PyTorch FP32 model (224-260 px) takes part in fewer repetitions
-        unique, shape_of(data), repeats=ctx.latency_repeats, seed=ctx.seed, device=ctx.device, max_seconds=4.0
+        unique, shape_of(state), repeats=ctx.latency_repeats, seed=ctx.seed, device=ctx.device, max_seconds=4.0
     )
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}
     for key, entry in entries.items():
-        if entry and key in artifacts and key != "runtime_fp32_original":
-            update[key] = {
-                **entry,
-                "latency_s": times[str(artifacts[key])],
-                "latency_measured": "interleaved",
-                "latency_device": ops.latency_device(artifacts[key], ctx.device),
-            }
+        if isinstance(entry, ModelEntry) and key in artifacts:  # the FP32 reference is timed, not reported
+            update[key] = entry.model_copy(
+                update={
+                    "latency_s": times[str(artifacts[key])],
+                    "latency_measured": "interleaved",
+                    "latency_device": ops.latency_device(artifacts[key], ctx.device),
+                }
+            )
     steps = ("baseline", "runtime_fp32_original", "quantized_original", "quantized")
     if all(key in artifacts for key in steps):
         by_time = {key: str(artifacts[key].resolve()) for key in steps}
         factors = SpeedupFactors.measure(
-            str((entries["quantized"] or {}).get("backend") or "torch"),
+            (state.quantized.backend if state.quantized is not None else None) or "torch",
             {path: times[str(artifacts[key])] for key, path in by_time.items()},
             original=by_time["baseline"],
             runtime_fp32=by_time["runtime_fp32_original"],
             runtime_original=by_time["quantized_original"],
             deployed=by_time["quantized"],
         )
-        update["speedup"] = factors.model_dump()
-        pruned_params = (entries["pruned"] or {}).get("params")
-        smaller = pruned_params is not None and pruned_params < (entries["baseline"] or {}).get("params", 0)
+        update["speedup"] = factors
+        pruned_params = state.pruned.params if state.pruned is not None else None
+        smaller = pruned_params is not None and pruned_params < (state.baseline.params if state.baseline else 0)
         # a "pruned" model whose every step was skipped has the original's parameters: only timing noise differs
         if factors.pruned and smaller and factors.pruning_factor < SLOWER_FACTOR:  # where the user sees it
-            slower = _slower_when_alone(artifacts["quantized_original"], artifacts["quantized"], data, ctx)
+            slower = _slower_when_alone(artifacts["quantized_original"], artifacts["quantized"], state, ctx)
             if slower is not None:
                 _, precision = runtime_and_precision(factors.backend)
                 block = channel_block(precision == PRECISION_BF16)
@@ -331,7 +355,7 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, Any]
     return update
 
 
-def _slower_when_alone(unpruned: Path, pruned: Path, state: dict[str, Any], ctx: Context) -> tuple[float, float] | None:
+def _slower_when_alone(unpruned: Path, pruned: Path, state: State, ctx: Context) -> tuple[float, float] | None:
     """(unpruned, pruned) latencies when the two deployed models, timed again alone with three times the repeats,
     still show the pruned one slower than :data:`SLOWER_FACTOR` allows; None when they do not. Sub-millisecond
     models move 15-20 % with what runs between two calls: a CIFAR ResNet-20 in OpenVINO bf16 timed 0.354 ms pruned

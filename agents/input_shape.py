@@ -10,8 +10,6 @@ one was used and why.
 
 from __future__ import annotations
 
-from typing import Any
-
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings
@@ -49,9 +47,9 @@ def _ask_llm(run: RunPaths, ctx: Context) -> tuple[InputShape | None, str]:
     return shape, ""
 
 
-def _dataset_hints(state: dict[str, Any], ctx: Context) -> ImageHints | None:
+def _dataset_hints(state: State, ctx: Context) -> ImageHints | None:
     """Mode and size of the evaluation images (loaded once per process; the evaluation reuses them)."""
-    if not state.get("dataset"):
+    if not state.dataset:
         return None
     from agents.evaluation import eval_spec
 
@@ -69,16 +67,15 @@ def _mode_note(shape: InputShape, hints: ImageHints | None) -> list[str]:
     ]
 
 
-def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def resolve_input_shape(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    run = paths(data)
+    run = paths(state)
     notes: list[str] = []
     if ctx.planner == "llm":
         shape, why = _ask_llm(run, ctx)
         if shape is not None:
-            return {"input_shape": shape.model_dump()}
+            return {"input_shape": shape}
         notes.append(f"input shape: the LLM answer was not used ({why}); using the resolved shape")
-    hints = _dataset_hints(data, ctx)
+    hints = _dataset_hints(state, ctx)
     shape = ops.resolve_input_shape(run.original, device=ctx.device, hints=hints)
-    return {"input_shape": shape.model_dump(), "notes": notes + _mode_note(shape, hints)}
+    return {"input_shape": shape, "notes": notes + _mode_note(shape, hints)}

@@ -10,16 +10,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from langgraph.runtime import Runtime
 
-from agents.common import budget_points, disagreement_budget, paths, settings, shape_of
+from agents.common import baseline_accuracy, budget_points, disagreement_budget, paths, settings, shape_of
 from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.state import State
 from tools import deployment, ops
-from tools.schemas import PairedAccuracy, QuantizationRecommendation
+from tools.schemas import Int8ProfileSummary, PairedAccuracy, QuantizationRecommendation
 from tools.stats import within_budget
 from tools.text import first_line
 
@@ -27,15 +25,14 @@ from tools.text import first_line
 ALL_INT8 = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, every layer")]
 
 
-def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Measure int8's damage per block and for the whole original; split the accuracy budget between pruning and
     int8 (state ``accuracy_budget``); the original's runtime table is ``original_deployment``."""
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
     if not ctx.quantize:
         return {}
-    run, shape, spec = paths(data), shape_of(data), eval_spec(data, ctx)
-    update: dict[str, Any] = {}
+    run, shape, spec = paths(state), shape_of(state), eval_spec(state, ctx)
+    update: dict[str, object] = {}
     notes: list[str] = []
     # a model ONNX cannot export (Dinov2 with registers: bicubic resizing with antialiasing; MobileViTV2: col2im)
     # must not end the run: its other runtimes may take it, and the deployment table says which
@@ -45,20 +42,21 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         sensitivity = None
         notes.append(f"int8 sensitivity not measured: {first_line(exc)}; the plan's int8 decisions are not per block")
     if sensitivity is not None:
-        update["int8_profile"] = {
-            "path": str(run.profile / "int8_sensitivity.json"),
-            "blocks": len(sensitivity.groups),
-            "full_flips_pct": sensitivity.full_flips_pct,
-            "seconds": sensitivity.seconds,
-            "int8_target": sensitivity.int8.get("target"),
-        }
-    baseline = state["baseline"].get("accuracy")
+        target = sensitivity.int8.get("target")
+        update["int8_profile"] = Int8ProfileSummary(
+            path=str(run.profile / "int8_sensitivity.json"),
+            blocks=len(sensitivity.groups),
+            full_flips_pct=sensitivity.full_flips_pct,
+            seconds=sensitivity.seconds,
+            int8_target=None if target is None else str(target),
+        )
+    baseline = baseline_accuracy(state)
     if not ctx.prune or baseline is None or ctx.quant_backend == "torch":
         return {**update, "notes": notes} if notes else update
     backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
 
     def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
-        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx), z)
+        return within_budget(drop, budget_points(state, ctx), paired, disagreement_budget(state, ctx), z)
 
     choice = deployment.deploy(
         run.original,
@@ -73,11 +71,11 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         repeats=ctx.latency_repeats,
         int8_cpu=ctx.int8_cpu,
     )
-    split = deployment.split_budget(choice, budget_points(data, ctx))
+    split = deployment.split_budget(choice, budget_points(state, ctx))
     notes.append(f"accuracy budget: {split.why}")
     return {
         **update,
-        "original_deployment": choice.model_dump(),
-        "accuracy_budget": split.model_dump(),
+        "original_deployment": choice,
+        "accuracy_budget": split,
         "notes": notes,
     }

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from langgraph.runtime import Runtime
 
-from agents.common import paths, settings, shape_of
+from agents.common import need, paths, settings, shape_of
 from agents.evaluation import distill_config, eval_spec
-from agents.planning.base import PlanResult
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
+from tools.schemas import PendingRound
 
 if TYPE_CHECKING:
     import torch
@@ -19,21 +19,20 @@ if TYPE_CHECKING:
     from tools.compression.distill import DistillConfig
 
 
-def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    index = len(state.get("rounds") or [])
-    run = paths(data)
-    planned = PlanResult.model_validate(state["next_plan"])
+    index = len(state.rounds)
+    run = paths(state)
+    planned = need(state.next_plan, "next_plan")
     plan = planned.plan
     artifact = run.round(index) / "model"
-    spec = eval_spec(data, ctx)
-    calibration = ops.calibration_batch(run.original, shape_of(data), spec)
-    finetune, finetune_images, notes = _distillation(data, ctx, spec, index)
+    spec = eval_spec(state, ctx)
+    calibration = ops.calibration_batch(run.original, shape_of(state), spec)
+    finetune, finetune_images, notes = _distillation(state, ctx, spec, index)
     report = ops.prune(
         run.original,
         plan,
-        shape_of(data),
+        shape_of(state),
         artifact,
         ctx.pruning_config(),
         recovery=ctx.recovery_config(),
@@ -45,26 +44,26 @@ def prune_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
     notes += [f"round {index}: skipped " + "; ".join(skipped)] if skipped else []
     if report.get("rebuilt"):  # a model left from an earlier plan or settings is never paired with this plan
         notes.append(f"round {index}: {report['rebuilt']}: rebuilt the pruned model for the current plan")
-    pending = {
-        "round": index,
-        "plan": plan.model_dump(),
-        "source": planned.source,
-        "planner_state": planned.planner_state,
-        "prune_report": report,
-        "artifact": str(artifact),
-    }
+    pending = PendingRound(
+        round=index,
+        plan=plan,
+        source=planned.source,
+        planner_state=planned.planner_state,
+        prune_report=report,
+        artifact=str(artifact),
+    )
     return {"pending_round": pending, "notes": notes}
 
 
 def _distillation(
-    data: dict[str, Any], ctx: Context, spec: ops.EvalSpec, index: int
+    state: State, ctx: Context, spec: ops.EvalSpec, index: int
 ) -> tuple[DistillConfig | None, torch.Tensor | None, list[str]]:
     """The round's distillation recipe and images (None, None when it is off), and, in round 0 with automatic
     steps, a note saying what was decided and why."""
     from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_SECONDS, AUTO_DISTILL_STEPS
 
-    config = distill_config(data, ctx)
-    images = ops.finetune_batch(paths(data).original, shape_of(data), spec) if config is not None else None
+    config = distill_config(state, ctx)
+    images = ops.finetune_batch(paths(state).original, shape_of(state), spec) if config is not None else None
     if ctx.finetune_steps != AUTO_STEPS:
         return config, images, []
     available = 0 if images is None else len(images)

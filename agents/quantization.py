@@ -15,7 +15,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from agents.common import budget_points, disagreement_budget, paths, settings, shape_of
+from agents.common import baseline_accuracy, budget_points, disagreement_budget, need, paths, settings, shape_of
 from agents.evaluation import eval_spec, spec_for
 from agents.iterative import evaluate_holdout, pruned_entry
 from agents.planning.selection import budget_drop_points, within_budget
@@ -33,22 +33,33 @@ from tools.deployment import (
     full_int8,
     is_mixed,
 )
-from tools.schemas import OptimizationPlan, PairedAccuracy, QuantizationRecommendation
+from tools.schemas import (
+    DeployedBuild,
+    PairedAccuracy,
+    PrunedEntry,
+    QuantizationRecommendation,
+    RoundResult,
+    RuntimeReference,
+)
 from tools.store.files import StagingDir
 
 
-def _headroom_round(state: State, source: Path) -> dict[str, Any] | None:
+def _artifact(r: RoundResult) -> Path | None:
+    return Path(r.metrics.artifact) if r.metrics.artifact else None
+
+
+def _headroom_round(state: State, source: Path) -> RoundResult | None:
     """The round within budget with the most accuracy headroom (smallest drop + 1 se), when it is not the
     deployed source and has more headroom than it: its int8 may fit the budget where the best round's did not."""
-    rounds = [r for r in state.get("rounds") or [] if r.get("within_budget") and r["metrics"].get("artifact")]
+    rounds = [r for r in state.rounds if r.within_budget and r.metrics.artifact]
     if not rounds:
         return None
 
-    def used(r: dict[str, Any]) -> float:
-        drop = budget_drop_points(r.get("accuracy_drop_points"), r["metrics"].get("paired"))
+    def used(r: RoundResult) -> float:
+        drop = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
         return float("inf") if drop is None else drop
 
-    best = next((r for r in rounds if Path(r["metrics"]["artifact"]).resolve() == source.resolve()), None)
+    best = next((r for r in rounds if (a := _artifact(r)) is not None and a.resolve() == source.resolve()), None)
     roomiest = min(rounds, key=used)
     if best is None or roomiest is best or used(roomiest) >= used(best):
         return None
@@ -60,30 +71,31 @@ def _second_student(state: State, source: Path) -> Path | None:
     student, the round's model, is judged alone on the half of the evaluation images it was not distilled on, so
     on a few thousand images its deployment can fail the budget by chance where the round passed it on every image;
     the second student, distilled on that half and judged on the other, may then deploy instead."""
-    for r in state.get("rounds") or []:
-        students = (r.get("cross_fit") or {}).get("students") or []
-        if len(students) > 1 and Path(r["metrics"]["artifact"]).resolve() == source.resolve():
-            return Path(students[1]["artifact"])
+    for r in state.rounds:
+        students = r.cross_fit.students if r.cross_fit is not None else []
+        artifact = _artifact(r)
+        if len(students) > 1 and artifact is not None and artifact.resolve() == source.resolve():
+            return Path(students[1].artifact)
     return None
 
 
-def half_luck(state: dict[str, Any], model_dir: Path) -> float:
+def half_luck(state: State, model_dir: Path) -> float:
     """Points a distilled round's student did better on the half of the evaluation images it is judged on than the
     round's cross-fitted estimate on every image (0 for any other model, or where it did worse): the budget test
     takes that much off each of its builds judged there (``tools.deploy.choice.luck_removed``)."""
-    for r in state.get("rounds") or []:
-        estimate = ((r.get("metrics") or {}).get("paired") or {}).get("delta_points")
-        for student in (r.get("cross_fit") or {}).get("students") or []:
+    for r in state.rounds:
+        estimate = r.metrics.paired.delta_points if r.metrics.paired is not None else None
+        for student in r.cross_fit.students if r.cross_fit is not None else []:
             if (
                 estimate is not None
-                and student.get("paired")
-                and Path(student["artifact"]).resolve() == model_dir.resolve()
+                and student.paired is not None
+                and Path(student.artifact).resolve() == model_dir.resolve()
             ):
-                return max(0.0, round(float(student["paired"]["delta_points"]) - float(estimate), 4))
+                return max(0.0, round(float(student.paired.delta_points) - float(estimate), 4))
     return 0.0
 
 
-def _second_student_note(round_index: int, artifact: Path) -> str:
+def _second_student_note(round_index: int | None, artifact: Path) -> str:
     return (
         f"deployment: round {round_index}'s first student (its model) is over the accuracy budget in the runtimes "
         f"that would deploy it, judged on the half of the evaluation images it did not see; its second student "
@@ -110,33 +122,32 @@ def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path
     )
 
 
-def _headroom_note(pruned: dict[str, Any]) -> list[str]:
+def _headroom_note(pruned: PrunedEntry) -> list[str]:
     return [
-        f"deployment: round {pruned['round']} (the most accuracy headroom) deploys faster within the accuracy budget "
-        f"than round {pruned['selected_round']} (faster runtimes of round {pruned['selected_round']} over the budget, "
+        f"deployment: round {pruned.round} (the most accuracy headroom) deploys faster within the accuracy budget "
+        f"than round {pruned.selected_round} (faster runtimes of round {pruned.selected_round} over the budget, "
         "or the same runtime clearly slower), so it is the pruned model"
     ]
 
 
-def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    run = paths(data)
-    shape = shape_of(data)
-    recs = OptimizationPlan.model_validate(state["plan"]["plan"]).quantization_recommendations or [
+    run = paths(state)
+    shape = shape_of(state)
+    recs = need(state.plan, "plan").plan.quantization_recommendations or [
         QuantizationRecommendation(layer="all", dtype="qint8", justification="default: every nn.Linear")
     ]
-    pruned = state.get("pruned")
-    source = Path(pruned["artifact"]) if pruned and pruned.get("artifact") else run.original
-    spec = eval_spec(data, ctx)
+    pruned = state.pruned
+    source = Path(pruned.artifact) if pruned is not None and pruned.artifact else run.original
+    spec = eval_spec(state, ctx)
 
     def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
-        return within_budget(drop, budget_points(data, ctx), paired, disagreement_budget(data, ctx), z)
+        return within_budget(drop, budget_points(state, ctx), paired, disagreement_budget(state, ctx), z)
 
     headroom = _headroom_round(state, source)
     second = _second_student(state, source)
     backends = candidate_backends(ctx.quant_backend)
-    control = functools.cache(lambda: accuracy_control(run.original, shape, spec, budget_points(data, ctx)))
+    control = functools.cache(lambda: accuracy_control(run.original, shape, spec, budget_points(state, ctx)))
     choice = deploy(
         source,
         run.original,
@@ -146,46 +157,60 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         spec,
         backends=backends,
         within_budget=budget,
-        baseline_accuracy=state["baseline"].get("accuracy"),
+        baseline_accuracy=baseline_accuracy(state),
         repeats=ctx.latency_repeats,
         forced=ctx.quant_backend != "auto",
         alternatives=[
             *([second] if second else []),
-            *([Path(headroom["metrics"]["artifact"])] if headroom else []),
+            *([Path(headroom.metrics.artifact)] if headroom is not None and headroom.metrics.artifact else []),
             *([run.original] if source.resolve() != run.original.resolve() else []),
         ],
         prebuilt=[run.root / "models" / "deploy-original"],
         int8_cpu=ctx.int8_cpu,
         control=control,
-        spec_of=lambda model_dir: spec_for(data, ctx, model_dir),
-        luck_of=lambda model_dir: half_luck(data, model_dir),
+        spec_of=lambda model_dir: spec_for(state, ctx, model_dir),
+        luck_of=lambda model_dir: half_luck(state, model_dir),
         allow_over_budget=ctx.allow_over_budget,
     )
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     headroom_notes: list[str] = []
     original_wins = bool(choice.source) and Path(str(choice.source)).resolve() == run.original.resolve()
     if second and pruned and choice.source and Path(choice.source).resolve() == second.resolve():
-        changes["pruned"] = {**pruned, "artifact": str(second), "student": 2}  # the same round, its other student
+        # the same round, its other student
+        changes["pruned"] = pruned.model_copy(update={"artifact": str(second), "student": 2})
         source = second
-        headroom_notes = [_second_student_note(pruned["round"], second)]
+        headroom_notes = [_second_student_note(pruned.round, second)]
     elif choice.source and headroom and not original_wins:  # a round with more headroom deploys faster: the pruned one
-        changes["pruned"] = {**pruned_entry(headroom), "selected_round": (pruned or {}).get("round")}
+        chosen_round = pruned_entry(headroom).model_copy(
+            update={"selected_round": pruned.round if pruned is not None else None}
+        )
         source = Path(choice.source)
-        headroom_notes = _headroom_note(changes["pruned"])
+        headroom_notes = _headroom_note(chosen_round)
         if ctx.holdout_samples > 0:
-            headroom_notes += evaluate_holdout(data, ctx, changes["pruned"])
+            chosen_round, holdout_notes = evaluate_holdout(state, ctx, chosen_round)
+            headroom_notes += holdout_notes
+        changes["pruned"] = chosen_round
     elif original_wins:  # no pruned runtime within budget, or the original's faster and no larger: it deploys
         headroom_notes = [_original_note(choice, source, run.original)]
         source = run.original
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
-    described = {"backend": chosen.backend, "runtime": chosen.runtime, "precision": chosen.precision}
+
+    def deployed(artifact: Path, built_from: Path) -> DeployedBuild:
+        return DeployedBuild(
+            artifact=str(artifact),
+            source=str(built_from),
+            backend=chosen.backend,
+            runtime=chosen.runtime,
+            precision=chosen.precision,
+        )
+
     if choice.chosen == FLOAT:  # the float models as they are
-        quantized = {"artifact": str(source), "source": str(source), **described}
+        quantized = deployed(source, source)
         # RUN/models/quantized is where the README says the deployed model is: a copy of the float one
         with StagingDir(run.quantized) as staged:
             shutil.copytree(source, staged, dirs_exist_ok=True)
-        quantized_original = {"artifact": str(run.original), "source": str(run.original), **described}
+        quantized_original = deployed(run.original, run.original)
     else:  # the chosen runtime where the deployed model lives (the candidate copied), for the best model and original
         images, _ = calibration_images(run.original, shape, spec)
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
@@ -206,9 +231,9 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
                 reuse=candidate_dir,
             )
         )
-        quantized = {"artifact": str(run.quantized), "source": str(source), **described}
+        quantized = deployed(run.quantized, source)
         if source.resolve() == run.original.resolve():
-            quantized_original = dict(quantized)
+            quantized_original = quantized
         else:
             built.append(
                 ops.quantize(
@@ -223,25 +248,25 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
                     reuse=[run.root / "models" / "deploy-original" / choice.chosen],
                 )
             )
-            quantized_original = {"artifact": str(run.quantized_original), "source": str(run.original), **described}
+            quantized_original = deployed(run.quantized_original, run.original)
     # the original in the deployed runtime at FP32: the reference that separates the runtime's gain from int8's
     fp32_backend = float_reference_of(choice.chosen)
-    runtime_fp32_original = {"artifact": str(run.original), "backend": fp32_backend}
+    runtime_fp32_original = RuntimeReference(artifact=str(run.original), backend=fp32_backend)
     if fp32_backend != FLOAT and fp32_backend != choice.chosen:
         config = QuantizationConfig(backend=fp32_backend)
         reuse = [run.root / "models" / "deploy-original" / fp32_backend]
         built.append(
             ops.quantize(run.original, run.original, recs, run.runtime_fp32_original, config, shape=shape, reuse=reuse)
         )
-        runtime_fp32_original["artifact"] = str(run.runtime_fp32_original)
+        runtime_fp32_original.artifact = str(run.runtime_fp32_original)
     elif fp32_backend == choice.chosen:
-        runtime_fp32_original["artifact"] = quantized_original["artifact"]
+        runtime_fp32_original.artifact = quantized_original.artifact
     return {
         **changes,
         "quantized": quantized,
         "quantized_original": quantized_original,
         "runtime_fp32_original": runtime_fp32_original,
-        "deployment": choice.model_dump(),
+        "deployment": choice,
         "notes": [
             f"deployment: {choice.why}",
             *headroom_notes,

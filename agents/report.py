@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings
 from graph.context import Context
 from graph.state import State
 from tools.reporting.report import build_report, write_report_files
+from tools.schemas import RunSummary
 
 
-def write_report(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def write_report(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
-    run = paths(dict(state))
-    report = build_report(dict(state), ctx.to_dict())
+    run = paths(state)
+    report = build_report(state.model_dump(), ctx.to_dict())  # the report reads the state's JSON form
     written = write_report_files(report, run.report_json, run.report_md)
-    summary = {key: written[key] for key in ("baseline", "pruned", "quantized", "quantized_original")}
+    summary = RunSummary.model_validate(
+        {key: written[key] for key in ("baseline", "pruned", "quantized", "quantized_original")}
+    )
     return {"report_path": str(run.report_json), "summary": summary}

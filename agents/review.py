@@ -15,11 +15,11 @@ from langgraph.types import interrupt
 from pydantic import BaseModel, ValidationError
 
 from agents.analysis import planning_context
-from agents.common import settings
+from agents.common import need, settings
 from agents.planning.validation import validate_plan
 from graph.context import Context
 from graph.state import State
-from tools.schemas import OptimizationPlan
+from tools.schemas import OptimizationPlan, PlanResult, Review
 
 HOW_TO_ANSWER = (
     'resume with {"action": "approve"}, {"action": "edit", "plan": {...}} or {"action": "reject"} '
@@ -42,19 +42,19 @@ def _decision(answer: Any) -> tuple[ReviewDecision | None, list[str]]:
     return decision, []
 
 
-def review_plan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
+def review_plan(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
-    data: dict[str, Any] = dict(state)
-    index = len(state.get("rounds") or [])
-    stage = "analysis" if index == 0 else "round"
+    index = len(state.rounds)
+    stage: Literal["analysis", "round"] = "analysis" if index == 0 else "round"
+    planned = need(state.next_plan, "next_plan")
     errors: list[str] = []
     while True:
         answer = interrupt(
             {
                 "stage": stage,
                 "round": index,
-                "source": state["next_plan"]["source"],
-                "plan": state["next_plan"]["plan"],
+                "source": planned.source,
+                "plan": planned.plan.model_dump(),
                 "errors": errors,
                 "how_to_answer": HOW_TO_ANSWER,
             }
@@ -63,13 +63,13 @@ def review_plan(state: State, runtime: Runtime[Context]) -> dict[str, Any]:
         if decision is None:
             continue
         if decision.action != "edit":
-            return {"review": {"stage": stage, "round": index, "action": decision.action}}
+            return {"review": Review(stage=stage, round=index, action=decision.action)}
         assert decision.plan is not None
-        errors = validate_plan(decision.plan, planning_context(data, ctx))
+        errors = validate_plan(decision.plan, planning_context(state, ctx))
         if errors:
             continue
-        edited = {"plan": decision.plan.model_dump(), "source": "human", "planner_state": {}}
-        update: dict[str, Any] = {"next_plan": edited, "review": {"stage": stage, "round": index, "action": "edit"}}
+        edited = PlanResult(plan=decision.plan, source="human", planner_state={})
+        update: dict[str, object] = {"next_plan": edited, "review": Review(stage=stage, round=index, action="edit")}
         if stage == "analysis":  # the analysis plan becomes the human's; the planner's own log stays
-            update["plan"] = {**state["plan"], "plan": edited["plan"], "source": "human"}
+            update["plan"] = need(state.plan, "plan").model_copy(update={"plan": decision.plan, "source": "human"})
         return update

@@ -28,18 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.runner import RunError, UpdateHook, finished_report, resume_run, start_run
+from graph.state import State
 from tools import ops
 from tools.artifacts.hashes import recipe_hash, stored_recipe_hash
 from tools.artifacts.io import load_compressed, load_original
 from tools.compression.baselines import matched_ratio, uniform_plan
 from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.registry import FLOAT, runtime_and_precision
-from tools.schemas import InputShape, Metrics, PairedAccuracy, QuantizationRecommendation, RunReport
+from tools.schemas import InputShape, Metrics, PairedAccuracy, ProfileSummary, QuantizationRecommendation, RunReport
 from tools.store.files import atomic_write_json, read_json
 from tools.store.run_paths import RunPaths
 from tools.text import slug
@@ -87,7 +88,7 @@ class _ModelBench:
         self.spec, self.dataset, self.split, self.ctx = spec, dataset, split, ctx
         self.run_dir = out_dir / "runs" / slug(spec)
 
-    def agent_report(self, model_options: dict[str, Any] | None, on_update: UpdateHook | None) -> RunReport:
+    def agent_report(self, model_options: dict[str, JsonValue] | None, on_update: UpdateHook | None) -> RunReport:
         ctx = replace(self.ctx, quantize=True, prune=True, approve_plan=False)
         inputs = {"model": self.spec, "dataset": self.dataset, "dataset_split": self.split}
         self.run_dir = _cached_run_dir(self.run_dir, {**inputs, "model_options": model_options}, ctx)
@@ -114,19 +115,22 @@ class _ModelBench:
         return ops.accuracy_of(model, self.original, self.shape, self.eval_spec, desc)[0]
 
     def run(
-        self, ratios: list[float], model_options: dict[str, Any] | None, on_update: UpdateHook | None
+        self, ratios: list[float], model_options: dict[str, JsonValue] | None, on_update: UpdateHook | None
     ) -> list[BenchRow]:
         report = self.agent_report(model_options, on_update)
         self.original = RunPaths(self.run_dir).original
         self.shape = InputShape.model_validate(report.model["input_shape"])
         # the agent run's own settings: its evaluation images, calibration images, importance and recovery
         self.run_ctx = Context.from_dict({**_OLD_RUN_SETTINGS, **report.settings}) if report.settings else self.ctx
-        data = {
-            "dataset": self.dataset,
-            "dataset_split": self.split,
-            "label_match": report.dataset["label_match"],
-            "profile_summary": report.profile,  # its MACs decide an automatic evaluation size
-        }
+        profile = {k: v for k, v in report.profile.items() if k != "sensitivity"}  # the report's is the whole profile
+        data = State(
+            model=str(report.model.get("spec") or ""),
+            dataset=self.dataset,
+            dataset_split=self.split,
+            label_match=report.dataset["label_match"],
+            # its MACs decide an automatic evaluation size
+            profile_summary=ProfileSummary.model_validate(profile) if "total_macs" in profile else None,
+        )
         self.eval_spec = eval_spec(data, self.run_ctx).model_copy(
             update={
                 "batch_size": self.ctx.batch_size,
@@ -369,7 +373,7 @@ def run_bench(
     ctx: Context,
     split: str | None = None,
     ratios: list[float] | None = None,
-    model_options: dict[str, Any] | None = None,
+    model_options: dict[str, JsonValue] | None = None,
     on_update: UpdateHook | None = None,
 ) -> dict[str, Any]:
     """Bench every model; write bench.json, the tables (Markdown and CSV) and the plots into ``out_dir``."""

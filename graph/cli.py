@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graph.options import DEMO_DATASET, DEMO_MODEL, _context, build_parser, factory_options
+from tools.schemas import Metrics, RoundResult
 from tools.text import first_line
 
 if TYPE_CHECKING:
@@ -30,24 +31,26 @@ class _Progress:
     def __init__(self) -> None:
         self.last = time.perf_counter()
 
-    def __call__(self, node: str, update: dict[str, Any]) -> None:
+    def __call__(self, node: str, update: dict[str, object]) -> None:
         now = time.perf_counter()
         extra, seconds = "", now - self.last
-        if node == "evaluate_model" and update.get("rounds"):
-            r = update["rounds"][-1]
-            m = r["metrics"]
-            acc = "n/a" if m.get("accuracy") is None else f"{100 * m['accuracy']:.2f}%"
-            extra = f"  round {r['round']}: accuracy {acc}, params {m['params'] / 1e6:.3f} M{_rate(m, seconds)}"
-            extra += "" if r["within_budget"] else "  (over budget)"
-        elif node == "evaluate_baseline" and update.get("baseline"):
-            extra = "  original" + _rate(update["baseline"], seconds)
+        rounds = update.get("rounds")
+        baseline = update.get("baseline")
+        if node == "evaluate_model" and isinstance(rounds, list) and rounds:
+            r = RoundResult.model_validate(rounds[-1])
+            m = r.metrics
+            acc = "n/a" if m.accuracy is None else f"{100 * m.accuracy:.2f}%"
+            extra = f"  round {r.round}: accuracy {acc}, params {m.params / 1e6:.3f} M{_rate(m, seconds)}"
+            extra += "" if r.within_budget else "  (over budget)"
+        elif node == "evaluate_baseline" and baseline is not None:
+            extra = "  original" + _rate(Metrics.model_validate(baseline), seconds)
         print(f"  done {node:<20} {seconds:6.1f}s{extra}", file=sys.stderr, flush=True)
         self.last = now
 
 
-def _rate(metrics: dict[str, Any], seconds: float) -> str:
+def _rate(metrics: Metrics, seconds: float) -> str:
     """``, 4,744 images, 327 img/s``: the images an evaluation stage judged and its rate (latency timing included)."""
-    samples = int(metrics.get("samples") or 0)
+    samples = metrics.samples
     return f", {samples:,} images, {samples / seconds:.0f} img/s" if samples and seconds > 0 else ""
 
 

@@ -11,6 +11,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_args
 
+from pydantic import JsonValue
+
 from graph.context import DISTILL_PRECISIONS, Context, Objective, Selection, parse_steps
 
 DEMO_MODEL = "digits-vit"
@@ -194,7 +196,7 @@ def _add_factory_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def factory_options(args: argparse.Namespace) -> dict[str, Any] | None:
+def factory_options(args: argparse.Namespace) -> dict[str, JsonValue] | None:
     """Parsed ``FactorySpec`` fields (but ``factory``) for a module:factory --model; None for other models."""
     from tools.models.base import ModelLoadError
     from tools.models.specs import FactorySpec, is_factory_spec

@@ -31,10 +31,9 @@ def route_after_iterate_pruning(state: State, runtime: Runtime[Context]) -> Lite
 def route_after_review_plan(
     state: State, runtime: Runtime[Context]
 ) -> Literal["prune_model", "select_best_model", "quantize_model", "measure_latencies"]:
-    review = state.get("review") or {}
-    if review.get("action") != "reject":
+    if state.review is None or state.review.action != "reject":
         return "prune_model"
-    if state.get("rounds"):
+    if state.rounds:
         return "select_best_model"  # a rejected round ends the loop; earlier rounds still count
     return after_pruning_stage(context_of(runtime))
 
@@ -48,7 +47,7 @@ def after_search(state: State, ctx: Context) -> Literal["distill_over_budget_rou
     """Distil a round over the budget when one is worth it (``agents.distillation``), else select the best."""
     from agents.distillation import next_round_to_distill
 
-    return "distill_over_budget_round" if next_round_to_distill(dict(state), ctx) else "select_best_model"
+    return "distill_over_budget_round" if next_round_to_distill(state, ctx) else "select_best_model"
 
 
 def reached_target_speedup(state: State, ctx: Context) -> bool:
@@ -56,10 +55,7 @@ def reached_target_speedup(state: State, ctx: Context) -> bool:
     the original deploys in (``Metrics.deploy_speedup``): the search stops there."""
     if not ctx.target_speedup:
         return False
-    return any(
-        r.get("within_budget") and float((r.get("metrics") or {}).get("deploy_speedup") or 0.0) >= ctx.target_speedup
-        for r in state.get("rounds") or []
-    )
+    return any(r.within_budget and float(r.metrics.deploy_speedup or 0.0) >= ctx.target_speedup for r in state.rounds)
 
 
 def route_after_evaluate_model(
@@ -70,7 +66,7 @@ def route_after_evaluate_model(
     ctx = context_of(runtime)
     if reached_target_speedup(state, ctx):
         return "select_best_model"
-    if len(state.get("rounds") or []) < rounds_wanted(ctx):
+    if len(state.rounds) < rounds_wanted(ctx):
         return "iterate_pruning"
     then = after_search(state, ctx)  # past the T rounds: a round at a distillation target may take more tries
     return "iterate_pruning" if then == "select_best_model" and ctx.iterate and target_rounds_left(state, ctx) else then

@@ -11,26 +11,29 @@ import contextlib
 import shlex
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from agents.common import pruning_budget
 from agents.planning.selection import kept_round
 from graph.builder import build_graph
 from graph.context import Context
 from graph.routing import rounds_wanted
+from graph.state import InputState, State, StateError, state_of
 from tools.store.files import atomic_write_json, atomic_write_text, read_json
 from tools.store.lock import is_locked, lock_holder, run_dir_lock, status_hint
 from tools.store.run_paths import RunPaths
 from tools.text import first_line, slug
 
-UpdateHook = Callable[[str, dict[str, Any]], None]
+UpdateHook = Callable[[str, dict[str, object]], None]
+"""Called with each node's name and the keys it returned (records, as the node returned them)."""
 
 
 class RunResult(BaseModel):
@@ -99,7 +102,7 @@ def checkpointed_graph(run_dir: Path, *, read_only: bool = False) -> Iterator[An
         saver.conn.close()
 
 
-def _config(thread_id: str) -> dict[str, Any]:
+def _config(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id}, "recursion_limit": 200}
 
 
@@ -146,7 +149,7 @@ def start_run(
     thread_id: str | None = None,
     on_update: UpdateHook | None = None,
     extra: dict[str, Any] | None = None,
-    model_options: dict[str, Any] | None = None,
+    model_options: dict[str, JsonValue] | None = None,
 ) -> RunResult:
     """Start a new checkpointed run in ``ctx.run_dir``; run it to the end or to a pause for approval."""
     if not ctx.run_dir:
@@ -176,12 +179,12 @@ def _start_locked(
     thread_id: str | None,
     on_update: UpdateHook | None,
     extra: dict[str, Any] | None,
-    model_options: dict[str, Any] | None,
+    model_options: dict[str, JsonValue] | None,
 ) -> RunResult:
     prepare_run_dir(run_dir)
     ctx = replace(ctx, run_dir=str(run_dir))
     thread_id = thread_id or uuid.uuid4().hex[:12]
-    inputs: dict[str, Any] = {"model": model, "dataset": dataset, "dataset_split": split}
+    inputs: InputState = {"model": model, "dataset": dataset, "dataset_split": split}
     if model_options is not None:
         inputs["model_options"] = model_options
     atomic_write_json(
@@ -275,8 +278,18 @@ def _resume_locked(
         payload: Any = Command(resume=answer) if answer is not None else None
         if not snapshot.values:
             payload = saved["input"]  # killed before the first checkpoint
+        else:
+            _checked_state(snapshot.values, run_dir)
         _stream(graph, payload, thread_id, ctx, on_update)
         return _outcome(graph, run_dir, thread_id)
+
+
+def _checked_state(values: Mapping[str, object], run_dir: Path, what: str = "resumed") -> State:
+    """The checkpointed values as this version's graph state; one line (a ``RunError``) where they do not fit."""
+    try:
+        return state_of(values)
+    except StateError as exc:
+        raise RunError(f"the run in {run_dir} cannot be {what}: {exc}") from None
 
 
 def finished_report(run_dir: Path) -> dict[str, Any]:
@@ -302,9 +315,10 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
         history = list(reversed(list(graph.get_state_history(_config(thread_id)))))
     # each checkpoint's `next` ran and was saved by the following checkpoint: all but the last one finished
     finished = [node for step in history[:-1] for node in step.next if not node.startswith("__")]
-    values = snapshot.values or {}
-    rounds = values.get("rounds") or []
-    best, _ = kept_round(rounds, ctx.selection, pruning_budget(values, ctx), ctx.objective)
+    state = _checked_state(snapshot.values, run_dir, "inspected") if snapshot.values else None
+    rounds = state.rounds if state is not None else []
+    budget = pruning_budget(state, ctx) if state is not None else float(ctx.max_accuracy_drop)
+    best, _ = kept_round(rounds, ctx.selection, budget, ctx.objective)
     return {
         "run_dir": str(run_dir),
         "thread_id": thread_id,
@@ -315,7 +329,7 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
         "next": list(snapshot.next),
         "rounds_done": len(rounds),
         "rounds_planned": rounds_wanted(ctx) if ctx.prune else 0,
-        "best_round": None if best is None else {"round": best["round"], **best["metrics"]},
+        "best_round": None if best is None else {"round": best.round, **best.metrics.model_dump()},
         "paused_for_approval": _pending(snapshot) is not None,
         "steps": finished,
     }

@@ -10,6 +10,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from agents.planning.base import PlanningContext
+    from graph.state import State
+    from tools.schemas import RoundResult
 
 DIGIT_LABELS = {
     i: n for i, n in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
@@ -97,3 +99,53 @@ def digits_vit_report(run_dir: Path, **settings: Any) -> dict[str, Any]:
     graph.invoke({"model": "digits-vit", "dataset": "digits"}, config, context=ctx, durability="sync")
     report: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
     return report
+
+
+# --- hand-built graph state ------------------------------------------------------------------------------
+
+_METRICS = {"params": 0, "latency_s": 0.0, "memory_mb": 0.0}
+
+
+def _filled(defaults: dict[str, Any], given: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if given is None else {**defaults, **given}
+
+
+def round_result(values: dict[str, Any]) -> RoundResult:
+    """A ``RoundResult`` from the fields a test cares about: the plan, source, metrics and verdict it leaves out
+    take neutral values (empty plan, ``rules``, no parameters, over budget)."""
+    from tools.schemas import RoundResult
+
+    cross_fit = _filled(
+        {"source_round": 0, "judged_on_half": 0, "images_per_student": 0, "students": []}, values.get("cross_fit")
+    )
+    return RoundResult.model_validate(
+        {
+            "plan": {},
+            "source": "rules",
+            "within_budget": False,
+            **values,
+            "metrics": _filled(_METRICS, values.get("metrics") or {}),
+            "cross_fit": cross_fit,
+        }
+    )
+
+
+def typed_state(values: Any) -> State:
+    """The graph ``State`` a hand-built dict of the fields a test cares about stands for (a ``State`` as it is):
+    rounds, baseline and profile summary completed with neutral values."""
+    from graph.state import State
+
+    if isinstance(values, State):
+        return values
+    data = dict(values)
+    data.setdefault("model", "test-model")
+    data["rounds"] = [round_result(r) if isinstance(r, dict) else r for r in data.get("rounds") or []]
+    if isinstance(data.get("baseline"), dict):
+        data["baseline"] = _filled(_METRICS, data["baseline"])
+    if isinstance(data.get("profile_summary"), dict):
+        data["profile_summary"] = _filled(
+            {"total_params": 0, "total_macs": 0, "latency_s": 0.0}, data["profile_summary"]
+        )
+    if isinstance(data.get("review"), dict):
+        data["review"] = _filled({"stage": "round", "round": 0}, data["review"])
+    return State.model_validate(data)

@@ -11,7 +11,7 @@ import pytest
 from graph import Context
 from graph.cli import build_parser
 from graph.context import AUTO_STEPS
-from tests.helpers import digits_vit_report
+from tests.helpers import digits_vit_report, typed_state
 from tools.compression import distill
 from tools.compression.distill import (
     AUTO_DISTILL_IMAGES,
@@ -110,12 +110,15 @@ def test_no_distillation_after_the_search_for_an_original_at_chance_level() -> N
     the run had already said score at chance: `auto` leaves them out; an explicit count is still honoured."""
     from agents.evaluation import rescue_config
 
-    state: dict[str, Any] = {
-        "dataset": "digits",
-        "baseline": {"data_parts": {"calibration": 256, "evaluation": 2000}, "at_chance": False},
-        "profile_summary": {"total_macs": 41_398_922},
-    }
+    state = typed_state(
+        {
+            "dataset": "digits",
+            "baseline": {"data_parts": {"calibration": 256, "evaluation": 2000}, "at_chance": False},
+            "profile_summary": {"total_macs": 41_398_922},
+        }
+    )
     assert rescue_config(state, Context()) is not None
-    state["baseline"]["at_chance"] = True
+    assert state.baseline is not None
+    state.baseline.at_chance = True
     assert rescue_config(state, Context()) is None
     assert rescue_config(state, Context(distill_rescues=2)) is not None

@@ -14,11 +14,13 @@ import agents.evaluation
 from agents.evaluation import spec_for
 from agents.planning.selection import kept_round, round_to_distill
 from graph.context import Context
-from tests.helpers import digits_vit_report
+from graph.state import state_of
+from tests.helpers import digits_vit_report, round_result, typed_state
 from tools.compression import distill
 from tools.evaluation.datasets import evaluation_halves
 from tools.evaluation.paired import ImagePredictions, merge_halves
 from tools.run_data import EvalSpec
+from tools.schemas import PairedAccuracy, RoundResult
 
 
 def test_halves_are_disjoint_seeded_and_cover_the_part() -> None:
@@ -50,39 +52,43 @@ def test_a_spec_of_one_half_reads_that_half_and_keeps_its_own_predictions_file()
     assert half.part_label("calibration") == "calibration" and half.whole() == spec
 
 
-def _round(index: int, params: int, drop: float, within: bool, **extra: Any) -> dict[str, Any]:
+def _round(index: int, params: int, drop: float, within: bool, **extra: Any) -> RoundResult:
     metrics = {"params": params, "latency_s": 1.0, "accuracy": 0.9 - drop / 100, "artifact": f"r{index}"}
-    return {"round": index, "metrics": metrics, "accuracy_drop_points": drop, "within_budget": within, **extra}
+    return round_result(
+        {"round": index, "metrics": metrics, "accuracy_drop_points": drop, "within_budget": within, **extra}
+    )
 
 
 def test_the_round_nearest_the_budget_among_those_smaller_than_the_kept_one_goes_first() -> None:
     rounds = [_round(0, 80, 0.3, True), _round(1, 60, 4.0, False), _round(2, 70, 1.6, False), _round(3, 90, 1.1, False)]
-    assert round_to_distill(rounds, "accuracy", 1.0, 1, 100)["round"] == 2  # 3 is larger than the kept round 0
+    assert round_to_distill(rounds, "accuracy", 1.0, 1, 100).round == 2  # 3 is larger than the kept round 0
     tried = [*rounds, _round(4, 70, 0.4, True, cross_fit={"source_round": 2})]
     assert round_to_distill(tried, "accuracy", 1.0, 1, 100) is None  # one rescue asked for, done
     # round 4 came back: what it recovered sets the next one (tests/unit/test_distill_target.py); without a paired
     # result it measured nothing, so nothing more is distilled
     assert round_to_distill(tried, "accuracy", 1.0, 2, 100) is None
     failed = [*rounds, _round(4, 70, 1.4, False, cross_fit={"source_round": 2})]
-    assert round_to_distill(failed, "accuracy", 1.0, 2, 100)["round"] == 1  # still over: the next nearest
+    assert round_to_distill(failed, "accuracy", 1.0, 2, 100).round == 1  # still over: the next nearest
     # passed the budget test alone, refused as the best of several: smaller than the kept one, so it is tried
     refused = [_round(0, 80, 0.3, True), _round(1, 60, 4.0, False), _round(2, 70, 0.85, True)]
     for r, se in zip(refused, (0.05, 0.5, 0.1), strict=True):  # round 2: 0.85 + 1 se <= 1, 0.85 + 1.83 se > 1
-        delta = -r["accuracy_drop_points"]
-        r["metrics"]["paired"] = {
-            **{"delta_points": delta, "ci95_low_points": delta - 1.96 * se, "ci95_high_points": delta + 1.96 * se},
-            **{"agreement": 0.9, "samples": 1000, "gained": 10, "lost": 20},
-        }
-    assert kept_round(refused, "accuracy", 1.0)[0]["round"] == 0
-    assert round_to_distill(refused, "accuracy", 1.0, 1, 100)["round"] == 2
+        delta = -(r.accuracy_drop_points or 0.0)
+        r.metrics.paired = PairedAccuracy.model_validate(
+            {
+                **{"delta_points": delta, "ci95_low_points": delta - 1.96 * se, "ci95_high_points": delta + 1.96 * se},
+                **{"agreement": 0.9, "samples": 1000, "gained": 10, "lost": 20},
+            }
+        )
+    assert kept_round(refused, "accuracy", 1.0)[0].round == 0
+    assert round_to_distill(refused, "accuracy", 1.0, 1, 100).round == 2
     nothing_kept = [_round(0, 90, 3.0, False), _round(1, 95, 2.0, False)]
-    assert round_to_distill(nothing_kept, "accuracy", 1.0, 1, 100)["round"] == 1  # the original's size bounds it
+    assert round_to_distill(nothing_kept, "accuracy", 1.0, 1, 100).round == 1  # the original's size bounds it
 
 
 def test_a_distilled_round_is_judged_by_its_other_half(tmp_path: Path) -> None:
     rounds = [_round(0, 60, 2.0, False), _round(1, 60, 0.2, True, cross_fit={"judged_on_half": 0})]
-    rounds[1]["metrics"]["artifact"] = str(tmp_path / "r1")
-    state = {"rounds": rounds, "dataset": "digits", "profile_summary": {}}
+    rounds[1].metrics.artifact = str(tmp_path / "r1")
+    state = typed_state({"rounds": rounds, "dataset": "digits"})
     assert spec_for(state, Context(), tmp_path / "r1").evaluation_half == 0
     assert spec_for(state, Context(), tmp_path / "r0").evaluation_half is None
 
@@ -214,10 +220,10 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
         )
 
     monkeypatch.setattr(agents.quantization, "deploy", fake_deploy)
-    changes = agents.quantization.quantize_model(state, Runtime(context=ctx))
+    changes: Any = agents.quantization.quantize_model(state_of(state), Runtime(context=ctx))
     assert Path(seen["alternatives"][0]).resolve() == second.resolve()  # before the headroom round and the original
     assert seen["halves"] == [1, 0]  # each student judged on the half it was not distilled on
-    assert changes["pruned"]["round"] == 1 and changes["pruned"]["student"] == 2
-    assert Path(changes["pruned"]["artifact"]).resolve() == second.resolve()
-    assert Path(changes["quantized"]["source"]).resolve() == second.resolve()
+    assert changes["pruned"].round == 1 and changes["pruned"].student == 2
+    assert Path(changes["pruned"].artifact).resolve() == second.resolve()
+    assert Path(changes["quantized"].source).resolve() == second.resolve()
     assert any("round 1's first student" in note and "second student" in note for note in changes["notes"])

@@ -19,11 +19,11 @@ from torch import nn
 from tools.artifacts.io import deployed_files, load_compressed, load_module, load_original
 from tools.models.base import example_input, resolve_device
 from tools.run_data import EvalSpec, preprocess_of
-from tools.schemas import InputShape, Metrics
+from tools.schemas import InputShape, Metrics, PartAccuracy
 from tools.store.files import read_json
 
 if TYPE_CHECKING:
-    from tools.evaluation.paired import ImagePredictions, PartAccuracy, StopRule
+    from tools.evaluation.paired import ImagePredictions, StopRule
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def evaluate_accuracy_on(
     """An artifact's accuracy on a part of the data, paired with the original's on the same images (not for the
     original itself); None without a dataset or for an untrained model. An empty part raises ``DatasetError``.
     On the evaluation part, with ``spec.stop_beyond_points``, a candidate clearly over it sees the first images only."""
-    from tools.evaluation.paired import PartAccuracy, pair, stop_when_over
+    from tools.evaluation.paired import pair, part_accuracy, stop_when_over
 
     itself = artifact_dir.resolve() == original_dir.resolve()
     reference = None if itself else predictions_on(original_dir, original_dir, shape, spec, part, "original")
@@ -130,7 +130,7 @@ def evaluate_accuracy_on(
     reference = candidate if itself else reference
     if candidate is None or reference is None:
         return None
-    return PartAccuracy.of(part, candidate, reference, None if itself else pair(reference, candidate))
+    return part_accuracy(part, candidate, reference, None if itself else pair(reference, candidate))
 
 
 def evaluate(

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import JsonValue
 from torch import nn
 
 from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, stale_reason, stored_recipe_hash
@@ -55,6 +55,7 @@ from tools.run_data import (
 from tools.schemas import (
     InputShape,
     Int8Sensitivity,
+    ModelInfo,
     ModelProfile,
     OptimizationPlan,
     QuantizationRecommendation,
@@ -99,17 +100,6 @@ __all__ = [  # the run's data operations (tools.run_data) and evaluations (tools
 ]
 
 
-class ModelInfo(BaseModel):
-    spec: str
-    source: str
-    family: str
-    model_class: str
-    untrained: bool
-    num_labels: int
-    params: int
-    artifact: str
-
-
 def set_threads(threads: int) -> None:
     if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
@@ -118,7 +108,9 @@ def set_threads(threads: int) -> None:
 # --- acquisition and input shape --------------------------------------------------------------------
 
 
-def acquire(spec: str, out_dir: Path, device: str = "cpu", factory_options: dict[str, Any] | None = None) -> ModelInfo:
+def acquire(
+    spec: str, out_dir: Path, device: str = "cpu", factory_options: Mapping[str, JsonValue] | None = None
+) -> ModelInfo:
     """Load a model from any source and save it as the run's original artifact."""
     if not is_complete(out_dir):
         loaded = acquire_model(spec, device="cpu", factory_options=factory_options)

@@ -61,6 +61,28 @@ class OptimizationPlan(BaseModel):
     quantization_recommendations: list[QuantizationRecommendation] = Field(default_factory=list)
 
 
+class PlanResult(BaseModel):
+    """A plan, who wrote it (``rules``, ``llm``, ``llm-repaired``, ``rules-fallback``, ``human``) and the planner's
+    own state, which later rounds read back from the history."""
+
+    plan: OptimizationPlan
+    source: str
+    planner_state: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelInfo(BaseModel):
+    """The acquired model: where it came from and the saved original (``artifact``)."""
+
+    spec: str
+    source: str
+    family: str
+    model_class: str
+    untrained: bool
+    num_labels: int
+    params: int
+    artifact: str
+
+
 class InputShape(BaseModel):
     channels: int = Field(ge=1)
     height: int = Field(ge=1)
@@ -299,6 +321,128 @@ class ModelEntry(Metrics):
         description="Best pruned model of a round distilled after the search: 2 when its second student deploys "
         "(the first was over the budget on the half it was judged on).",
     )
+
+
+class BaselineEntry(ModelEntry):
+    """The original model's entry: its metrics, the rows each disjoint part of the data holds, and whether its
+    accuracy is at chance level (untrained, or labels that do not match)."""
+
+    data_parts: dict[str, int] = Field(
+        default_factory=dict, description="calibration, evaluation, holdout, finetune, total, unreadable, disjoint."
+    )
+    at_chance: bool = False
+
+
+class PartAccuracy(BaseModel):
+    """A model's accuracy on one part of the data (the holdout), with the original's on the same images."""
+
+    part: str
+    accuracy: float | None
+    samples: int
+    baseline_accuracy: float | None = None
+    accuracy_drop_points: float | None = Field(default=None, description="Points lost against the original.")
+    paired: PairedAccuracy | None = None
+
+
+class PrunedEntry(ModelEntry):
+    """The best pruned model (the original's metrics, ``round`` None, where no round stayed within budget): its
+    round's plan and planner, and its accuracy on the holdout images."""
+
+    plan: OptimizationPlan | None = None
+    source: str | None = Field(default=None, description="Who wrote the round's plan (rules, llm, human ...).")
+    holdout: PartAccuracy | None = None
+    selected_round: int | None = Field(
+        default=None, description="The round selection kept, where a round with more headroom deploys instead."
+    )
+
+
+class DeployedBuild(BaseModel):
+    """A deployed model as built (``quantized``, ``quantized_original``), before it is evaluated."""
+
+    artifact: str
+    source: str = Field(description="The float model it was built from.")
+    backend: str
+    runtime: str
+    precision: str
+
+
+class DeployedEntry(ModelEntry):
+    """A deployed model as evaluated: its build and its metrics."""
+
+    source: str | None = Field(default=None, description="The float model it was built from.")
+    backend: str | None = None
+    runtime: str | None = None
+    precision: str | None = None
+
+
+class RuntimeReference(BaseModel):
+    """The original in the deployed runtime at FP32: timed with the others to split the deployed speed-up."""
+
+    artifact: str
+    backend: str
+
+
+class TopGroup(BaseModel):
+    pattern: str
+    latency_share: float
+    macs_share: float
+
+
+class SensitivitySummary(BaseModel):
+    units: int
+    samples: int
+    seconds: float
+
+
+class ProfileSummary(BaseModel):
+    """The profile in brief (``profile.json`` holds it all): totals, the five slowest layer groups and, once
+    measured, the sensitivity profile's size."""
+
+    total_params: int
+    total_macs: int
+    latency_s: float
+    peak_memory_mb: float = 0.0
+    trace_path: str | None = None
+    top_groups: list[TopGroup] = Field(default_factory=list)
+    sensitivity: SensitivitySummary | None = None
+
+
+class Int8ProfileSummary(BaseModel):
+    """The per-block int8 sensitivity in brief (``profile/int8_sensitivity.json`` holds it all)."""
+
+    path: str
+    blocks: int
+    full_flips_pct: float
+    seconds: float
+    int8_target: str | None = Field(default=None, description="The CPU kind the int8 settings target.")
+
+
+class PendingRound(BaseModel):
+    """A round pruned and not yet evaluated: what ``prune_model`` hands ``evaluate_model``."""
+
+    round: int
+    plan: OptimizationPlan
+    source: str
+    planner_state: dict[str, Any] = Field(default_factory=dict)
+    prune_report: dict[str, Any] = Field(default_factory=dict)
+    artifact: str
+
+
+class Review(BaseModel):
+    """The last human decision on a plan."""
+
+    stage: Literal["analysis", "round"]
+    round: int
+    action: Literal["approve", "edit", "reject"]
+
+
+class RunSummary(BaseModel):
+    """What a finished run returns besides its report's path: the report's four model entries."""
+
+    baseline: ModelEntry | None = None
+    pruned: ModelEntry | None = None
+    quantized: ModelEntry | None = None
+    quantized_original: ModelEntry | None = None
 
 
 class CrossFitStudent(BaseModel):

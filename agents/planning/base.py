@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from tools.compression.reports import PrunableLayers
-from tools.schemas import ModelProfile, OptimizationPlan, RoundResult
+from tools.schemas import ModelProfile, OptimizationPlan, PlanResult, RoundResult
 
 __all__ = ["PlanResult", "Planner", "PlanningContext", "RoundRecord"]
 
@@ -97,15 +97,6 @@ class PlanningContext:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prunable", PrunableLayers.model_validate(self.prunable))
-
-
-class PlanResult(BaseModel):
-    """A plan, who wrote it (``rules``, ``llm``, ``llm-repaired``, ``rules-fallback``) and the planner's own
-    state, which later rounds read back from the history."""
-
-    plan: OptimizationPlan
-    source: str
-    planner_state: dict[str, Any] = Field(default_factory=dict)
 
 
 class Planner(Protocol):

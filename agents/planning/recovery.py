@@ -16,10 +16,10 @@ ResNet-44 0.53 -> -0.59, ResNet-56 0.49 -> -0.13, 300 steps), 65 % on ViT-tiny (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from tools.schemas import PairedAccuracy
+from tools.schemas import RoundResult
 from tools.stats import standard_error_points
 
 __all__ = [
@@ -93,21 +93,21 @@ class Recovery:
         return min(RECOVERY_CAP, self.given_back)
 
 
-def recoveries_of(rounds: list[dict[str, Any]]) -> list[Recovery]:
-    """The recoveries of a run's round records (``RoundResult.model_dump()``): each distilled round, within budget
-    or not, whose source round lost something before distillation."""
-    by_round = {r["round"]: r for r in rounds}
+def recoveries_of(rounds: Sequence[RoundResult]) -> list[Recovery]:
+    """The recoveries of a run's rounds: each distilled round, within budget or not, whose source round lost
+    something before distillation."""
+    by_round = {r.round: r for r in rounds}
     out = []
     for r in rounds:
-        cross_fit, paired = r.get("cross_fit"), (r.get("metrics") or {}).get("paired")
-        if not cross_fit or not paired:
+        cross_fit, paired = r.cross_fit, r.metrics.paired
+        if cross_fit is None or paired is None:
             continue
-        source = by_round.get(cross_fit["source_round"]) or {}
-        before = source.get("accuracy_drop_points")
-        if before is None or before <= 0 or r.get("accuracy_drop_points") is None:
+        source = by_round.get(cross_fit.source_round)
+        before = source.accuracy_drop_points if source is not None else None
+        if before is None or before <= 0 or r.accuracy_drop_points is None:
             continue
-        se = standard_error_points(PairedAccuracy.model_validate(paired))
-        out.append(Recovery(float(before), float(r["accuracy_drop_points"]), se, bool(r.get("within_budget"))))
+        se = standard_error_points(paired)
+        out.append(Recovery(float(before), float(r.accuracy_drop_points), se, r.within_budget))
     return out
 
 

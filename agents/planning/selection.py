@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
-from typing import Any
 
 from agents.planning.recovery import AT_TARGET, TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
-from tools.schemas import PairedAccuracy
+from tools.schemas import RoundResult
 from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
 
 __all__ = [
@@ -38,16 +38,16 @@ def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> floa
     return round(100.0 * (baseline - accuracy), 4)
 
 
-def cost_of(r: dict[str, Any], objective: str = "params") -> float:
+def cost_of(r: RoundResult, objective: str = "params") -> float:
     """What ranks a round after accuracy: its parameters, or with the latency objective its batch-1 latency in the
     runtime the original deploys to (its PyTorch latency where that was not measured)."""
-    m = r["metrics"]
+    m = r.metrics
     if objective == "latency":
-        return float(m.get("deploy_latency_s") or m["latency_s"])
-    return float(m["params"])
+        return float(m.deploy_latency_s or m.latency_s)
+    return float(m.params)
 
 
-def best_round(rounds: list[dict[str, Any]], selection: Selection, objective: str = "params") -> dict[str, Any] | None:
+def best_round(rounds: Sequence[RoundResult], selection: Selection, objective: str = "params") -> RoundResult | None:
     """The best round within budget: by accuracy, then params, then latency (or fewest params first).
 
     Accuracy differences the evaluation cannot resolve are ties: a round whose accuracy is within
@@ -57,37 +57,35 @@ def best_round(rounds: list[dict[str, Any]], selection: Selection, objective: st
     latency, decide among them. Every candidate passed the budget test, so its own standard error is at most the
     accuracy budget. Without paired results, accuracies must be equal to tie.
     """
-    candidates = [r for r in rounds if r["within_budget"]]
+    candidates = [r for r in rounds if r.within_budget]
     if not candidates:
         return None
 
-    def accuracy(r: dict[str, Any]) -> float:
-        value = r["metrics"].get("accuracy")
+    def accuracy(r: RoundResult) -> float:
+        value = r.metrics.accuracy
         return -1.0 if value is None else float(value)
 
-    def key(r: dict[str, Any]) -> tuple[float, ...]:
-        m = r["metrics"]
+    def key(r: RoundResult) -> tuple[float, ...]:
+        m = r.metrics
         if selection == "smallest-within-budget":
-            return (cost_of(r, objective), -accuracy(r), m["latency_s"], r["round"])
-        return (-accuracy(r), cost_of(r, objective), m["params"], m["latency_s"], r["round"])
+            return (cost_of(r, objective), -accuracy(r), m.latency_s, r.round)
+        return (-accuracy(r), cost_of(r, objective), m.params, m.latency_s, r.round)
 
     best = min(candidates, key=key)
-    if selection == "smallest-within-budget" or best["metrics"].get("accuracy") is None:
+    if selection == "smallest-within-budget" or best.metrics.accuracy is None:
         return best
 
-    def se(r: dict[str, Any]) -> float:
-        paired = r["metrics"].get("paired")
-        return standard_error_points(PairedAccuracy.model_validate(paired)) / 100 if paired else 0.0
+    def se(r: RoundResult) -> float:
+        paired = r.metrics.paired
+        return standard_error_points(paired) / 100 if paired else 0.0
 
     tied = [r for r in candidates if accuracy(r) >= accuracy(best) - TIE_Z * math.hypot(se(best), se(r)) - 1e-12]
-    return min(
-        tied, key=lambda r: (cost_of(r, objective), r["metrics"]["params"], r["metrics"]["latency_s"], r["round"])
-    )
+    return min(tied, key=lambda r: (cost_of(r, objective), r.metrics.params, r.metrics.latency_s, r.round))
 
 
 def kept_round(
-    rounds: list[dict[str, Any]], selection: Selection, budget: float, objective: str = "params"
-) -> tuple[dict[str, Any] | None, str]:
+    rounds: Sequence[RoundResult], selection: Selection, budget: float, objective: str = "params"
+) -> tuple[RoundResult | None, str]:
     """The round the run keeps, and a note when the multiplicity check changed it ("" otherwise).
 
     Every round passed or failed the budget test alone (drop + one standard error); keeping the most pruned of
@@ -97,67 +95,63 @@ def kept_round(
     does, the round with the smallest drop plus one standard error among those within budget is kept. A round
     without a paired result (no standard error to scale) keeps its budget test's answer.
     """
-    within = [r for r in rounds if r["within_budget"]]
+    within = [r for r in rounds if r.within_budget]
     z = _multiplicity_z(rounds)
     confirmed = confirmed_rounds(rounds, budget)
     best_alone = best_round(within, selection, objective)
     if confirmed or not within:
         best = best_round(confirmed, selection, objective)
     else:
-        best = min(within, key=lambda r: (_bound(r, 1.0), r["round"]))
-    if best is None or best_alone is None or best["round"] == best_alone["round"]:
+        best = min(within, key=lambda r: (_bound(r, 1.0), r.round))
+    if best is None or best_alone is None or best.round == best_alone.round:
         return best, ""
     return best, (
-        f"round {best_alone['round']} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
+        f"round {best_alone.round} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
         f"error <= {budget:g}) but not as the best of {len(rounds)} rounds (drop + {z:.2f} standard errors = "
-        f"{_bound(best_alone, z):.2f}): round {best['round']} is kept"
+        f"{_bound(best_alone, z):.2f}): round {best.round} is kept"
     )
 
 
-def confirmed_rounds(rounds: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
+def confirmed_rounds(rounds: Sequence[RoundResult], budget: float) -> list[RoundResult]:
     """The rounds within budget that also pass it with :func:`selection_z` standard errors for all the rounds
     evaluated (see :func:`kept_round`); one without a paired result keeps its budget test's answer."""
     z = _multiplicity_z(rounds)
-    return [
-        r
-        for r in rounds
-        if r["within_budget"] and (not (r.get("metrics") or {}).get("paired") or _bound(r, z) <= budget + 1e-9)
-    ]
+    return [r for r in rounds if r.within_budget and (not r.metrics.paired or _bound(r, z) <= budget + 1e-9)]
 
 
-def _multiplicity_z(rounds: list[dict[str, Any]]) -> float:
-    return selection_z(sum(1 for r in rounds if (r.get("metrics") or {}).get("paired")))
+def _multiplicity_z(rounds: Sequence[RoundResult]) -> float:
+    return selection_z(sum(1 for r in rounds if r.metrics.paired))
 
 
-def _bound(r: dict[str, Any], k: float) -> float:
+def _bound(r: RoundResult, k: float) -> float:
     """The round's drop plus ``k`` standard errors of its paired difference (the drop alone without one)."""
-    paired = (r.get("metrics") or {}).get("paired")
-    drop = float(r.get("accuracy_drop_points") or 0.0)
+    paired = r.metrics.paired
+    drop = float(r.accuracy_drop_points or 0.0)
     if not paired:
         return drop
-    return -PairedAccuracy.model_validate(paired).delta_points + k * standard_error_points(paired)
+    return -paired.delta_points + k * standard_error_points(paired)
 
 
-def distillation_target(rounds: list[dict[str, Any]], budget: float) -> float | None:
+def distillation_target(rounds: Sequence[RoundResult], budget: float) -> float | None:
     """The largest drop before distillation that the next distillation after the search can be expected to bring
     back within the budget, from what the run's distillations recovered (:func:`agents.planning.recovery.
     recoverable_drop`, checked as the best of two more rounds); None before a distilled round came back within
     budget, or when the target leaves no room beyond it."""
-    z = selection_z(sum(1 for r in rounds if (r.get("metrics") or {}).get("paired")) + 2)
+    z = selection_z(sum(1 for r in rounds if r.metrics.paired) + 2)
     return recoverable_drop(recoveries_of(rounds), budget, z)
 
 
-def planned_since_recovery(rounds: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def planned_since_recovery(rounds: Sequence[RoundResult]) -> list[RoundResult] | None:
     """The rounds the search planned after the last distilled round that came back within budget (oldest first);
     None before one came back."""
-    back = [r["round"] for r in rounds if r.get("cross_fit") and r["within_budget"]]
+    back = [r.round for r in rounds if r.cross_fit is not None and r.within_budget]
     if not back:
         return None
-    return [r for r in rounds if not r.get("cross_fit") and r["round"] > max(back)]
+    return [r for r in rounds if r.cross_fit is None and r.round > max(back)]
 
 
 def round_to_distill(
-    rounds: list[dict[str, Any]],
+    rounds: Sequence[RoundResult],
     selection: Selection,
     budget: float,
     rescues: int,
@@ -165,7 +159,7 @@ def round_to_distill(
     *,
     search_goes_on: bool = True,
     objective: str = "params",
-) -> dict[str, Any] | None:
+) -> RoundResult | None:
     """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
     or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
     fewer parameters than the round kept now (the original when none is): one over the budget, or one that passed
@@ -179,40 +173,41 @@ def round_to_distill(
     (``recovery.AT_TARGET``) is taken even when it passed the budget alone and is kept: it was planned to be
     distilled, and its distilled version's cross-fitted estimate is the one to keep it by (CIFAR ResNet-56's passed
     alone at -0.20 points in the run and lost 1.60 on unseen images)."""
-    distilled = [r["cross_fit"]["source_round"] for r in rounds if r.get("cross_fit")]
+    distilled = [r.cross_fit.source_round for r in rounds if r.cross_fit is not None]
     if len(distilled) >= rescues:
         return None
     kept, _ = kept_round(rounds, selection, budget, objective)
-    confirmed = {r["round"] for r in confirmed_rounds(rounds, budget)}
+    confirmed = {r.round for r in confirmed_rounds(rounds, budget)}
+    ceiling: float
     if objective == "latency":  # a round faster than the kept one (the original when none is) is worth distilling
         ceiling = cost_of(kept, objective) if kept is not None else math.inf
     else:
-        ceiling = kept["metrics"]["params"] if kept is not None else original_params
+        ceiling = kept.metrics.params if kept is not None else original_params
 
-    def drop(r: dict[str, Any]) -> float:
-        value = budget_drop_points(r.get("accuracy_drop_points"), r["metrics"].get("paired"))
+    def drop(r: RoundResult) -> float:
+        value = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
         return math.inf if value is None else value
 
-    def worth_it(r: dict[str, Any]) -> bool:
-        cost = cost_of(r, objective) if objective == "latency" else r["metrics"]["params"]
-        if AT_TARGET in (r.get("planner_state") or {}):  # planned to be distilled: even the kept one itself
+    def worth_it(r: RoundResult) -> bool:
+        cost = cost_of(r, objective) if objective == "latency" else r.metrics.params
+        if AT_TARGET in r.planner_state:  # planned to be distilled: even the kept one itself
             return bool(cost <= ceiling)
-        return r["round"] not in confirmed and cost < ceiling
+        return r.round not in confirmed and cost < ceiling
 
     candidates = [
         r
         for r in rounds
-        if not r.get("cross_fit")
-        and r["round"] not in distilled
-        and r["metrics"].get("artifact")
+        if r.cross_fit is None
+        and r.round not in distilled
+        and r.metrics.artifact
         and math.isfinite(drop(r))
         and worth_it(r)
     ]
     planned = planned_since_recovery(rounds)
     if planned is None:
-        return min(candidates, key=lambda r: (drop(r), r["round"]), default=None)
+        return min(candidates, key=lambda r: (drop(r), r.round), default=None)
     target = distillation_target(rounds, budget)
     if target is None or (search_goes_on and not planned):
         return None
-    fits = [r for r in candidates if float(r.get("accuracy_drop_points") or 0.0) <= TARGET_SLACK * target]
-    return min(fits, key=lambda r: (cost_of(r, objective), r["round"]), default=None)
+    fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
+    return min(fits, key=lambda r: (cost_of(r, objective), r.round), default=None)

@@ -202,6 +202,7 @@ def test_the_unpruned_original_deploys_when_faster_and_no_larger_than_the_pruned
 
 def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_error(tmp_path: Path) -> None:
     from agents.quantization import _headroom_round
+    from tests.helpers import typed_state
 
     def round_(n: int, drop: float, half_width: float, ok: bool = True) -> dict[str, object]:
         interval = {"ci95_low_points": -drop - half_width, "ci95_high_points": -drop + half_width}
@@ -210,10 +211,10 @@ def test_the_headroom_round_is_the_one_with_the_smallest_drop_plus_one_standard_
         return {"round": n, "within_budget": ok, "accuracy_drop_points": drop, "metrics": metrics}
 
     rounds = [round_(0, 0.6, 1.0), round_(1, -0.2, 1.2), round_(2, 0.3, 1.2), round_(3, -1.0, 0.1, ok=False)]
-    state: Any = {"rounds": rounds}
-    assert _headroom_round(state, tmp_path / "round-02" / "model")["round"] == 1  # type: ignore[index]
+    state = typed_state({"rounds": rounds})
+    assert _headroom_round(state, tmp_path / "round-02" / "model").round == 1  # type: ignore[union-attr]
     assert _headroom_round(state, tmp_path / "round-01" / "model") is None  # it is the roomiest itself
-    assert _headroom_round({"rounds": rounds[:1]}, tmp_path / "round-00" / "model") is None  # type: ignore[typeddict-item]
+    assert _headroom_round(typed_state({"rounds": rounds[:1]}), tmp_path / "round-00" / "model") is None
 
 
 def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Path, caplog: Any) -> None:
@@ -571,7 +572,7 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
     cross-fitted estimate +0.30; its OpenVINO int8 −0.34 [−1.16, +0.49] there passed a 1-point budget with one
     standard error, and lost 1.28 points on 5,000 images no run saw. Less the student's 0.37-point lead it fails."""
     from agents.quantization import half_luck
-    from tests.helpers import save_tiny, tiny_vit
+    from tests.helpers import save_tiny, tiny_vit, typed_state
     from tools import ops
     from tools.deploy.choice import luck_removed
     from tools.deployment import deploy
@@ -596,21 +597,29 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
         "/run/rounds/round-13/model-second",
         "/run/rounds/round-02/model",
     )
-    state = {
-        "rounds": [
-            {"round": 2, "metrics": {"artifact": other, "paired": {"delta_points": -0.2}}},
-            {
-                "round": 13,
-                "metrics": {"artifact": student, "paired": {"delta_points": 0.30}},
-                "cross_fit": {
-                    "students": [
-                        {"artifact": student, "paired": {"delta_points": 0.67}},
-                        {"artifact": second, "paired": {"delta_points": -0.07}},
-                    ]
+
+    def paired(delta: float) -> dict[str, float]:
+        interval = {"ci95_low_points": delta - 1.0, "ci95_high_points": delta + 1.0}
+        return {"delta_points": delta, **interval, "agreement": 0.9, "samples": 1000, "gained": 1, "lost": 1}
+
+    state = typed_state(
+        {
+            "rounds": [
+                {"round": 2, "metrics": {"artifact": other, "paired": paired(-0.2)}},
+                {
+                    "round": 13,
+                    "metrics": {"artifact": student, "paired": paired(0.30)},
+                    "cross_fit": {
+                        "source_round": 2,
+                        "students": [
+                            {"artifact": student, "judged_on_half": 1, "paired": paired(0.67)},
+                            {"artifact": second, "judged_on_half": 0, "paired": paired(-0.07)},
+                        ],
+                    },
                 },
-            },
-        ]
-    }
+            ]
+        }
+    )
     assert half_luck(state, Path(student)) == 0.37
     assert half_luck(state, Path(second)) == 0.0  # behind the round's estimate: nothing added
     assert half_luck(state, Path(other)) == 0.0  # not a student

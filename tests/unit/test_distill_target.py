@@ -28,6 +28,7 @@ from agents.planning.rules import RulesPlanner
 from agents.planning.selection import distillation_target, round_to_distill, selection_z
 from graph.context import Context
 from graph.routing import route_after_evaluate_model
+from tests.helpers import typed_state
 from tools.compression.distill import (
     AUTO_RESCUE_SECONDS,
     auto_rescue_config,
@@ -39,7 +40,7 @@ from tools.schemas import ModelProfile, RoundResult
 HALF_WIDTH = 0.6  # a 95 % interval of +/- 0.6 points: a standard error of 0.306
 
 
-def _round(i: int, drop: float, params: int, ok: bool, damage: float, source: int | None = None) -> dict[str, Any]:
+def _round(i: int, drop: float, params: int, ok: bool, damage: float, source: int | None = None) -> RoundResult:
     paired = {
         "delta_points": -drop,
         "ci95_low_points": -drop - HALF_WIDTH,
@@ -67,10 +68,10 @@ def _round(i: int, drop: float, params: int, ok: bool, damage: float, source: in
     }
     if source is not None:
         record["cross_fit"] = {"source_round": source, "judged_on_half": 0, "images_per_student": 100, "students": []}
-    return record
+    return RoundResult.model_validate(record)
 
 
-def _search() -> list[dict[str, Any]]:
+def _search() -> list[RoundResult]:
     """A CIFAR ResNet-32's search as measured: 5 %, 10 % (0.55, alone within), 13 % (1.31, over), 12 % (0.70)."""
     return [
         _round(0, 0.21, 950, True, 0.0165),
@@ -142,7 +143,7 @@ def test_damage_for_drop_interpolates_to_a_round_beyond_else_extrapolates_along_
 def test_after_a_round_came_back_distillation_waits_for_a_round_planned_at_the_target() -> None:
     rounds = _search()
     first = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
-    assert first is not None and first["round"] == 1  # before: the round nearest the budget
+    assert first is not None and first.round == 1  # before: the round nearest the budget
     rounds.append(_round(4, -0.19, 900, True, 0.0374, source=1))
     target = distillation_target(rounds, 1.0)
     assert target is not None and target > 1.31
@@ -151,19 +152,19 @@ def test_after_a_round_came_back_distillation_waits_for_a_round_planned_at_the_t
     assert round_to_distill(rounds, "accuracy", 1.0, 3, 1000) is None
     # with --no-iterate no round will be planned: the most pruned round under the target now
     now = round_to_distill(rounds, "accuracy", 1.0, 3, 1000, search_goes_on=False)
-    assert now is not None and now["round"] == 2
+    assert now is not None and now.round == 2
     # a planned round within the target's slack: the most pruned of the rounds under it is taken
     rounds.append(_round(5, target, 830, False, 0.07))  # one more round: the target shrinks a little
     chosen = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
-    assert chosen is not None and chosen["round"] == 5
+    assert chosen is not None and chosen.round == 5
     # planned beyond the slack: the most pruned earlier round under the target instead
     rounds[-1] = _round(5, TARGET_SLACK * target + 0.5, 830, False, 0.07)
     chosen = round_to_distill(rounds, "accuracy", 1.0, 3, 1000)
-    assert chosen is not None and chosen["round"] == 2
+    assert chosen is not None and chosen.round == 2
     assert round_to_distill(rounds, "accuracy", 1.0, 1, 1000) is None  # the one distillation was made
 
 
-def _resnet56_came_back() -> list[dict[str, Any]]:
+def _resnet56_came_back() -> list[RoundResult]:
     """CIFAR ResNet-56's search: its 18.4 % round (round 3, 0.49 points) came back distilled (round 4, -0.28)."""
     return [
         _round(0, 0.13, 950, True, 0.01),
@@ -180,9 +181,9 @@ def test_a_round_planned_at_the_target_is_distilled_even_when_it_passed_alone_an
     rounds = _resnet56_came_back()
     planned = _round(5, 0.20, 800, True, 0.04)
     assert round_to_distill([*rounds, planned], "accuracy", 1.0, 3, 1000) is None  # kept, and not planned for it
-    planned["planner_state"][AT_TARGET] = 1.2
+    planned.planner_state[AT_TARGET] = 1.2
     chosen = round_to_distill([*rounds, planned], "accuracy", 1.0, 3, 1000)
-    assert chosen is not None and chosen["round"] == 5
+    assert chosen is not None and chosen.round == 5
     distilled = _round(6, -0.30, 800, True, 0.04, source=5)
     assert round_to_distill([*rounds, planned, distilled], "accuracy", 1.0, 3, 1000) is None  # once
 
@@ -245,23 +246,25 @@ def test_a_round_that_overshot_the_target_gets_another_try_three_at_most() -> No
 
     from graph.context import Context
 
-    def at_target(record: dict[str, Any], target: float | None = 1.6) -> dict[str, Any]:
-        return {**record, "planner_state": {**record["planner_state"], AT_TARGET: target}}
+    def at_target(record: RoundResult, target: float | None = 1.6) -> RoundResult:
+        return record.model_copy(update={"planner_state": {**record.planner_state, AT_TARGET: target}})
 
     def state(overshot: int, last_at_target: bool = True) -> Any:
         rounds = [_round(0, 0.21, 950, True, 0.0165), _round(1, 0.55, 900, True, 0.0374)]
         rounds.append(_round(2, -0.19, 900, True, 0.0374, source=1))  # came back whole
         rounds += [at_target(_round(3 + i, 5.0 - i, 700 + i, False, 0.09 - 0.01 * i)) for i in range(overshot)]
         if not last_at_target:  # the planner found nothing new at the target and planned otherwise
-            rounds[-1] = _round(rounds[-1]["round"], 8.0, 600, False, 0.2)
-        return {
-            "dataset": "cifar10",
-            "baseline": {"params": 1000, "accuracy": 0.8, "data_parts": {"calibration": 256, "evaluation": 4000}},
-            "profile_summary": {"total_macs": 70_201_034},
-            "rounds": rounds,
-        }
+            rounds[-1] = _round(rounds[-1].round, 8.0, 600, False, 0.2)
+        return typed_state(
+            {
+                "dataset": "cifar10",
+                "baseline": {"params": 1000, "accuracy": 0.8, "data_parts": {"calibration": 256, "evaluation": 4000}},
+                "profile_summary": {"total_macs": 70_201_034},
+                "rounds": rounds,
+            }
+        )
 
-    assert distillation_target(state(1)["rounds"], 1.0) is not None
+    assert distillation_target(state(1).rounds, 1.0) is not None
     runtime = Runtime(context=Context(iterations=1, distill_rescues=3))
     # past the T rounds, the planned round lost far more than the target's slack: nothing to distil, plan again
     assert route_after_evaluate_model(state(1), runtime) == "iterate_pruning"

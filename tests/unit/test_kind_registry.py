@@ -16,12 +16,20 @@ from agents.planning.base import PlanningContext
 from agents.planning.normalize import normalize_payload
 from agents.planning.selection import best_round
 from agents.planning.validation import validate_plan
+from tests.helpers import round_result
 from tools.compression.kinds.base import PruningSession, UnitKind, exact_name
 from tools.compression.kinds.blocks import SkippedBlock, removable_blocks
 from tools.compression.pruning import apply_pruning, prunable_layers
 from tools.compression.reports import AppliedPruning, PrunableLayers, SkippedPruning
 from tools.compression.units import UNIT_KINDS, prunable_units
-from tools.schemas import LayerProfile, ModelProfile, OptimizationPlan, PruningRecommendation, SensitivityUnit
+from tools.schemas import (
+    LayerProfile,
+    ModelProfile,
+    OptimizationPlan,
+    PruningRecommendation,
+    RoundResult,
+    SensitivityUnit,
+)
 from tools.zoo.cifar_resnet import resnet20
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,15 +163,15 @@ def test_a_container_keeps_one_of_its_blocks() -> None:
     assert not blocks.admits(units[2], units[:2], units)
 
 
-def _round(index: int, accuracy: float, params: int, deploy_s: float | None) -> dict[str, object]:
+def _round(index: int, accuracy: float, params: int, deploy_s: float | None) -> RoundResult:
     metrics = {"accuracy": accuracy, "params": params, "latency_s": 1e-3, "deploy_latency_s": deploy_s}
-    return {"round": index, "metrics": metrics, "within_budget": True}
+    return round_result({"round": index, "metrics": metrics, "within_budget": True})
 
 
 def test_the_latency_objective_ranks_rounds_tied_on_accuracy_by_their_deployed_latency() -> None:
     rounds = [_round(0, 0.80, 100, 2e-3), _round(1, 0.80, 120, 1e-3)]
-    assert best_round(rounds, "accuracy")["round"] == 0  # the paper's order: fewer parameters
-    assert best_round(rounds, "accuracy", "latency")["round"] == 1  # faster where it deploys
+    assert best_round(rounds, "accuracy").round == 0  # type: ignore[union-attr]  # the paper's order: fewer parameters
+    assert best_round(rounds, "accuracy", "latency").round == 1  # type: ignore[union-attr]  # faster where it deploys
 
 
 def test_float_models_are_timed_in_a_runtime() -> None:

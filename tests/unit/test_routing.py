@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,16 +17,8 @@ from langgraph.runtime import Runtime
 from graph import routing
 from graph.builder import NODES, build_graph
 from graph.context import Context
-from graph.routing import (
-    after_pruning_stage,
-    rounds_wanted,
-    route_after_analyze_profile,
-    route_after_distill_over_budget_round,
-    route_after_evaluate_model,
-    route_after_iterate_pruning,
-    route_after_review_plan,
-    route_after_select_best_model,
-)
+from graph.routing import after_pruning_stage, rounds_wanted
+from tests.helpers import typed_state
 
 TESTED = {
     "route_after_analyze_profile",
@@ -35,6 +28,23 @@ TESTED = {
     "route_after_review_plan",
     "route_after_select_best_model",
 }
+
+
+def _typed(router: Callable[..., str]) -> Callable[[Any, Any], str]:
+    """The router called with the hand-built state validated into the graph's ``State``, as LangGraph passes it."""
+
+    def call(state: Any, runtime: Any) -> str:
+        return router(typed_state(state), runtime)
+
+    return call
+
+
+route_after_analyze_profile = _typed(routing.route_after_analyze_profile)
+route_after_distill_over_budget_round = _typed(routing.route_after_distill_over_budget_round)
+route_after_evaluate_model = _typed(routing.route_after_evaluate_model)
+route_after_iterate_pruning = _typed(routing.route_after_iterate_pruning)
+route_after_review_plan = _typed(routing.route_after_review_plan)
+route_after_select_best_model = _typed(routing.route_after_select_best_model)
 
 
 def _rt(**settings: Any) -> Runtime[Context]:
@@ -112,7 +122,7 @@ def test_a_rejected_analysis_plan_skips_pruning() -> None:
 
 def test_no_review_yet_is_not_a_rejection() -> None:
     assert route_after_review_plan({}, _rt()) == "prune_model"
-    assert route_after_review_plan({"review": None}, _rt()) == "prune_model"  # type: ignore[typeddict-item]
+    assert route_after_review_plan({"review": None}, _rt()) == "prune_model"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ from langgraph.runtime import Runtime
 from agents.iterative import select_best_model
 from agents.planning.selection import TIE_Z, accuracy_drop_points, best_round, budget_drop_points, within_budget
 from graph.context import Context
+from tests.helpers import round_result, typed_state
+from tools.schemas import OptimizationPlan, PairedAccuracy, PartAccuracy, PrunedEntry, RoundResult
 
 Z95 = 1.96
 
@@ -36,7 +38,7 @@ def _round(
     ok: bool = True,
     half_width: float | None = None,
     latency_s: float | None = None,
-) -> dict[str, Any]:
+) -> RoundResult:
     metrics: dict[str, Any] = {
         "accuracy": accuracy,
         "params": params,
@@ -44,7 +46,7 @@ def _round(
     }
     if half_width is not None:
         metrics["paired"] = _paired(half_width=half_width)
-    return {"round": i, "within_budget": ok, "metrics": metrics, "plan": {"round": i}, "source": "rules"}
+    return round_result({"round": i, "within_budget": ok, "metrics": metrics, "source": "rules"})
 
 
 # ------------------------------------------------------------------------------------------ best_round
@@ -52,8 +54,8 @@ def _round(
 
 def test_most_accurate_within_budget_wins_without_paired_results() -> None:
     rounds = [_round(0, 0.645, 900), _round(1, 0.644, 700), _round(2, 0.70, 500, ok=False)]
-    assert best_round(rounds, "accuracy")["round"] == 0
-    assert best_round(rounds, "smallest-within-budget")["round"] == 1
+    assert best_round(rounds, "accuracy").round == 0
+    assert best_round(rounds, "smallest-within-budget").round == 1
     assert best_round([_round(0, 0.6, 1, ok=False)], "accuracy") is None
 
 
@@ -72,11 +74,11 @@ def test_accuracy_differences_within_the_95_percent_interval_of_the_difference_a
         _round(1, 0.644, 700, half_width=0.85),
         _round(2, 0.633, 600, half_width=0.9),
     ]
-    assert best_round(rounds, "accuracy")["round"] == 1
-    assert best_round([*rounds[:2], _round(2, 0.638, 600, half_width=0.9)], "accuracy")["round"] == 2
+    assert best_round(rounds, "accuracy").round == 1
+    assert best_round([*rounds[:2], _round(2, 0.638, 600, half_width=0.9)], "accuracy").round == 2
     # a precise evaluation resolves 0.1 points: then the more accurate round stays the best
     precise = [_round(0, 0.645, 900, half_width=0.05), _round(1, 0.644, 700, half_width=0.05)]
-    assert best_round(precise, "accuracy")["round"] == 0
+    assert best_round(precise, "accuracy").round == 0
 
 
 def test_the_tie_tolerance_is_the_95_percent_half_width_of_the_difference_of_the_two_rounds() -> None:
@@ -85,20 +87,18 @@ def test_the_tie_tolerance_is_the_95_percent_half_width_of_the_difference_of_the
     best = _round(0, 0.800, 900, half_width=se_points * Z95)
     just_inside = _round(1, 0.800 - tolerance + 0.0001, 500, half_width=0.1)  # a tie, fewer params
     just_outside = _round(2, 0.800 - tolerance - 0.0001, 100, half_width=0.1)  # not a tie
-    assert best_round([best, just_inside], "accuracy")["round"] == 1
-    assert best_round([best, just_outside], "accuracy")["round"] == 0
-    assert best_round([best, just_inside, just_outside], "accuracy")["round"] == 1
+    assert best_round([best, just_inside], "accuracy").round == 1
+    assert best_round([best, just_outside], "accuracy").round == 0
+    assert best_round([best, just_inside, just_outside], "accuracy").round == 1
     # a precisely measured best round and a round whose own interval is wider: the wider one decides
     # (distilled candidates agree with the original on more images than the best, often least pruned, round)
     narrow = _round(0, 0.800, 900, half_width=0.0)
     wide = TIE_Z * se_points / 100
     assert (
-        best_round([narrow, _round(1, 0.800 - wide + 0.0001, 500, half_width=se_points * Z95)], "accuracy")["round"]
-        == 1
+        best_round([narrow, _round(1, 0.800 - wide + 0.0001, 500, half_width=se_points * Z95)], "accuracy").round == 1
     )
     assert (
-        best_round([narrow, _round(1, 0.800 - wide - 0.0001, 500, half_width=se_points * Z95)], "accuracy")["round"]
-        == 0
+        best_round([narrow, _round(1, 0.800 - wide - 0.0001, 500, half_width=se_points * Z95)], "accuracy").round == 0
     )
 
 
@@ -109,25 +109,25 @@ def test_among_ties_fewest_params_then_lowest_latency_then_higher_accuracy() -> 
         _round(1, 0.795, 400, half_width=hw, latency_s=0.002),
         _round(2, 0.79, 400, half_width=hw, latency_s=0.001),
     ]
-    assert best_round(rounds, "accuracy")["round"] == 2
-    same_latency = [{**r, "metrics": {**r["metrics"], "latency_s": 0.001}} for r in rounds]
-    assert best_round(same_latency, "accuracy")["round"] == 1  # same params and latency: the more accurate
+    assert best_round(rounds, "accuracy").round == 2
+    same_latency = [r.model_copy(update={"metrics": r.metrics.model_copy(update={"latency_s": 0.001})}) for r in rounds]
+    assert best_round(same_latency, "accuracy").round == 1  # same params and latency: the more accurate
 
 
 def test_equal_accuracy_without_paired_results_falls_to_params_then_latency_then_round() -> None:
     rounds = [_round(0, 0.7, 500, latency_s=0.001), _round(1, 0.7, 400, latency_s=0.002)]
-    assert best_round(rounds, "accuracy")["round"] == 1
+    assert best_round(rounds, "accuracy").round == 1
     rounds = [_round(0, 0.7, 400, latency_s=0.002), _round(1, 0.7, 400, latency_s=0.001)]
-    assert best_round(rounds, "accuracy")["round"] == 1
+    assert best_round(rounds, "accuracy").round == 1
     rounds = [_round(3, 0.7, 400, latency_s=0.001), _round(1, 0.7, 400, latency_s=0.001)]
-    assert best_round(rounds, "accuracy")["round"] == 1  # a full tie: the earlier round
+    assert best_round(rounds, "accuracy").round == 1  # a full tie: the earlier round
 
 
 def test_unknown_accuracy_selects_the_smallest_round() -> None:
     """An untrained model or no dataset: accuracies are None, every round is within budget; params decide."""
     rounds = [_round(0, None, 900), _round(1, None, 300), _round(2, None, 600)]
-    assert best_round(rounds, "accuracy")["round"] == 1
-    assert best_round(rounds, "smallest-within-budget")["round"] == 1
+    assert best_round(rounds, "accuracy").round == 1
+    assert best_round(rounds, "smallest-within-budget").round == 1
 
 
 def test_smallest_within_budget_ignores_accuracy_until_params_tie() -> None:
@@ -137,12 +137,12 @@ def test_smallest_within_budget_ignores_accuracy_until_params_tie() -> None:
         _round(2, 0.95, 100, ok=False),  # smaller and more accurate, but over budget
         _round(3, 0.70, 300, half_width=0.1),
     ]
-    assert best_round(rounds, "smallest-within-budget")["round"] == 3  # same params: the more accurate
-    assert best_round(rounds, "accuracy")["round"] == 0
+    assert best_round(rounds, "smallest-within-budget").round == 3  # same params: the more accurate
+    assert best_round(rounds, "accuracy").round == 0
     slower = [_round(0, 0.7, 300, latency_s=0.002), _round(1, 0.6, 300, latency_s=0.001)]
-    assert best_round(slower, "smallest-within-budget")["round"] == 0  # accuracy before latency
+    assert best_round(slower, "smallest-within-budget").round == 0  # accuracy before latency
     equal = [_round(0, 0.7, 300, latency_s=0.002), _round(1, 0.7, 300, latency_s=0.001)]
-    assert best_round(equal, "smallest-within-budget")["round"] == 1
+    assert best_round(equal, "smallest-within-budget").round == 1
 
 
 # -------------------------------------------------------------------------------------- the budget test
@@ -179,26 +179,28 @@ def test_the_paired_result_decides_over_the_point_estimate() -> None:
 # ------------------------------------------------------------------------------- the select_best_model node
 
 
-def _state(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def _state(rounds: list[RoundResult]) -> Any:
     baseline = {"accuracy": 0.9, "params": 1000, "latency_s": 0.01, "memory_mb": 4.0, "artifact": "/runs/original"}
-    return {"baseline": {**baseline, "data_parts": {"evaluation": 40}}, "rounds": rounds}
+    return typed_state({"baseline": {**baseline, "data_parts": {"evaluation": 40}}, "rounds": rounds})
 
 
 def test_no_round_within_budget_reports_the_original() -> None:
     state = _state([_round(0, 0.5, 400, ok=False), _round(1, 0.6, 600, ok=False)])
     for selection in ("accuracy", "smallest-within-budget"):
-        out = select_best_model(state, Runtime(context=Context(selection=selection, max_accuracy_drop=0.5)))  # type: ignore[arg-type]
+        out = select_best_model(state, Runtime(context=Context(selection=selection, max_accuracy_drop=0.5)))
         pruned = out["pruned"]
-        assert pruned == {
+        assert isinstance(pruned, PrunedEntry)
+        assert pruned.model_dump(exclude_defaults=True) == {
             "accuracy": 0.9,
             "params": 1000,
             "latency_s": 0.01,
             "memory_mb": 4.0,
             "artifact": "/runs/original",
-            "round": None,
             "within_budget": False,
             "accuracy_drop_points": 0.0,
+            "at_chance": False,  # the baseline's own fields but its data parts
         }
+        assert pruned.round is None
         (note,) = out["notes"]
         assert "0.5 point accuracy budget" in note and "original" in note
 
@@ -207,17 +209,17 @@ def test_no_round_within_budget_reports_the_original() -> None:
 def test_the_selected_round_is_reported(selection: Any, expected: int) -> None:
     rounds = [_round(0, 0.89, 800), _round(1, 0.95, 100, ok=False), _round(2, 0.85, 300)]
     for r in rounds:
-        r["accuracy_drop_points"] = accuracy_drop_points(0.9, r["metrics"]["accuracy"])
-    out = select_best_model(_state(rounds), Runtime(context=Context(selection=selection)))  # type: ignore[arg-type]
+        r.accuracy_drop_points = accuracy_drop_points(0.9, r.metrics.accuracy)
+    out = select_best_model(_state(rounds), Runtime(context=Context(selection=selection)))
     chosen = rounds[expected]
-    assert out["pruned"] == {
-        **chosen["metrics"],
-        "round": expected,
-        "within_budget": True,
-        "accuracy_drop_points": chosen["accuracy_drop_points"],
-        "plan": {"round": expected},
-        "source": "rules",
-    }
+    assert out["pruned"] == PrunedEntry(
+        **chosen.metrics.model_dump(exclude={"within_budget"}),
+        round=expected,
+        within_budget=True,
+        accuracy_drop_points=chosen.accuracy_drop_points,
+        plan=OptimizationPlan(),
+        source="rules",
+    )
     assert out["notes"] == []
 
 
@@ -228,34 +230,37 @@ def test_a_round_that_fails_the_budget_on_the_holdout_gives_way_to_the_next(monk
 
     rounds = [_round(0, 0.89, 800), _round(1, 0.895, 300), _round(2, 0.80, 100, ok=False)]
     for r in rounds:
-        r["metrics"]["artifact"] = f"/runs/round-{r['round']}"
+        r.metrics.artifact = f"/runs/round-{r.round}"
     holdout_drop = {1: 1.6, 0: 0.4}  # round 1 (most accurate) loses 1.6 points on the holdout
 
-    def fake_holdout(state: Any, ctx: Any, pruned: dict[str, Any]) -> list[str]:
-        drop = holdout_drop[pruned["round"]]
-        pruned["holdout"] = {"accuracy_drop_points": drop, "paired": {**_paired(-drop, 0.2), "samples": 500}}
-        return []
+    def fake_holdout(state: Any, ctx: Any, pruned: PrunedEntry) -> tuple[PrunedEntry, list[str]]:
+        drop = holdout_drop[pruned.round or 0]
+        paired = {**_paired(-drop, 0.2), "samples": 500}
+        holdout = {"part": "holdout", "accuracy": 0.8, "samples": 500, "accuracy_drop_points": drop, "paired": paired}
+        return pruned.model_copy(update={"holdout": PartAccuracy.model_validate(holdout)}), []
 
     monkeypatch.setattr(iterative, "evaluate_holdout", fake_holdout)
     ctx = Context(holdout_samples=500, max_accuracy_drop=1.0)
-    out = select_best_model(_state(rounds), Runtime(context=ctx))  # type: ignore[arg-type]
-    assert out["pruned"]["round"] == 0 and out["pruned"]["holdout"]["accuracy_drop_points"] == 0.4
+    out = select_best_model(_state(rounds), Runtime(context=ctx))
+    pruned = out["pruned"]
+    assert isinstance(pruned, PrunedEntry)
+    assert pruned.round == 0 and pruned.holdout is not None and pruned.holdout.accuracy_drop_points == 0.4
     (note,) = out["notes"]
     assert note.startswith("round 1 held the budget on the evaluation images but not on the 500 holdout images")
     holdout_drop[0] = 1.5  # neither holds: the original
-    out = select_best_model(_state(rounds), Runtime(context=ctx))  # type: ignore[arg-type]
-    assert out["pruned"]["round"] is None and "on both the evaluation and the holdout images" in out["notes"][-1]
-    without = select_best_model(_state(rounds), Runtime(context=Context(max_accuracy_drop=1.0)))  # type: ignore[arg-type]
-    assert without["pruned"]["round"] == 1  # no holdout: the evaluation subset alone decides
+    out = select_best_model(_state(rounds), Runtime(context=ctx))
+    assert out["pruned"].round is None and "on both the evaluation and the holdout images" in out["notes"][-1]
+    without = select_best_model(_state(rounds), Runtime(context=Context(max_accuracy_drop=1.0)))
+    assert without["pruned"].round == 1  # no holdout: the evaluation subset alone decides
 
 
 # ------------------------------------------------------------------------------------------ kept_round
 
 
-def _scored(i: int, drop: float, se: float, params: int, ok: bool = True) -> dict[str, Any]:
+def _scored(i: int, drop: float, se: float, params: int, ok: bool = True) -> RoundResult:
     r = _round(i, 0.80 - drop / 100, params, ok=ok)
-    r["accuracy_drop_points"] = drop
-    r["metrics"]["paired"] = _paired(delta=-drop, half_width=se * Z95)
+    r.accuracy_drop_points = drop
+    r.metrics.paired = PairedAccuracy.model_validate(_paired(delta=-drop, half_width=se * Z95))
     return r
 
 
@@ -271,13 +276,13 @@ def test_the_kept_round_passes_the_budget_test_for_the_number_of_rounds_it_was_c
         _scored(2, 0.54, 0.37, 680),
         _scored(3, 1.77, 0.42, 630, ok=False),
     ]
-    assert best_round(rounds, "accuracy")["round"] == 2
+    assert best_round(rounds, "accuracy").round == 2
     kept, why = kept_round(rounds, "accuracy", 1.0)
-    assert kept is not None and kept["round"] == 1
+    assert kept is not None and kept.round == 1
     assert "round 2 passed the budget test alone" in why and "best of 4 rounds" in why
     assert kept_round(rounds[:1], "accuracy", 1.0) == (rounds[0], "")  # one round: the test alone
     # none passes the stricter test: the within-budget round with the smallest drop + one standard error
     loose = [_scored(0, 0.60, 0.35, 800), _scored(1, 0.55, 0.40, 700), _scored(2, 2.0, 0.4, 600, ok=False)]
     kept, why = kept_round(loose, "accuracy", 1.0)
-    assert kept is not None and kept["round"] == 0 and "round 0 is kept" in why
+    assert kept is not None and kept.round == 0 and "round 0 is kept" in why
     assert kept_round([_scored(0, 2.0, 0.4, 600, ok=False)], "accuracy", 1.0) == (None, "")

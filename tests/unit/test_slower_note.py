@@ -12,20 +12,26 @@ from langgraph.runtime import Runtime
 from agents import evaluation
 from agents.evaluation import measure_latencies
 from graph.context import Context
+from graph.state import State
+from tests.helpers import typed_state
+from tools.deploy.speedup import SpeedupFactors
+from tools.schemas import DeployedEntry
 
 
-def _state(tmp_path: Path) -> dict[str, Any]:
+def _state(tmp_path: Path) -> State:
     def entry(name: str, params: int, **extra: Any) -> dict[str, Any]:
-        return {"artifact": str(tmp_path / name), "params": params, **extra}
+        return {"artifact": str(tmp_path / name), "params": params, "latency_s": 0.0, "memory_mb": 0.0, **extra}
 
-    return {
-        "input_shape": {"channels": 3, "height": 32, "width": 32},
-        "baseline": entry("original", 1000),
-        "pruned": entry("round", 800),
-        "quantized": entry("quantized", 800, backend="openvino-bf16"),
-        "quantized_original": entry("quantized-original", 1000, backend="openvino-bf16"),
-        "runtime_fp32_original": entry("runtime-fp32-original", 1000, backend="openvino"),
-    }
+    return typed_state(
+        {
+            "input_shape": {"channels": 3, "height": 32, "width": 32},
+            "baseline": entry("original", 1000),
+            "pruned": entry("round", 800),
+            "quantized": entry("quantized", 800, backend="openvino-bf16"),
+            "quantized_original": entry("quantized-original", 1000, backend="openvino-bf16"),
+            "runtime_fp32_original": entry("runtime-fp32-original", 1000, backend="openvino"),
+        }
+    )
 
 
 @pytest.mark.parametrize(("alone", "said"), [((0.30e-3, 0.37e-3), True), ((0.35e-3, 0.35e-3), False)])
@@ -45,8 +51,10 @@ def test_the_slower_note_needs_a_second_timing_alone(
     monkeypatch.setattr(evaluation.ops, "compare_latency", compare_latency)
     monkeypatch.setattr(evaluation.ops, "latency_device", lambda path, device="cpu": "cpu")
     ctx = Context(run_dir=str(tmp_path), latency_repeats=20)
-    out = measure_latencies(_state(tmp_path), Runtime(context=ctx))  # type: ignore[arg-type]
-    assert out["speedup"]["pruned"] and out["quantized"]["latency_s"] == pytest.approx(0.37e-3)
+    out = measure_latencies(_state(tmp_path), Runtime(context=ctx))
+    speedup, quantized = out["speedup"], out["quantized"]
+    assert isinstance(speedup, SpeedupFactors) and isinstance(quantized, DeployedEntry)
+    assert speedup.pruned and quantized.latency_s == pytest.approx(0.37e-3)
     assert len(calls) == 2 and calls[1]["repeats"] == 60  # the two deployed models again, three times the repeats
     assert Path(calls[1]["artifacts"]["pruned"]).name == "quantized"
     notes = out.get("notes") or []

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from tools.evaluation.accuracy import iter_logits
 from tools.evaluation.datasets import EvalDataset
 from tools.evaluation.labels import LabelMatch
-from tools.schemas import PairedAccuracy
+from tools.schemas import PairedAccuracy, PartAccuracy
 from tools.stats import Z95, clearly_over_budget, paired_accuracy, sequential_looks, standard_error_points
 from tools.store.files import META_FILE, atomic_write_json, read_json
 
@@ -47,6 +47,7 @@ __all__ = [
     "load_predictions",
     "pair",
     "paired_accuracy",
+    "part_accuracy",
     "predict_part",
     "prediction_key",
     "predictions_for",
@@ -60,30 +61,20 @@ __all__ = [
 StopRule = Callable[[list[int], list[int]], bool]
 
 
-class PartAccuracy(BaseModel):
-    """A model's accuracy on one part of the data (the holdout), with the original's on the same images."""
-
-    part: str
-    accuracy: float | None
-    samples: int
-    baseline_accuracy: float | None = None
-    accuracy_drop_points: float | None = Field(default=None, description="Points lost against the original.")
-    paired: PairedAccuracy | None = None
-
-    @classmethod
-    def of(
-        cls, part: str, candidate: ImagePredictions, reference: ImagePredictions, paired: PairedAccuracy | None
-    ) -> PartAccuracy:
-        base, acc = reference.accuracy, candidate.accuracy
-        drop = None if base is None or acc is None else round(100.0 * (base - acc), 4)
-        return cls(
-            part=part,
-            accuracy=acc,
-            samples=candidate.samples,
-            baseline_accuracy=base,
-            accuracy_drop_points=drop,
-            paired=paired,
-        )
+def part_accuracy(
+    part: str, candidate: ImagePredictions, reference: ImagePredictions, paired: PairedAccuracy | None
+) -> PartAccuracy:
+    """``candidate``'s accuracy on ``part``, with ``reference``'s (the original's) on the same images."""
+    base, acc = reference.accuracy, candidate.accuracy
+    drop = None if base is None or acc is None else round(100.0 * (base - acc), 4)
+    return PartAccuracy(
+        part=part,
+        accuracy=acc,
+        samples=candidate.samples,
+        baseline_accuracy=base,
+        accuracy_drop_points=drop,
+        paired=paired,
+    )
 
 
 # --- per-image predictions ---------------------------------------------------------------------------

@@ -122,10 +122,14 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
             **((state.get("plan") or {}).get("plan") or {}),
             "planner_state": (state.get("plan") or {}).get("planner_state"),
         },
-        "profile": {
-            "path": state.get("profile_path"),
-            **(state.get("profile_summary") or {}),
-            **_sensitivity(state.get("profile_path")),
+        "profile": {  # a sensitivity profile not measured leaves no key
+            k: v
+            for k, v in {
+                "path": state.get("profile_path"),
+                **(state.get("profile_summary") or {}),
+                **_sensitivity(state.get("profile_path")),
+            }.items()
+            if k != "sensitivity" or v is not None
         },
         "untrained": info.get("untrained", False),
         "notes": state.get("notes") or [],
