@@ -22,7 +22,7 @@ from agents.planning.selection import budget_drop_points, within_budget
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.deploy.choice import DeployChoice, has_pruned_within, is_chosen
+from tools.deploy.choice import DeployChoice, Ships, has_pruned_within, is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
@@ -130,15 +130,31 @@ def _headroom_note(pruned: PrunedEntry) -> list[str]:
     ]
 
 
+def _recommendations(state: State) -> list[QuantizationRecommendation]:
+    return need(state.plan, "plan").plan.quantization_recommendations or [
+        QuantizationRecommendation(layer="all", dtype="qint8", justification="default: every nn.Linear")
+    ]
+
+
+def _kept_source(state: State) -> Path:
+    pruned = state.pruned
+    return Path(pruned.artifact) if pruned is not None and pruned.artifact else paths(state).original
+
+
+def _control(state: State, ctx: Context) -> Any:
+    run = paths(state)
+    return accuracy_control(run.original, shape_of(state), eval_spec(state, ctx), budget_points(state, ctx))
+
+
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
+    """Every candidate (the kept round, its second student, a round with more headroom, the original) in every
+    runtime and precision: built, judged by the budget test counting every try, timed interleaved; returns the one
+    typed choice of what ships and why. The graph branches on ``choice.ships``; :func:`build_deployed_model`
+    builds it."""
     ctx = settings(runtime)
     run = paths(state)
     shape = shape_of(state)
-    recs = need(state.plan, "plan").plan.quantization_recommendations or [
-        QuantizationRecommendation(layer="all", dtype="qint8", justification="default: every nn.Linear")
-    ]
-    pruned = state.pruned
-    source = Path(pruned.artifact) if pruned is not None and pruned.artifact else run.original
+    source = _kept_source(state)
     spec = eval_spec(state, ctx)
 
     def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
@@ -146,16 +162,14 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
 
     headroom = _headroom_round(state, source)
     second = _second_student(state, source)
-    backends = candidate_backends(ctx.quant_backend)
-    control = functools.cache(lambda: accuracy_control(run.original, shape, spec, budget_points(state, ctx)))
     choice = deploy(
         source,
         run.original,
-        recs,
+        _recommendations(state),
         run.root / "models" / "deploy",
         shape,
         spec,
-        backends=backends,
+        backends=candidate_backends(ctx.quant_backend),
         within_budget=budget,
         baseline_accuracy=baseline_accuracy(state),
         repeats=ctx.latency_repeats,
@@ -167,32 +181,62 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         ],
         prebuilt=[run.root / "models" / "deploy-original"],
         int8_cpu=ctx.int8_cpu,
-        control=control,
+        control=functools.cache(lambda: _control(state, ctx)),
         spec_of=lambda model_dir: spec_for(state, ctx, model_dir),
         luck_of=lambda model_dir: half_luck(state, model_dir),
         allow_over_budget=ctx.allow_over_budget,
     )
-    changes: dict[str, object] = {}
-    headroom_notes: list[str] = []
-    original_wins = bool(choice.source) and Path(str(choice.source)).resolve() == run.original.resolve()
-    if second and pruned and choice.source and Path(choice.source).resolve() == second.resolve():
-        # the same round, its other student
-        changes["pruned"] = pruned.model_copy(update={"artifact": str(second), "student": 2})
-        source = second
-        headroom_notes = [_second_student_note(pruned.round, second)]
-    elif choice.source and headroom and not original_wins:  # a round with more headroom deploys faster: the pruned one
-        chosen_round = pruned_entry(headroom).model_copy(
-            update={"selected_round": pruned.round if pruned is not None else None}
-        )
-        source = Path(choice.source)
-        headroom_notes = _headroom_note(chosen_round)
-        if ctx.holdout_samples > 0:
-            chosen_round, holdout_notes = evaluate_holdout(state, ctx, chosen_round)
-            headroom_notes += holdout_notes
-        changes["pruned"] = chosen_round
-    elif original_wins:  # no pruned runtime within budget, or the original's faster and no larger: it deploys
-        headroom_notes = [_original_note(choice, source, run.original)]
-        source = run.original
+    built_from = Path(choice.source).resolve() if choice.source else None
+    ships: Ships = "kept_round"
+    if built_from is not None and built_from == run.original.resolve():
+        ships = "original"
+    elif built_from is not None and second is not None and built_from == second.resolve():
+        ships = "second_student"
+    elif built_from is not None and headroom is not None:
+        ships = "headroom_round"
+    return {"deployment": choice.model_copy(update={"ships": ships}), "notes": [f"deployment: {choice.why}"]}
+
+
+def adopt_second_student(state: State, runtime: Runtime[Context]) -> dict[str, object]:
+    """The kept round's second student ships: it becomes the pruned model."""
+    choice, pruned = need(state.deployment, "deployment"), need(state.pruned, "pruned")
+    second = Path(need(choice.source, "deployment source"))
+    return {
+        "pruned": pruned.model_copy(update={"artifact": str(second), "student": 2}),
+        "notes": [_second_student_note(pruned.round, second)],
+    }
+
+
+def adopt_headroom_round(state: State, runtime: Runtime[Context]) -> dict[str, object]:
+    """The round with more headroom ships (its builds within budget are faster): it becomes the pruned model."""
+    ctx = settings(runtime)
+    headroom = need(_headroom_round(state, _kept_source(state)), "round with more headroom")
+    chosen_round = pruned_entry(headroom).model_copy(
+        update={"selected_round": state.pruned.round if state.pruned is not None else None}
+    )
+    notes = _headroom_note(chosen_round)
+    if ctx.holdout_samples > 0:
+        chosen_round, holdout_notes = evaluate_holdout(state, ctx, chosen_round)
+        notes += holdout_notes
+    return {"pruned": chosen_round, "notes": notes}
+
+
+def adopt_original(state: State, runtime: Runtime[Context]) -> dict[str, object]:
+    """The unpruned original ships in the chosen build (no pruned build within budget, or none faster)."""
+    choice = need(state.deployment, "deployment")
+    return {"notes": [_original_note(choice, _kept_source(state), paths(state).original)]}
+
+
+def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
+    """The chosen build of the model that ships into ``RUN/models/quantized``, the original in the same build beside
+    it, and the original in that runtime at FP32 (the references of the speed-up's split)."""
+    ctx = settings(runtime)
+    run = paths(state)
+    shape = shape_of(state)
+    recs = _recommendations(state)
+    choice = need(state.deployment, "deployment")
+    source = run.original if choice.ships == "original" else _kept_source(state)
+    spec = eval_spec(state, ctx)
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
 
@@ -216,7 +260,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
         mixed = is_mixed(choice.chosen)
         chosen_recs = recs if mixed else full_int8(recs)
-        controlled = control() if mixed else None
+        controlled = _control(state, ctx) if mixed else None
         candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
         built.append(
             ops.quantize(
@@ -262,14 +306,10 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
     elif fp32_backend == choice.chosen:
         runtime_fp32_original.artifact = quantized_original.artifact
     return {
-        **changes,
         "quantized": quantized,
         "quantized_original": quantized_original,
         "runtime_fp32_original": runtime_fp32_original,
-        "deployment": choice,
         "notes": [
-            f"deployment: {choice.why}",
-            *headroom_notes,
             *(f"deployment: {b['rebuilt']}: rebuilt" for b in built if b["rebuilt"]),
             # fallbacks the backend took (e.g. nothing selected for int8, a preprocessing step that failed)
             *(f"deployment ({choice.chosen}): {note}" for note in (built[0].get("notes") or [] if built else [])),

@@ -209,6 +209,24 @@ def load_timed(m: Timed) -> Any:
     return load_compressed(m.artifact)
 
 
+def linear_only_note(run: RunInfo) -> str:
+    """For a model whose Linear layers do little of its work (a CNN): ONNX Runtime's dynamic int8 quantizes only
+    those, and the tool itself does not build it (``tools.deployment.MIN_LINEAR_SHARE``): said beside its row."""
+    from torch import nn
+
+    from tools.artifacts.io import load_module
+    from tools.deployment import MIN_LINEAR_SHARE
+    from tools.profiling.static import mac_shares
+
+    share = mac_shares(load_module(run.original), example_input(run.shape)).get(nn.Linear, 1.0)
+    if share >= MIN_LINEAR_SHARE:
+        return ""
+    return (
+        f"quantizes only Linear layers, {100 * share:.2g} % of this model's MACs: no faster than float, which the "
+        "tool does not build for it (a user gets it in one command)"
+    )
+
+
 def alternatives(times: dict[str, float], key: dict[str, str], deployed_s: float) -> dict[str, Any]:
     """The deployed model against what a user gets from each runtime for the original: the faster FP32 runtime
     (ONNX Runtime, OpenVINO), ONNX Runtime's dynamic int8, OpenVINO's int8 (the faster of the tool's build and
@@ -310,6 +328,9 @@ def compare_run(
         print(f"  vs {name:17s}: {best['label']} {ms:.3f} ms -> deployed {ratio:.2f}x")
     for label, why in missing.items():
         print(f"  {label:42s} not built ({why})")
+    pointless = linear_only_note(run)
+    if pointless:
+        print(f"  {BASELINES['onnxruntime']}: {pointless}")
     factors = speedup_of(backend, times, key)
     if factors is not None:
         print("  the deployed model's speed-up over the original FP32 PyTorch model:")

@@ -2,8 +2,9 @@
 
 acquire → resolve shape → profile → evaluate baseline → profile int8 (per-block damage, the budget's split)
 → profile sensitivity → analyze → prune → evaluate
-→ (iterate → prune → evaluate)×T → (distill an over-budget round, cross-fitted)×R → select best → quantize
-→ evaluate quantized
+→ (iterate → prune → evaluate)×T → (distill an over-budget round, cross-fitted)×R → select best → quantize (every
+candidate built, judged, timed; one choice) → [adopt the second student | a round with more headroom | the
+original] → build the deployed model → evaluate quantized
 → measure latencies (interleaved) → report
 """
 
@@ -22,7 +23,13 @@ from agents.int8 import profile_int8
 from agents.iterative import iterate_pruning, select_best_model
 from agents.profiler import profile_model, profile_sensitivity
 from agents.pruning import prune_model
-from agents.quantization import quantize_model
+from agents.quantization import (
+    adopt_headroom_round,
+    adopt_original,
+    adopt_second_student,
+    build_deployed_model,
+    quantize_model,
+)
 from agents.report import write_report
 from agents.review import review_plan
 from graph.context import Context
@@ -31,6 +38,7 @@ from graph.routing import (
     route_after_distill_over_budget_round,
     route_after_evaluate_model,
     route_after_iterate_pruning,
+    route_after_quantize_model,
     route_after_review_plan,
     route_after_select_best_model,
 )
@@ -51,6 +59,10 @@ NODES = {
     "distill_over_budget_round": distill_over_budget_round,
     "select_best_model": select_best_model,
     "quantize_model": quantize_model,
+    "adopt_second_student": adopt_second_student,
+    "adopt_headroom_round": adopt_headroom_round,
+    "adopt_original": adopt_original,
+    "build_deployed_model": build_deployed_model,
     "evaluate_quantized": evaluate_quantized,
     "measure_latencies": measure_latencies,
     "write_report": write_report,
@@ -75,7 +87,10 @@ def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder.add_conditional_edges("iterate_pruning", route_after_iterate_pruning)
     builder.add_conditional_edges("distill_over_budget_round", route_after_distill_over_budget_round)
     builder.add_conditional_edges("select_best_model", route_after_select_best_model)
-    builder.add_edge("quantize_model", "evaluate_quantized")
+    builder.add_conditional_edges("quantize_model", route_after_quantize_model)
+    for adopt in ("adopt_second_student", "adopt_headroom_round", "adopt_original"):
+        builder.add_edge(adopt, "build_deployed_model")
+    builder.add_edge("build_deployed_model", "evaluate_quantized")
     builder.add_edge("evaluate_quantized", "measure_latencies")
     builder.add_edge("measure_latencies", "write_report")
     builder.add_edge("write_report", END)

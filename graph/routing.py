@@ -91,3 +91,18 @@ def route_after_select_best_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["quantize_model", "measure_latencies"]:
     return after_pruning_stage(context_of(runtime))
+
+
+#: The node that makes each model the deployment may ship the pruned model (``DeployChoice.ships``).
+AfterDeployChoice = Literal["adopt_second_student", "adopt_headroom_round", "adopt_original", "build_deployed_model"]
+ADOPT_NODE: dict[str, AfterDeployChoice] = {
+    "second_student": "adopt_second_student",
+    "headroom_round": "adopt_headroom_round",
+    "original": "adopt_original",
+    "kept_round": "build_deployed_model",
+}
+
+
+def route_after_quantize_model(state: State) -> AfterDeployChoice:
+    """What ships decides the branch: another model than the kept round is adopted first, then it is built."""
+    return ADOPT_NODE[state.deployment.ships if state.deployment is not None else "kept_round"]

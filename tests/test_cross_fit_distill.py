@@ -14,6 +14,7 @@ import agents.evaluation
 from agents.evaluation import spec_for
 from agents.planning.selection import kept_round, round_to_distill
 from graph.context import Context
+from graph.routing import route_after_quantize_model
 from graph.state import state_of
 from tests.helpers import digits_vit_report, round_result, typed_state
 from tools.compression import distill
@@ -220,10 +221,17 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
         )
 
     monkeypatch.setattr(agents.quantization, "deploy", fake_deploy)
-    changes: Any = agents.quantization.quantize_model(state_of(state), Runtime(context=ctx))
+    typed = state_of(state)
+    changes: Any = agents.quantization.quantize_model(typed, Runtime(context=ctx))
     assert Path(seen["alternatives"][0]).resolve() == second.resolve()  # before the headroom round and the original
     assert seen["halves"] == [1, 0]  # each student judged on the half it was not distilled on
-    assert changes["pruned"].round == 1 and changes["pruned"].student == 2
-    assert Path(changes["pruned"].artifact).resolve() == second.resolve()
-    assert Path(changes["quantized"].source).resolve() == second.resolve()
-    assert any("round 1's first student" in note and "second student" in note for note in changes["notes"])
+    assert changes["deployment"].ships == "second_student" and "pruned" not in changes  # the choice only
+    typed = typed.model_copy(update={"deployment": changes["deployment"]})
+    assert route_after_quantize_model(typed) == "adopt_second_student"
+    adopted: Any = agents.quantization.adopt_second_student(typed, Runtime(context=ctx))
+    assert adopted["pruned"].round == 1 and adopted["pruned"].student == 2
+    assert Path(adopted["pruned"].artifact).resolve() == second.resolve()
+    assert any("round 1's first student" in note and "second student" in note for note in adopted["notes"])
+    typed = typed.model_copy(update={"pruned": adopted["pruned"]})
+    built: Any = agents.quantization.build_deployed_model(typed, Runtime(context=ctx))
+    assert Path(built["quantized"].source).resolve() == second.resolve()

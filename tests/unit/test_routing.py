@@ -25,6 +25,7 @@ TESTED = {
     "route_after_distill_over_budget_round",
     "route_after_evaluate_model",
     "route_after_iterate_pruning",
+    "route_after_quantize_model",
     "route_after_review_plan",
     "route_after_select_best_model",
 }
@@ -213,3 +214,25 @@ def test_routers_read_settings_given_as_a_dict() -> None:
     assert route_after_analyze_profile({}, runtime) == "review_plan"
     runtime = Runtime(context={"iterate": True, "iterations": 1})
     assert route_after_evaluate_model({"rounds": _rounds(1)}, runtime) == "iterate_pruning"
+
+
+@pytest.mark.parametrize(
+    ("ships", "node"),
+    [
+        ("kept_round", "build_deployed_model"),
+        ("second_student", "adopt_second_student"),
+        ("headroom_round", "adopt_headroom_round"),
+        ("original", "adopt_original"),
+    ],
+)
+def test_what_ships_is_one_choice_and_the_graph_draws_its_branch(ships: str, node: str) -> None:
+    """quantize_model returns one typed choice; the branch to what ships is an edge of the graph (``langgraph dev``
+    draws it), and every branch ends in the one node that builds the deployed model."""
+    from tools.deploy.choice import DeployChoice
+
+    state = typed_state({"deployment": DeployChoice(chosen="openvino-int8", why="test", ships=ships)})  # type: ignore[arg-type]
+    assert routing.route_after_quantize_model(state) == node
+    edges = {(e.source, e.target) for e in build_graph().compile().get_graph().edges}
+    assert ("quantize_model", node) in edges
+    assert node == "build_deployed_model" or (node, "build_deployed_model") in edges
+    assert ("build_deployed_model", "evaluate_quantized") in edges

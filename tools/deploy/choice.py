@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +26,7 @@ __all__ = [
     "TIE_MARGIN",
     "DeployCandidate",
     "DeployChoice",
+    "Ships",
     "available_backends",
     "choose",
     "dominates",
@@ -105,6 +106,10 @@ class DeployCandidate(BaseModel):
         return label(self.model_dump())
 
 
+#: The models a deployment may ship, besides the kept round (``DeployChoice.ships``).
+Ships = Literal["kept_round", "second_student", "headroom_round", "original"]
+
+
 class DeployChoice(BaseModel):
     """The candidates and the one deployed, with why."""
 
@@ -128,6 +133,11 @@ class DeployChoice(BaseModel):
     budget_z: float | None = Field(
         default=None,
         description="Standard errors each candidate's drop had to stay under the budget by, for the tries counted.",
+    )
+    ships: Ships = Field(
+        default="kept_round",
+        description="Which model the chosen build is of: the kept round, its second student, the round with more "
+        "headroom, or the unpruned original; the graph branches on it.",
     )
     candidates: list[DeployCandidate] = Field(default_factory=list)
 

@@ -108,7 +108,8 @@ def _best(rows: list[Row], base: Row) -> Row | None:
 def table1_matched(model: str, rows: list[Row]) -> Table:
     """At the agent's parameter count: the agent against the best uniform criterion without recovery (what
     the paper compares), the best with the run's recovery, and the run's own importance with recovery; the
-    gaps say what the planner buys beyond recovery and beyond both."""
+    gaps say what the planner buys beyond recovery and beyond both. When the agent's round was distilled and no
+    uniform baseline was, the gap columns are named "planner + distillation": the planner alone did not buy them."""
     methods = _by_method(rows)
     base, agent = methods["original"], methods.get("agent-prune")
     matched = [r for r in rows if r["method"] == "uniform" and r.get("matched")]
@@ -116,6 +117,11 @@ def table1_matched(model: str, rows: list[Row]) -> Table:
     plain = _best([r for r in paper if r.get("recovery") == "none"], base)
     repaired = _best([r for r in paper if r.get("recovery") != "none"], base)
     own = _best([r for r in matched if r.get("importance") not in PAPER_CRITERIA and r.get("recovery") != "none"], base)
+    # a distilled agent round against undistilled uniform baselines: the gap is the planner's and distillation's
+    distilled = (
+        agent is not None and bool(agent.get("finetune_steps")) and not any(r.get("finetune_steps") for r in matched)
+    )
+    gainer = "planner + distillation" if distilled else "agent"
     header = [
         "model",
         "params removed",
@@ -123,8 +129,8 @@ def table1_matched(model: str, rows: list[Row]) -> Table:
         "best uniform, no recovery",
         "best uniform + recovery",
         "uniform, agent's importance + recovery",
-        "agent − best no recovery (pts)",
-        "agent − best + recovery (pts)",
+        f"{gainer} − best no recovery (pts)",
+        f"{gainer} − best + recovery (pts)",
     ]
     if agent is None:
         return header, []
