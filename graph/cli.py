@@ -142,10 +142,10 @@ def _cmd_demo(args: argparse.Namespace) -> None:
             leftovers = [path for path in run_dir.iterdir() if path.name != LOCK_FILE]
             if leftovers:
                 try:
-                    previous = load_settings(run_dir)
+                    command = load_settings(run_dir).get("command")
                 except ValueError:
-                    previous = {}
-                if previous.get("command") != "demo":
+                    command = None
+                if command != "demo":
                     raise ValueError(f"{run_dir} exists and is not a demo run dir: pass another --run-dir")
                 for path in leftovers:
                     if path.is_dir() and not path.is_symlink():

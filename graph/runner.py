@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -32,8 +32,40 @@ from tools.store.lock import is_locked, lock_holder, run_dir_lock, status_hint
 from tools.store.run_paths import RunPaths
 from tools.text import first_line, slug
 
+if TYPE_CHECKING:
+    from tools.reporting.report import LlmComparison
+
 UpdateHook = Callable[[str, dict[str, object]], None]
 """Called with each node's name and the keys it returned (records, as the node returned them)."""
+
+
+class RunSettings(TypedDict):
+    """What ``settings.json`` holds: the thread, the graph's input and the run's context (``Context.to_dict``)."""
+
+    thread_id: str
+    input: InputState
+    context: dict[str, Any]
+    command: NotRequired[str]
+    """``demo`` for a run dir that ``profiling-agent demo`` may clear; absent for other runs."""
+
+
+class RunStatus(TypedDict):
+    """Where a run stands, as ``profiling-agent status`` prints it."""
+
+    run_dir: str
+    thread_id: str
+    model: str
+    finished: bool
+    running: bool
+    running_pid: object
+    """The ``pid`` the lock file names (see :func:`~tools.store.lock.lock_holder`) while running, else None."""
+    next: list[str]
+    rounds_done: int
+    rounds_planned: int
+    best_round: dict[str, JsonValue] | None
+    """The kept round's number and metrics (``Metrics`` fields), None before a round is kept."""
+    paused_for_approval: bool
+    steps: list[str]
 
 
 class RunResult(BaseModel):
@@ -148,7 +180,7 @@ def start_run(
     split: str | None = None,
     thread_id: str | None = None,
     on_update: UpdateHook | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, str] | None = None,
     model_options: dict[str, JsonValue] | None = None,
 ) -> RunResult:
     """Start a new checkpointed run in ``ctx.run_dir``; run it to the end or to a pause for approval."""
@@ -178,7 +210,7 @@ def _start_locked(
     split: str | None,
     thread_id: str | None,
     on_update: UpdateHook | None,
-    extra: dict[str, Any] | None,
+    extra: dict[str, str] | None,
     model_options: dict[str, JsonValue] | None,
 ) -> RunResult:
     prepare_run_dir(run_dir)
@@ -187,10 +219,8 @@ def _start_locked(
     inputs: InputState = {"model": model, "dataset": dataset, "dataset_split": split}
     if model_options is not None:
         inputs["model_options"] = model_options
-    atomic_write_json(
-        RunPaths(run_dir).settings,
-        {"thread_id": thread_id, "input": inputs, "context": ctx.to_dict(), **(extra or {})},
-    )
+    settings: RunSettings = {"thread_id": thread_id, "input": inputs, "context": ctx.to_dict()}
+    atomic_write_json(RunPaths(run_dir).settings, {**settings, **(extra or {})})
     try:
         with checkpointed_graph(run_dir) as graph:
             _stream(graph, inputs, thread_id, ctx, on_update)
@@ -224,11 +254,11 @@ def _forget_run(run_dir: Path) -> None:
         run_dir.rmdir()  # only if empty
 
 
-def load_settings(run_dir: Path) -> dict[str, Any]:
+def load_settings(run_dir: Path) -> RunSettings:
     path = RunPaths(run_dir).settings
     if not path.is_file():
         raise RunError(f"{run_dir} holds no run (no settings.json): start one with `profiling-agent run`")
-    data: dict[str, Any] = read_json(path)
+    data: RunSettings = read_json(path)
     return data
 
 
@@ -257,7 +287,7 @@ def resume_run(
 
 def _resume_locked(
     run_dir: Path,
-    saved: dict[str, Any],
+    saved: RunSettings,
     thread_id: str | None,
     on_update: UpdateHook | None,
     answer: dict[str, Any] | None,
@@ -300,7 +330,7 @@ def finished_report(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def run_status(run_dir: Path, thread_id: str | None = None) -> dict[str, Any]:
+def run_status(run_dir: Path, thread_id: str | None = None) -> RunStatus:
     """Where a run stands: finished nodes, next node, current round, best so far, the PID running it.
 
     Read-only and lock-free: it works while a run or resume holds the run dir.
@@ -344,7 +374,7 @@ def compare_llms(
     ctx: Context,
     split: str | None = None,
     on_update: UpdateHook | None = None,
-) -> dict[str, Any]:
+) -> LlmComparison:
     """The paper's Table 5: iterative pruning planned by each LLM on the same model, data and settings.
 
     One run per LLM in ``out_dir/<llm>`` (resumed when it exists), then ``compare.json`` and ``compare.md``.
@@ -366,7 +396,7 @@ def compare_llms(
         if result.report is None:
             raise RunError(f"the run of {name} in {run_dir} is paused for approval: resume it, then compare again")
         reports[name] = result.report
-    table = {"model": model, "dataset": dataset, "rows": llm_comparison_rows(reports)}
+    table: LlmComparison = {"model": model, "dataset": dataset, "rows": llm_comparison_rows(reports)}
     atomic_write_json(out_dir / "compare.json", table)
     atomic_write_text(out_dir / "compare.md", render_llm_comparison(table))
     return table

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
-from typing import Any
 
 from tools.schemas import PairedAccuracy
 
@@ -179,14 +178,14 @@ def paired_accuracy(
     )
 
 
-def standard_error_points(paired: PairedAccuracy | dict[str, Any]) -> float:
+def standard_error_points(paired: PairedAccuracy | dict[str, float]) -> float:
     """One standard error of the paired difference, in points: the interval's half-width / 1.96."""
     result = PairedAccuracy.model_validate(paired)
     return (result.ci95_high_points - result.ci95_low_points) / (2 * Z95)
 
 
 def drop_points(
-    baseline: float | None, accuracy: float | None, paired: PairedAccuracy | dict[str, Any] | None = None
+    baseline: float | None, accuracy: float | None, paired: PairedAccuracy | dict[str, float] | None = None
 ) -> float | None:
     """Points lost against the original (negative: a gain): from the paired result when there is one (the two
     models on the same images, whichever images they were), else ``baseline - accuracy``; None when unknown."""
@@ -196,7 +195,7 @@ def drop_points(
 
 
 def budget_drop_points(
-    drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None = None, z: float = 1.0
+    drop_points: float | None, paired: PairedAccuracy | dict[str, float] | None = None, z: float = 1.0
 ) -> float | None:
     """The drop the budget test holds against ``--max-accuracy-drop``: the measured drop plus ``z`` (one, for one
     candidate) standard errors of the paired difference (``se`` = the 95 % interval's half-width / 1.96). Without a
@@ -218,7 +217,7 @@ def selection_z(candidates: int) -> float:
     return NormalDist().inv_cdf(1.0 - ONE_SE_LEVEL / max(1, candidates))
 
 
-def disagreement_bound_pct(paired: PairedAccuracy | dict[str, Any], z: float = 1.0) -> float:
+def disagreement_bound_pct(paired: PairedAccuracy | dict[str, float], z: float = 1.0) -> float:
     """The share of images whose top-1 answer changed against the original, plus ``z`` standard errors of it
     (binomial), in percent: what the agreement budget (``--max-disagreement``) holds against."""
     result = PairedAccuracy.model_validate(paired)
@@ -231,7 +230,7 @@ def disagreement_bound_pct(paired: PairedAccuracy | dict[str, Any], z: float = 1
 def within_budget(
     drop_points: float | None,
     max_drop: float,
-    paired: PairedAccuracy | dict[str, Any] | None = None,
+    paired: PairedAccuracy | dict[str, float] | None = None,
     max_disagreement: float | None = None,
     z: float = 1.0,
 ) -> bool:

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from agents.planning.base import Planner, PlanningContext, PlanResult
 from agents.planning.llm_settings import settings_from_options
@@ -58,7 +58,7 @@ from tools.llm.budget import (
 )
 from tools.llm.client import LLMSettings, make_chat_model, shorten
 from tools.llm.response_format import FORMAT_MEMORY_FILE, ResponseFormatMemory
-from tools.llm.structured import LLMExchange, ResponseFormatMode, endpoint_of, invoke_structured
+from tools.llm.structured import Failure, LLMExchange, ResponseFormatMode, endpoint_of, invoke_structured
 from tools.schemas import InputShape, OptimizationPlan
 
 if TYPE_CHECKING:
@@ -88,6 +88,18 @@ _ECHO_CHARS = 3000  # characters of a rejected answer sent back in a follow-up (
 _ECHO_ERRORS = 8  # rejection reasons sent back in a follow-up
 _ECHO_ERROR_CHARS = 300  # characters of each
 PromptBuilder = Callable[[PromptDetail], list[dict[str, str]]]
+
+
+class RejectedAttempt(TypedDict):
+    """One rejected LLM answer in ``planner_state["rejected"]``: why, and what it said."""
+
+    attempt: int
+    failure: Failure | None
+    reasons: list[str]
+    plan: dict[str, Any] | None
+    """The answer's JSON object after normalisation; None when it could not be parsed."""
+    raw: NotRequired[str]
+    """The start of an answer that could not be parsed (``_RAW_KEPT`` characters)."""
 
 
 class JsonlExchangeLog:
@@ -269,7 +281,7 @@ class LLMPlanner:
         )
         followups: list[dict[str, str]] = []
         fitted: FittedMessages[PromptDetail] | None = None
-        rejected: list[dict[str, Any]] = []
+        rejected: list[RejectedAttempt] = []
         report_notes: list[str] = []
         usage: Counter[str] = Counter()
         attempts = 0
@@ -312,7 +324,7 @@ class LLMPlanner:
                     state = self._state(model, attempts, rejected, usage, exchange)
                     self._add_notes(state, chat, report_notes, fitted)
                     return PlanResult(plan=plan, source=source, planner_state=state)
-                entry: dict[str, Any] = {
+                entry: RejectedAttempt = {
                     "attempt": attempt,
                     "failure": exchange.failure,
                     "reasons": list(exchange.errors),
@@ -379,7 +391,7 @@ class LLMPlanner:
         self,
         model: str,
         attempts: int,
-        rejected: list[dict[str, Any]],
+        rejected: list[RejectedAttempt],
         usage: Counter[str],
         exchange: LLMExchange | None,
     ) -> dict[str, Any]:
@@ -402,7 +414,7 @@ class LLMPlanner:
         purpose: Purpose,
         model: str,
         attempts: int,
-        rejected: list[dict[str, Any]],
+        rejected: list[RejectedAttempt],
         usage: Counter[str],
         reason: str,
     ) -> PlanResult:

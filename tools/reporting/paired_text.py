@@ -13,7 +13,7 @@ from tools.reporting.format import DASH, accuracy_pct, drop_as_change
 from tools.schemas import PairedAccuracy, RunReport
 
 
-def change_ci(drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None, missing: str = DASH) -> str:
+def change_ci(drop_points: float | None, paired: PairedAccuracy | dict[str, float] | None, missing: str = DASH) -> str:
     """The accuracy change with its 95 % interval, ``-0.40 [-0.81, +0.01]``; the change alone without a pair."""
     if paired is None:
         text = drop_as_change(drop_points)
@@ -21,7 +21,7 @@ def change_ci(drop_points: float | None, paired: PairedAccuracy | dict[str, Any]
     return f"{_signed(PairedAccuracy.model_validate(paired).delta_points)} {interval(paired)}"
 
 
-def interval(paired: PairedAccuracy | dict[str, Any] | None) -> str:
+def interval(paired: PairedAccuracy | dict[str, float] | None) -> str:
     """The 95 % interval of a paired change, ``[-0.81, +0.01]``; empty without a pair."""
     if paired is None:
         return ""
@@ -29,7 +29,7 @@ def interval(paired: PairedAccuracy | dict[str, Any] | None) -> str:
     return f"[{_signed(p.ci95_low_points)}, {_signed(p.ci95_high_points)}]"
 
 
-def delta_ci_html(drop_points: float | None, paired: PairedAccuracy | dict[str, Any] | None) -> str:
+def delta_ci_html(drop_points: float | None, paired: PairedAccuracy | dict[str, float] | None) -> str:
     """The HTML cell of a change: coloured like :func:`~tools.reporting.html_parts.delta_html`, then the interval."""
     from tools.reporting.html_parts import delta_html, esc
 
@@ -37,7 +37,7 @@ def delta_ci_html(drop_points: float | None, paired: PairedAccuracy | dict[str, 
     return cell + (f' <span class="muted small">{esc(interval(paired))}</span>' if paired is not None else "")
 
 
-def agreement(paired: PairedAccuracy | dict[str, Any] | None, missing: str = DASH) -> str:
+def agreement(paired: PairedAccuracy | dict[str, float] | None, missing: str = DASH) -> str:
     """The share of images with the original's top-1 class: ``98.7%``."""
     if paired is None:
         return missing
@@ -95,7 +95,7 @@ def float_twins_text(candidates: list[dict[str, Any]]) -> str | None:
 
 
 def stopped_text(
-    rows: list[tuple[str, PairedAccuracy | dict[str, Any] | None]], images: int, halves: set[int] | None = None
+    rows: list[tuple[str, PairedAccuracy | dict[str, float] | None]], images: int, halves: set[int] | None = None
 ) -> str | None:
     """One line naming the candidates sequential evaluation stopped (fewer than ``images`` paired), None if none;
     ``halves``: the sizes a distilled round's students are judged on, which are not stops."""

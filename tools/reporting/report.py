@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tools.deploy.choice import is_chosen
 from tools.deploy.choice import label as candidate_label
@@ -52,7 +52,25 @@ def metrics_view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     return view
 
 
-def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
+class ArtifactFile(TypedDict):
+    """One model file of the run in the report's inventory."""
+
+    path: str
+    size_mb: float
+    sha256: str
+
+
+class DataSplit(TypedDict):
+    """Images in each part of the data, and whether the parts were drawn disjoint (None: not recorded)."""
+
+    calibration_samples: int
+    evaluation_samples: int
+    holdout_samples: int
+    unreadable_images: int
+    parts_disjoint: bool | None
+
+
+def artifact_inventory(run_dir: Path) -> list[ArtifactFile]:
     """Every model file of the run with its size (10^6 bytes) and SHA-256, to check what is deployed."""
     from tools.store.files import sha256_of
 
@@ -63,7 +81,7 @@ def artifact_inventory(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def data_split(state: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def data_split(state: dict[str, Any], settings: dict[str, Any]) -> DataSplit:
     """Images in each disjoint part of the data: as drawn (the baseline's ``data_parts``), else as asked."""
     parts = (state.get("baseline") or {}).get("data_parts") or {}
     if not parts and state.get("dataset"):
@@ -362,9 +380,29 @@ def write_report_files(report: RunReport | dict[str, Any], json_path: Path, md_p
     return written
 
 
-def llm_comparison_rows(reports: Mapping[str, RunReport | dict[str, Any]]) -> list[dict[str, Any]]:
+class LlmComparisonRow(TypedDict):
+    """One LLM's line of ``compare.json``: its best pruned model against the original, and how its plans went."""
+
+    llm: str
+    delta_accuracy_points: float | None
+    original_params: int
+    pruned_params: int
+    within_budget: bool | None
+    round_sources: dict[str, int]
+    rejected_plans: int
+
+
+class LlmComparison(TypedDict):
+    """``compare.json``: the model and dataset every LLM planned for, one row per LLM."""
+
+    model: str
+    dataset: str | None
+    rows: list[LlmComparisonRow]
+
+
+def llm_comparison_rows(reports: Mapping[str, RunReport | dict[str, Any]]) -> list[LlmComparisonRow]:
     """One row per LLM: ΔAccuracy of its best pruned model, original and pruned parameters, plan sources."""
-    rows = []
+    rows: list[LlmComparisonRow] = []
     for name, given in reports.items():
         report = RunReport.model_validate(given)
         base = report.baseline
@@ -393,7 +431,7 @@ def llm_comparison_rows(reports: Mapping[str, RunReport | dict[str, Any]]) -> li
     return rows
 
 
-def render_llm_comparison(result: dict[str, Any]) -> str:
+def render_llm_comparison(result: LlmComparison) -> str:
     lines = [
         f"# LLM comparison: {result['model']} on {result['dataset']}",
         "",
