@@ -79,7 +79,8 @@ def resolution_note(images: int, budget_points: float) -> str | None:
         "test, drop + one standard error, only on that many), so pruned and int8 candidates will mostly be refused: "
         "give more images or raise --max-accuracy-drop, or budget the share of answers changed against the original, "
         f"which needs no labels and bounds the drop: --max-disagreement PCT on a folder of unlabelled images (about "
-        f"{agreement_images_needed(budget_points):,} resolve {budget_points:g} %)"
+        f"{agreement_images_needed(budget_points):,} resolve {budget_points:g} % for one candidate, "
+        f"{agreement_images_needed(budget_points, selection_z(TYPICAL_DEPLOY_TRIES)):,} for the deployment's test)"
     )
 
 
@@ -89,22 +90,36 @@ def is_budget_note(note: str) -> bool:
     return note.startswith("no labels:") or " evaluation images resolve about " in note
 
 
-def agreement_images_needed(budget_pct: float) -> int:
+#: About how many builds a deployment tries (kept round, original and alternatives in each runtime and precision):
+#: what the first lines assume when they say what the images resolve for the deployment's test.
+TYPICAL_DEPLOY_TRIES = 12
+
+
+def agreement_images_needed(budget_pct: float, z: float = 1.0) -> int:
     """Images the agreement budget needs: a candidate that changes half the budget's share of answers passes it
-    (changed + one binomial standard error within the budget) only on ``n >= (1 - p) / p`` images, ``p`` half the
-    budget as a fraction (about 200 for 1 %)."""
+    (changed + ``z`` binomial standard errors within the budget) only on ``n >= z² (1 - p) / p`` images, ``p`` half
+    the budget as a fraction (about 200 for 1 % and one standard error)."""
     half = budget_pct / 200.0
-    return 0 if half <= 0 else math.ceil((1.0 - half) / half)
+    return 0 if half <= 0 else math.ceil(z * z * (1.0 - half) / half)
 
 
 def unlabelled_note(images: int, budget_pct: float) -> str:
-    """What the budget of an unlabelled dataset is and what it bounds, and what its images resolve."""
+    """What the budget of an unlabelled dataset is and what it bounds, and what its images resolve: for one
+    candidate (one standard error) and for the deployment's test, which counts its tries (:func:`selection_z`)."""
     needed = agreement_images_needed(budget_pct)
-    resolved = (
-        f"{images:,} images resolve it"
-        if images >= needed
-        else f"{images:,} images resolve it only roughly (about {needed:,} are needed: give more unlabelled images)"
-    )
+    needed_deploy = agreement_images_needed(budget_pct, selection_z(TYPICAL_DEPLOY_TRIES))
+    if images >= needed_deploy:
+        resolved = f"{images:,} images resolve it, also for the deployment's test of about {TYPICAL_DEPLOY_TRIES} tries"
+    elif images >= needed:
+        resolved = (
+            f"{images:,} images resolve it for one candidate, but the deployment's test, counting about "
+            f"{TYPICAL_DEPLOY_TRIES} tries, needs about {needed_deploy:,}: builds that change any answers will mostly "
+            "be refused (give more unlabelled images)"
+        )
+    else:
+        resolved = (
+            f"{images:,} images resolve it only roughly (about {needed:,} are needed: give more unlabelled images)"
+        )
     return (
         f"no labels: each image's target is the original's top-1 answer, so 'accuracy' is the agreement with the "
         f"original (its own is 100 %) and a drop is the share of answers changed; the budget is {budget_pct:g} % of "
