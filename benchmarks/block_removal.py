@@ -28,7 +28,7 @@ from torch import nn
 
 from tools import load_compressed, ops
 from tools.compression.distill import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, DistillConfig, distill_
-from tools.compression.forward import forward_logits
+from tools.compression.kinds.blocks import removable_blocks
 from tools.deploy.cpu import detect_cpu
 from tools.deploy.onnxruntime.export import export_onnx
 from tools.deploy.onnxruntime.session import OrtModel
@@ -48,33 +48,9 @@ class SkippedBlock(nn.Module):
 
 
 def same_shape_blocks(model: nn.Module, example: torch.Tensor) -> list[str]:
-    """Names of the children of Sequential/ModuleList containers whose tensor output has their input's shape."""
-    candidates = {
-        f"{name}.{child}" if name else child: module
-        for name, container in model.named_modules()
-        if isinstance(container, nn.Sequential | nn.ModuleList)
-        for child, module in container.named_children()
-    }
-    same: list[str] = []
-
-    def hook(name: str) -> Any:
-        def check(_: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-            first = inputs[0] if inputs else None
-            tensors = isinstance(first, torch.Tensor) and isinstance(output, torch.Tensor)
-            shaped = tensors and first.shape == output.shape
-            if shaped and name not in same:  # a module called twice (shared) is one block
-                same.append(name)
-
-        return check
-
-    handles = [module.register_forward_hook(hook(name)) for name, module in candidates.items()]
-    try:
-        with torch.no_grad():
-            forward_logits(model.eval(), example)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return same
+    """Names of the blocks whose output has their input's shape and whose removal leaves the model running: the
+    blocks unit kind's own finder (:func:`tools.compression.kinds.blocks.removable_blocks`)."""
+    return list(removable_blocks(model, example))
 
 
 def without(model: nn.Module, names: list[str]) -> nn.Module:
