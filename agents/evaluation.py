@@ -138,12 +138,13 @@ def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
     """The run's data: its disjoint calibration, evaluation, holdout and finetune parts, and how to batch it."""
     from tools.evaluation.twin import float_runtime_for
 
+    points = budget_points(state, ctx)
     finetune = finetune_samples(state, ctx)
     macs = total_macs(state)
     samples = ctx.eval_samples or ops.auto_eval_samples(
         macs,
         other_parts=ctx.holdout_samples > 0,  # distillation images share the rest (split_indices)
-        budget_points=budget_points(state, ctx),
+        budget_points=points,
     )
     evaluated = int(data_parts(state).get("evaluation") or samples)
     return ops.EvalSpec(
@@ -159,25 +160,26 @@ def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
         batch_size=ctx.batch_size,
         device=ctx.device,
         progress=ctx.progress,
-        stop_beyond_points=budget_points(state, ctx),  # sequential: a candidate clearly over the budget stops early
+        stop_beyond_points=points,  # sequential: a candidate clearly over the budget stops early
     )
 
 
-def spec_for(state: State, ctx: Context, artifact: Path) -> ops.EvalSpec:
-    """:func:`eval_spec` for judging ``artifact`` or a model built from it: for a round distilled after the search
-    (cross-fitted), only the half of the evaluation images its model (or its second student) was not distilled
-    on."""
+def spec_for(state: State, ctx: Context, artifact: Path, spec: ops.EvalSpec | None = None) -> ops.EvalSpec:
+    """:func:`eval_spec` (or ``spec``, the run's, where the caller has it) for judging ``artifact`` or a model built
+    from it: for a round distilled after the search (cross-fitted), only the half of the evaluation images its model
+    (or its second student) was not distilled on."""
+    base = spec or eval_spec(state, ctx)
     wanted = Path(artifact).resolve()
     for r in state.rounds:
         cross_fit = r.cross_fit
         if cross_fit is None:
             continue
         if r.metrics.artifact and Path(r.metrics.artifact).resolve() == wanted:
-            return eval_spec(state, ctx).model_copy(update={"evaluation_half": cross_fit.judged_on_half})
+            return base.model_copy(update={"evaluation_half": cross_fit.judged_on_half})
         for student in cross_fit.students:  # the second student: judged on the other half
             if Path(student.artifact).resolve() == wanted:
-                return eval_spec(state, ctx).model_copy(update={"evaluation_half": student.judged_on_half})
-    return eval_spec(state, ctx)
+                return base.model_copy(update={"evaluation_half": student.judged_on_half})
+    return base
 
 
 def _evaluate(state: State, ctx: Context, artifact: Path, desc: str, source: Path | None = None) -> Metrics:

@@ -18,7 +18,7 @@ from langgraph.runtime import Runtime
 from agents.common import baseline_accuracy, budget_points, disagreement_budget, need, paths, settings, shape_of
 from agents.evaluation import eval_spec, spec_for
 from agents.iterative import evaluate_holdout, pruned_entry
-from agents.planning.selection import budget_drop_points, within_budget
+from agents.planning.selection import budget_drop_points
 from graph.context import Context
 from graph.state import State
 from tools import ops
@@ -26,6 +26,7 @@ from tools.deploy.choice import DeployChoice, Ships, has_pruned_within, is_chose
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
+    Judging,
     accuracy_control,
     calibration_images,
     candidate_backends,
@@ -33,14 +34,15 @@ from tools.deployment import (
     full_int8,
     is_mixed,
 )
+from tools.run_data import EvalSpec
 from tools.schemas import (
     DeployedBuild,
-    PairedAccuracy,
     PrunedEntry,
     QuantizationRecommendation,
     RoundResult,
     RuntimeReference,
 )
+from tools.stats import Budget
 from tools.store.files import StagingDir
 
 
@@ -141,27 +143,32 @@ def _kept_source(state: State) -> Path:
     return Path(pruned.artifact) if pruned is not None and pruned.artifact else paths(state).original
 
 
-def _control(state: State, ctx: Context) -> Any:
-    run = paths(state)
-    return accuracy_control(run.original, shape_of(state), eval_spec(state, ctx), budget_points(state, ctx))
+def _judging(state: State, ctx: Context, spec: EvalSpec, models: list[Path]) -> dict[Path, Judging]:
+    """How each model's deployment candidates are judged: its evaluation (a distilled round's student on the half it
+    was not distilled on) and the lead it had there, taken off (:func:`half_luck`)."""
+    return {m: Judging(spec=spec_for(state, ctx, m, spec), luck_points=half_luck(state, m)) for m in models}
 
 
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Every candidate (the kept round, its second student, a round with more headroom, the original) in every
     runtime and precision: built, judged by the budget test counting every try, timed interleaved; returns the one
     typed choice of what ships and why. The graph branches on ``choice.ships``; :func:`build_deployed_model`
-    builds it."""
+    builds it. Everything the deployment needs from the run is read here, once, as values: it calls nothing back."""
     ctx = settings(runtime)
     run = paths(state)
     shape = shape_of(state)
     source = _kept_source(state)
+    budget = Budget(max_drop_points=budget_points(state, ctx), max_disagreement_pct=disagreement_budget(state, ctx))
     spec = eval_spec(state, ctx)
-
-    def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
-        return within_budget(drop, budget_points(state, ctx), paired, disagreement_budget(state, ctx), z)
-
     headroom = _headroom_round(state, source)
     second = _second_student(state, source)
+    alternatives = [
+        *([second] if second else []),
+        *([Path(headroom.metrics.artifact)] if headroom is not None and headroom.metrics.artifact else []),
+        *([run.original] if source.resolve() != run.original.resolve() else []),
+    ]
+    judging = _judging(state, ctx, spec, [source, *alternatives])
+    backends, forced = candidate_backends(ctx.quant_backend), ctx.quant_backend != "auto"
     choice = deploy(
         source,
         run.original,
@@ -169,21 +176,16 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         run.root / "models" / "deploy",
         shape,
         spec,
-        backends=candidate_backends(ctx.quant_backend),
+        backends=backends,
         within_budget=budget,
         baseline_accuracy=baseline_accuracy(state),
         repeats=ctx.latency_repeats,
-        forced=ctx.quant_backend != "auto",
-        alternatives=[
-            *([second] if second else []),
-            *([Path(headroom.metrics.artifact)] if headroom is not None and headroom.metrics.artifact else []),
-            *([run.original] if source.resolve() != run.original.resolve() else []),
-        ],
+        forced=forced,
+        alternatives=alternatives,
         prebuilt=[run.root / "models" / "deploy-original"],
         int8_cpu=ctx.int8_cpu,
-        control=functools.cache(lambda: _control(state, ctx)),
-        spec_of=lambda model_dir: spec_for(state, ctx, model_dir),
-        luck_of=lambda model_dir: half_luck(state, model_dir),
+        control=functools.partial(accuracy_control, run.original, shape, spec, budget.max_drop_points),
+        judging=judging,
         allow_over_budget=ctx.allow_over_budget,
     )
     built_from = Path(choice.source).resolve() if choice.source else None
@@ -260,7 +262,7 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
         mixed = is_mixed(choice.chosen)
         chosen_recs = recs if mixed else full_int8(recs)
-        controlled = _control(state, ctx) if mixed else None
+        controlled = accuracy_control(run.original, shape, spec, budget_points(state, ctx)) if mixed else None
         candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
         built.append(
             ops.quantize(

@@ -206,9 +206,12 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
     second = run_dir / "rounds" / "round-01" / "model-second"
     seen: dict[str, Any] = {}
 
-    def fake_deploy(source: Path, *args: Any, alternatives: list[Path], spec_of: Any, **kwargs: Any) -> DeployChoice:
+    def fake_deploy(source: Path, *args: Any, alternatives: list[Path], judging: Any, **kwargs: Any) -> DeployChoice:
+        judged = {Path(p).resolve(): j for p, j in judging.items()}
         seen.update(
-            source=source, alternatives=alternatives, halves=[spec_of(p).evaluation_half for p in (source, second)]
+            source=source,
+            alternatives=alternatives,
+            halves=[judged[Path(p).resolve()].spec.evaluation_half for p in (source, second)],
         )
         chosen = DeployCandidate(
             backend="torch", runtime="pytorch", precision="fp32", ran=True, within_budget=True, latency_s=1e-3

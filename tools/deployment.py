@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from tools import ops
@@ -49,6 +50,7 @@ from tools.text import first_line
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "Judging",
     "accuracy_control",
     "attempt_marker",
     "calibration_images",
@@ -63,6 +65,15 @@ __all__ = [
 BudgetTest = Callable[[float | None, PairedAccuracy | None, float], bool]
 #: What mixed-precision candidates are judged on, or how to get it (called once, only when one is built).
 ControlSource = AccuracyControl | Callable[[], AccuracyControl | None] | None
+
+
+class Judging(BaseModel):
+    """How the candidates built from one model are judged: the evaluation they get (a model distilled on some
+    evaluation images is judged on the others only) and the points taken off their paired result (the lead a
+    distilled student had on that half over its round's estimate on every image: :func:`luck_removed`)."""
+
+    spec: ops.EvalSpec
+    luck_points: float = 0.0
 
 
 class _Judge:
@@ -164,7 +175,7 @@ def _measure(
     original_dir: Path,
     recommendations: list[QuantizationRecommendation],
     shape: InputShape,
-    spec: ops.EvalSpec,
+    judged: Judging,
     images: torch.Tensor,
     within_budget: BudgetTest,
     baseline_accuracy: float | None,
@@ -172,7 +183,6 @@ def _measure(
     control: Callable[[], AccuracyControl | None] = lambda: None,
     prebuilt: Sequence[Path] = (),
     source: str | None = None,
-    luck_of: Callable[[Path], float] = lambda _: 0.0,
 ) -> DeployCandidate:
     """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
     mixed-precision backend gets the plan's recommendations and ``control``; the others the full-int8 ones.
@@ -182,6 +192,7 @@ def _measure(
     resumed run leaves that candidate out, saying so, instead of dying at the same place again."""
     runtime, precision = runtime_and_precision(backend, unknown=("?", "?"))
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
+    spec, luck = judged.spec, judged.luck_points
     marker = attempt_marker(artifact_dir)
     if marker.exists():
         logger.warning(
@@ -216,7 +227,6 @@ def _measure(
                 candidate.answers_of = _float_twin(artifact, source_dir, original_dir, shape, spec)
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = drop_points(baseline_accuracy, metrics.accuracy, metrics.paired)
-        luck = luck_of(source_dir)
         return candidate.model_copy(
             update={
                 "artifact": str(artifact),
@@ -412,8 +422,7 @@ def deploy(
     prebuilt: Sequence[Path] = (),
     int8_cpu: str = "auto",
     control: ControlSource = None,
-    spec_of: Callable[[Path], ops.EvalSpec] | None = None,
-    luck_of: Callable[[Path], float] = lambda _: 0.0,
+    judging: Mapping[Path, Judging] | None = None,
     allow_over_budget: bool = False,
 ) -> DeployChoice:
     """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
@@ -434,8 +443,7 @@ def deploy(
     when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`, or a function
     that makes it, called only then); its row says why it was not built otherwise.
 
-    ``spec_of(model_dir)``: the evaluation a model's candidates are judged by (default ``spec``): a model distilled
-    on some evaluation images is judged on the others only, less ``luck_of(model_dir)`` points (``luck_removed``).
+    ``judging[model_dir]``: how a model's candidates are judged (:class:`Judging`; default ``spec``, no luck).
     """
     images, calibrated_on = calibration_images(original_dir, shape, spec)
     judge = _Judge(control)
@@ -450,20 +458,23 @@ def deploy(
         int8_cpu=int8_cpu,
         control=judge,
         prebuilt=prebuilt,
-        luck_of=luck_of,
     )
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
     mixed_backends = [b for b in backends if b not in full]
     pointless = [] if forced else _linear_only_pointless(full, source_dir, shape) + _off_target(full, int8_cpu)
     left_out = {c.backend for c in pointless}
-    judged_by = spec_of or (lambda _: spec)
-    candidates = [measure(b, source_dir, out_root / b, spec=judged_by(source_dir)) for b in full if b not in left_out]
+    judged_on = {Path(p).resolve(): j for p, j in (judging or {}).items()}
+
+    def judged_by(model_dir: Path) -> Judging:
+        return judged_on.get(Path(model_dir).resolve(), Judging(spec=spec))
+
+    candidates = [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in full if b not in left_out]
     candidates += pointless
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
     if timed:
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     mixed, skipped = _mixed(mixed_backends, candidates, judge, always=forced)
-    candidates += [measure(b, source_dir, out_root / b, spec=judged_by(source_dir)) for b in mixed] + skipped
+    candidates += [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in mixed] + skipped
     if mixed or not timed:  # timed again only when mixed candidates joined
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
     tries = _judged_together(candidates, within_budget)
@@ -485,7 +496,8 @@ def deploy(
                 continue
             logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
             candidates += [
-                measure(b, other, out_root / f"alt-{i}" / b, source=str(other), spec=judged_by(other)) for b in rebuilt
+                measure(b, other, out_root / f"alt-{i}" / b, source=str(other), judged=judged_by(other))
+                for b in rebuilt
             ]
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
         tries = _judged_together(candidates, within_budget)

@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 from statistics import NormalDist
 
+from pydantic import BaseModel
+
 from tools.schemas import PairedAccuracy
 
 __all__ = [
@@ -266,3 +268,16 @@ def within_budget(
     if changed is not None and max_disagreement is not None and changed > max_disagreement + 1e-9:
         return False
     return drop is None or drop <= max_drop + 1e-9
+
+
+class Budget(BaseModel):
+    """The run's budget test of one candidate as a value: ``budget(drop, paired, z)`` is :func:`within_budget` with
+    ``max_drop_points`` and, where given, ``max_disagreement_pct``."""
+
+    max_drop_points: float
+    max_disagreement_pct: float | None = None
+
+    def __call__(
+        self, drop_points: float | None, paired: PairedAccuracy | dict[str, float] | None, z: float = 1.0
+    ) -> bool:
+        return within_budget(drop_points, self.max_drop_points, paired, self.max_disagreement_pct, z)

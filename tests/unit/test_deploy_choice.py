@@ -575,7 +575,7 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
     from tests.helpers import save_tiny, tiny_vit, typed_state
     from tools import ops
     from tools.deploy.choice import luck_removed
-    from tools.deployment import deploy
+    from tools.deployment import Judging, deploy
     from tools.schemas import Metrics, PairedAccuracy
     from tools.stats import within_budget
 
@@ -640,7 +640,7 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
         baseline_accuracy=0.8,
         repeats=2,
         forced=True,
-        luck_of=lambda model_dir: 0.37,
+        judging={original: Judging(spec=ops.EvalSpec(dataset=None, samples=10, progress=False), luck_points=0.37)},
     )
     row = choice.candidates[0]
     assert row.paired == half and row.accuracy_drop_points == 0.34  # the table shows what was measured
