@@ -18,10 +18,12 @@ from graph.routing import route_after_quantize_model
 from graph.state import state_of
 from tests.helpers import digits_vit_report, round_result, typed_state
 from tools.compression import distill
+from tools.deployment import accuracy_control
 from tools.evaluation.datasets import evaluation_halves
 from tools.evaluation.paired import ImagePredictions, merge_halves
 from tools.run_data import EvalSpec
 from tools.schemas import PairedAccuracy, RoundResult
+from tools.stats import Budget
 
 
 def test_halves_are_disjoint_seeded_and_cover_the_part() -> None:
@@ -208,6 +210,9 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
 
     def fake_deploy(source: Path, *args: Any, alternatives: list[Path], judging: Any, **kwargs: Any) -> DeployChoice:
         judged = {Path(p).resolve(): j for p, j in judging.items()}
+        # the deployment gets values, and calls nothing of the agents back: the budget test is a record, the
+        # accuracy control a recipe of tools.deployment's own function
+        assert isinstance(kwargs["within_budget"], Budget) and kwargs["control"].func is accuracy_control
         seen.update(
             source=source,
             alternatives=alternatives,

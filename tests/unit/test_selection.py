@@ -286,3 +286,18 @@ def test_the_kept_round_passes_the_budget_test_for_the_number_of_rounds_it_was_c
     kept, why = kept_round(loose, "accuracy", 1.0)
     assert kept is not None and kept.round == 0 and "round 0 is kept" in why
     assert kept_round([_scored(0, 2.0, 0.4, 600, ok=False)], "accuracy", 1.0) == (None, "")
+
+
+def test_the_budget_as_a_value_is_the_budget_test_and_serializes() -> None:
+    """``Budget`` is what the deployment receives instead of a closure over the run: the same answers as
+    ``within_budget`` (the agreement budget too), and plain data."""
+    from tools.stats import Budget
+
+    paired = {"delta_points": -0.6, "ci95_low_points": -1.1, "ci95_high_points": -0.1, "agreement": 0.95}
+    paired |= {"samples": 400, "gained": 6, "lost": 8}
+    budget = Budget(max_drop_points=1.0)
+    assert budget(0.6, paired, 1.0) == within_budget(0.6, 1.0, paired, z=1.0)
+    assert budget(0.6, paired, 1.0) and not budget(0.6, paired, 2.0)  # more tries, a wider margin
+    strict = Budget(max_drop_points=1.0, max_disagreement_pct=4.0)
+    assert not strict(0.6, paired, 1.0)  # 5 % of the answers changed
+    assert Budget.model_validate(strict.model_dump()) == strict
