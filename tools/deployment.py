@@ -189,11 +189,15 @@ def _measure(
 
     A marker beside ``artifact_dir`` (:func:`attempt_marker`) exists while it is built and evaluated: a runtime that
     kills the process (OpenVINO 2026.4 segfaults compiling a GroupNorm of one channel per group) leaves it, and the
-    resumed run leaves that candidate out, saying so, instead of dying at the same place again."""
+    resumed run leaves that candidate out, saying so, instead of dying at the same place again; one left by a process
+    that the machine's restart killed (another boot id) is tried again."""
     runtime, precision = runtime_and_precision(backend, unknown=("?", "?"))
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
     spec, luck = judged.spec, judged.luck_points
     marker = attempt_marker(artifact_dir)
+    if marker.exists() and _left_by_an_earlier_boot(marker):
+        logger.info("deploy candidate %s: the machine restarted while it was built: trying it again", backend)
+        marker.unlink()
     if marker.exists():
         logger.warning(
             "deploy candidate %s left out: the process died in it before (delete %s to try it again)", backend, marker
@@ -204,7 +208,7 @@ def _measure(
         )
         return candidate
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    marker.write_text(_boot_id())
     try:
         artifact = source_dir
         if backend != FLOAT:
@@ -285,8 +289,27 @@ def _float_twin(
 
 
 def attempt_marker(artifact_dir: Path) -> Path:
-    """The file that exists while the candidate at ``artifact_dir`` is built and evaluated (see :func:`_measure`)."""
+    """The file that exists while the candidate at ``artifact_dir`` is built and evaluated (see :func:`_measure`);
+    it holds the machine's boot id."""
     return artifact_dir.parent / f".{artifact_dir.name}.attempt"
+
+
+#: Where Linux keeps an id that changes at every boot.
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:  # not Linux: a marker without one is always taken as a crash
+        return ""
+
+
+def _left_by_an_earlier_boot(marker: Path) -> bool:
+    """Whether ``marker`` was left by a process the machine's restart killed (another boot id in it), not by a crash
+    inside a runtime: that candidate is tried again. A marker without a boot id counts as a crash."""
+    written, now = marker.read_text().strip(), _boot_id()
+    return bool(written and now and written != now)
 
 
 def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputShape) -> list[DeployCandidate]:

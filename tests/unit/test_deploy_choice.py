@@ -380,19 +380,27 @@ def test_bf16_is_not_built_for_cpus_without_vnni(monkeypatch: Any) -> None:
     assert deployment_module._off_target(backends, "no-vnni") == [], "its own row says why (not applicable here)"
 
 
-def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(tmp_path: Path) -> None:
+def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A runtime that kills the process (a segfault) leaves the candidate's marker: the resumed deployment leaves
-    that candidate out with a row saying why, deploys the others, and leaves no marker of those behind."""
+    that candidate out with a row saying why, deploys the others, and leaves no marker of those behind. A marker
+    left by a process the machine's restart killed (another boot id in it) is no crash: that candidate is tried."""
     from tests.helpers import save_tiny, tiny_resnet
+    from tools import deployment as deployment_module
     from tools import ops
     from tools.deployment import attempt_marker, deploy
 
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("this-boot\n")
+    monkeypatch.setattr(deployment_module, "BOOT_ID", boot_id)
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
     out_root = tmp_path / "run" / "models" / "deploy"
     crashed = attempt_marker(out_root / "onnxruntime-fp32")
     crashed.parent.mkdir(parents=True)
-    crashed.touch()  # what a process killed while building or running it leaves
+    crashed.write_text("this-boot")  # what a process killed while building or running it leaves
+    attempt_marker(out_root / "openvino").write_text("an-earlier-boot")  # the machine restarted then
 
     choice = deploy(
         original,
