@@ -31,12 +31,12 @@ from tools.deploy.choice import (
     choose,
     eligible,
     faster_over_budget,
-    is_usable,
     luck_removed,
     never_slower,
     own_source,
     preferred,
     runoff,
+    unconfirmed_alternative,
 )
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
@@ -45,6 +45,7 @@ from tools.models.base import example_input
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
 from tools.stats import drop_points, selection_z
+from tools.store.files import boot_id, left_by_an_earlier_boot
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ def _measure(
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
     spec, luck = judged.spec, judged.luck_points
     marker = attempt_marker(artifact_dir)
-    if marker.exists() and _left_by_an_earlier_boot(marker):
+    if marker.exists() and left_by_an_earlier_boot(marker):
         logger.info("deploy candidate %s: the machine restarted while it was built: trying it again", backend)
         marker.unlink()
     if marker.exists():
@@ -208,7 +209,7 @@ def _measure(
         )
         return candidate
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(_boot_id())
+    marker.write_text(boot_id())
     try:
         artifact = source_dir
         if backend != FLOAT:
@@ -294,24 +295,6 @@ def attempt_marker(artifact_dir: Path) -> Path:
     return artifact_dir.parent / f".{artifact_dir.name}.attempt"
 
 
-#: Where Linux keeps an id that changes at every boot.
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
-def _boot_id() -> str:
-    try:
-        return BOOT_ID.read_text().strip()
-    except OSError:  # not Linux: a marker without one is always taken as a crash
-        return ""
-
-
-def _left_by_an_earlier_boot(marker: Path) -> bool:
-    """Whether ``marker`` was left by a process the machine's restart killed (another boot id in it), not by a crash
-    inside a runtime: that candidate is tried again. A marker without a boot id counts as a crash."""
-    written, now = marker.read_text().strip(), _boot_id()
-    return bool(written and now and written != now)
-
-
 def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputShape) -> list[DeployCandidate]:
     """Rows for the backends that quantize only Linear layers (dynamic int8) of a model whose Linear layers do less
     than :data:`MIN_LINEAR_SHARE` of its MACs (a CNN's classifier): no faster than float, not built."""
@@ -365,33 +348,6 @@ def _judged_together(candidates: list[DeployCandidate], within_budget: BudgetTes
     for c in tried:
         c.within_budget = within_budget(c.accuracy_drop_points, luck_removed(c.paired, c.half_luck_points or 0.0), z)
     return len(tried)
-
-
-def _unconfirmed_alternative(
-    pool: list[DeployCandidate], chosen: str, shape: InputShape, repeats: int, seed: int, own: str | None = None
-) -> str | None:
-    """When the candidate deployed for ``chosen`` comes from another model than the best one, time it again with the
-    best model's fastest within budget, the two alone, interleaved, with ``repeats``: why it does not stay (no longer
-    :data:`ALTERNATIVE_MARGIN` faster), or None when it does (or when it is the best model's own)."""
-
-    ready = [c for c in pool if is_usable(c) and c.artifact is not None]
-    winners = [c for c in ready if c.backend == chosen]
-    mains = [c for c in ready if c.source == own and c.backend != FLOAT]
-    if not winners or not mains:
-        return None
-    winner = min(winners, key=lambda c: c.latency_s or 0.0)
-    main = min(mains, key=lambda c: c.latency_s or 0.0)
-    if winner.source == own:
-        return None
-    times = ops.compare_latency(
-        {"alternative": Path(str(winner.artifact)), "best": Path(str(main.artifact))}, shape, repeats=repeats, seed=seed
-    )
-    if times["alternative"] <= (1.0 - ALTERNATIVE_MARGIN) * times["best"]:
-        return None
-    return (
-        f"{winner.key} timed {1e3 * times['alternative']:.2f} ms against {main.key}'s {1e3 * times['best']:.2f} ms "
-        f"when the two were timed again alone: not {100 * ALTERNATIVE_MARGIN:.0f} % faster, so the best model deploys"
-    )
 
 
 def _mixed(
@@ -529,7 +485,9 @@ def deploy(
         order = [own, *(s for s in sources if s != own)]  # the best model's, then the alternatives in order
         pool = eligible(candidates, original_dir, own)
         chosen, why = choose(pool, original_latency)
-        doubt = _unconfirmed_alternative(pool, chosen, shape, 3 * repeats, spec.seed, own)
+        doubt = unconfirmed_alternative(
+            pool, chosen, lambda pair: ops.compare_latency(pair, shape, repeats=3 * repeats, seed=spec.seed), own
+        )
         if doubt:  # the margin was timing noise: the best model deploys
             pool = [c for c in candidates if c.source == own]
             chosen, why = choose(pool, original_latency)

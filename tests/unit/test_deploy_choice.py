@@ -276,8 +276,7 @@ def test_linear_only_int8_is_left_out_where_linear_layers_do_little() -> None:
 def test_another_source_stays_deployed_only_if_it_is_still_faster_when_timed_again(monkeypatch: Any) -> None:
     """A margin measured among many candidates on a loaded machine can be noise: the winner from another model and
     the best model's fastest are timed again, alone; the other model deploys only if it is still clearly faster."""
-    from tools import ops
-    from tools.deployment import _unconfirmed_alternative
+    from tools.deploy.choice import unconfirmed_alternative
 
     alternative = _c("openvino-int8", 0.50).model_copy(
         update={"source": "/run/rounds/round-00/model", "artifact": "/run/deploy/alt-0/openvino-int8"}
@@ -286,21 +285,18 @@ def test_another_source_stays_deployed_only_if_it_is_still_faster_when_timed_aga
     timed: list[dict[str, Path]] = []
 
     def again(alternative_ms: float) -> Any:
-        def compare(artifacts: dict[str, Path], shape: Any, repeats: int = 20, seed: int = 0) -> dict[str, float]:
+        def time_alone(artifacts: dict[str, Path]) -> dict[str, float]:
             timed.append(artifacts)
             return {"alternative": alternative_ms / 1e3, "best": 0.60 / 1e3}
 
-        return compare
+        return time_alone
 
-    shape = InputShape(channels=3, height=8, width=8)
-    monkeypatch.setattr(ops, "compare_latency", again(0.59))
-    doubt = _unconfirmed_alternative([best, alternative], "openvino-int8", shape, 60, 0)
+    doubt = unconfirmed_alternative([best, alternative], "openvino-int8", again(0.59))
     assert doubt and "not 5 % faster" in doubt and "openvino-int8 (round-00)" in doubt
     assert timed[-1] == {"alternative": Path(alternative.artifact or ""), "best": Path(best.artifact or "")}
-    monkeypatch.setattr(ops, "compare_latency", again(0.50))
-    assert _unconfirmed_alternative([best, alternative], "openvino-int8", shape, 60, 0) is None
+    assert unconfirmed_alternative([best, alternative], "openvino-int8", again(0.50)) is None
     calls = len(timed)
-    assert _unconfirmed_alternative([best, alternative], "onnxruntime-fp32", shape, 60, 0) is None
+    assert unconfirmed_alternative([best, alternative], "onnxruntime-fp32", again(0.50)) is None
     assert len(timed) == calls, "the best model's own candidate is not timed again"
 
 
@@ -387,13 +383,13 @@ def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(
     that candidate out with a row saying why, deploys the others, and leaves no marker of those behind. A marker
     left by a process the machine's restart killed (another boot id in it) is no crash: that candidate is tried."""
     from tests.helpers import save_tiny, tiny_resnet
-    from tools import deployment as deployment_module
     from tools import ops
     from tools.deployment import attempt_marker, deploy
+    from tools.store import files
 
     boot_id = tmp_path / "boot_id"
     boot_id.write_text("this-boot\n")
-    monkeypatch.setattr(deployment_module, "BOOT_ID", boot_id)
+    monkeypatch.setattr(files, "BOOT_ID", boot_id)
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
     out_root = tmp_path / "run" / "models" / "deploy"

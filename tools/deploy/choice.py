@@ -230,6 +230,34 @@ def _smallest_of_tie(
     return min(tied, key=lambda c: (c.memory_mb if c.memory_mb is not None else float("inf"), times[c.key]))
 
 
+def unconfirmed_alternative(
+    pool: list[DeployCandidate],
+    chosen: str,
+    time_alone: Callable[[dict[str, Path]], dict[str, float]],
+    own: str | None = None,
+) -> str | None:
+    """When the candidate deployed for ``chosen`` comes from another model than the best one (``own``), time it again
+    with the best model's fastest within budget, the two alone (``time_alone``: artifact by name -> seconds,
+    interleaved): why it does not stay (no longer :data:`ALTERNATIVE_MARGIN` faster), or None when it does (or when it
+    is the best model's own)."""
+    ready = [c for c in pool if is_usable(c) and c.artifact is not None]
+    winners = [c for c in ready if c.backend == chosen]
+    mains = [c for c in ready if c.source == own and c.backend != FLOAT]
+    if not winners or not mains:
+        return None
+    winner = min(winners, key=lambda c: c.latency_s or 0.0)
+    main = min(mains, key=lambda c: c.latency_s or 0.0)
+    if winner.source == own:
+        return None
+    times = time_alone({"alternative": Path(str(winner.artifact)), "best": Path(str(main.artifact))})
+    if times["alternative"] <= (1.0 - ALTERNATIVE_MARGIN) * times["best"]:
+        return None
+    return (
+        f"{winner.key} timed {1e3 * times['alternative']:.2f} ms against {main.key}'s {1e3 * times['best']:.2f} ms "
+        f"when the two were timed again alone: not {100 * ALTERNATIVE_MARGIN:.0f} % faster, so the best model deploys"
+    )
+
+
 def runoff(
     pool: list[DeployCandidate],
     chosen: str,

@@ -98,3 +98,22 @@ class StagingDir:
         if self.target.exists():
             shutil.rmtree(self.target)
         os.replace(self.tmp, self.target)
+
+
+#: Where Linux keeps an id that changes at every boot.
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This boot of the machine ("" where the system does not say: not Linux)."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def left_by_an_earlier_boot(marker: Path) -> bool:
+    """Whether ``marker`` (a file holding :func:`boot_id` while some work is under way) was left by a process the
+    machine's restart killed, not by one that died on this boot. A marker without a boot id counts as this boot's."""
+    written, now = marker.read_text().strip(), boot_id()
+    return bool(written and now and written != now)
