@@ -22,7 +22,7 @@ from agents.planning.selection import budget_drop_points
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.deploy.choice import DeployChoice, Ships, has_pruned_within, is_chosen
+from tools.deploy.choice import TIE_MARGIN, DeployChoice, Ships, can_outrun_the_original, has_pruned_within, is_chosen
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
@@ -50,22 +50,49 @@ def _artifact(r: RoundResult) -> Path | None:
     return Path(r.metrics.artifact) if r.metrics.artifact else None
 
 
+def _used(r: RoundResult) -> float:
+    """The share of the accuracy budget a round's drop uses, with one standard error (inf when unknown)."""
+    drop = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
+    return float("inf") if drop is None else drop
+
+
+def _roomier_rounds(state: State, source: Path) -> list[RoundResult]:
+    """The rounds within budget with more accuracy headroom than the deployed source's, the roomiest first."""
+    rounds = [r for r in state.rounds if r.within_budget and r.metrics.artifact]
+    best = next((r for r in rounds if (a := _artifact(r)) is not None and a.resolve() == source.resolve()), None)
+    if best is None:
+        return []
+    return sorted((r for r in rounds if _used(r) < _used(best)), key=_used)
+
+
+def _cannot_outrun(state: State, r: RoundResult) -> bool:
+    return not can_outrun_the_original(r.metrics.macs, state.baseline.macs if state.baseline is not None else None)
+
+
 def _headroom_round(state: State, source: Path) -> RoundResult | None:
     """The round within budget with the most accuracy headroom (smallest drop + 1 se), when it is not the
-    deployed source and has more headroom than it: its int8 may fit the budget where the best round's did not."""
-    rounds = [r for r in state.rounds if r.within_budget and r.metrics.artifact]
-    if not rounds:
-        return None
+    deployed source and has more headroom than it: its int8 may fit the budget where the best round's did not. Only a
+    round that removes enough MACs to run faster than the original at all is one
+    (:func:`tools.deploy.choice.can_outrun_the_original`): building the others costs minutes and cannot ship."""
+    return next((r for r in _roomier_rounds(state, source) if not _cannot_outrun(state, r)), None)
 
-    def used(r: RoundResult) -> float:
-        drop = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
-        return float("inf") if drop is None else drop
 
-    best = next((r for r in rounds if (a := _artifact(r)) is not None and a.resolve() == source.resolve()), None)
-    roomiest = min(rounds, key=used)
-    if best is None or roomiest is best or used(roomiest) >= used(best):
-        return None
-    return roomiest
+def _headroom_left_out(state: State, source: Path, headroom: RoundResult | None) -> list[str]:
+    """A note naming the rounds with more headroom than the kept one that are not built, and why."""
+    left = [
+        r
+        for r in _roomier_rounds(state, source)
+        if _cannot_outrun(state, r) and (headroom is None or _used(r) < _used(headroom))
+    ]
+    if not left or state.baseline is None or not state.baseline.macs:
+        return []
+    saved = ", ".join(f"round {r.round}: {100 * (1 - (r.metrics.macs or 0) / state.baseline.macs):.1f} %" for r in left)
+    return [
+        f"deployment: nothing built from the rounds with more accuracy headroom, which save too few of the original's "
+        f"MACs ({saved}): "
+        f"a pruned build ships only {100 * TIE_MARGIN:.0f} % faster than the original's, and at batch 1 latency falls "
+        "by less than MACs do"
+    ]
 
 
 def _second_student(state: State, source: Path) -> Path | None:
@@ -196,7 +223,8 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         ships = "second_student"
     elif built_from is not None and headroom is not None:
         ships = "headroom_round"
-    return {"deployment": choice.model_copy(update={"ships": ships}), "notes": [f"deployment: {choice.why}"]}
+    notes = [f"deployment: {choice.why}", *_headroom_left_out(state, source, headroom)]
+    return {"deployment": choice.model_copy(update={"ships": ships}), "notes": notes}
 
 
 def adopt_second_student(state: State, runtime: Runtime[Context]) -> dict[str, object]:

@@ -204,8 +204,10 @@ def load_timed(m: Timed) -> Any:
 
     if m.label == NNCF_DEFAULTS:
         return OpenVinoModel(m.artifact / "model.xml", threads=torch.get_num_threads())
-    if m.label == OPENVINO_DEFAULT:
-        return OpenVinoModel(m.artifact, threads=torch.get_num_threads(), precision=None)
+    if m.label == OPENVINO_DEFAULT:  # f32 where this CPU, as the tool sees it, has no bf16: under
+        # ONEDNN_MAX_CPU_ISA=AVX2 on an AMX CPU OpenVINO's own pick (bf16) has no kernels and cannot run
+        precision = None if detect_cpu().bf16 else "f32"
+        return OpenVinoModel(m.artifact, threads=torch.get_num_threads(), precision=precision)
     return load_compressed(m.artifact)
 
 

@@ -22,7 +22,7 @@ from tools import ops
 from tools.artifacts.io import load_compressed, load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.budget import not_faster_than_float, split_budget
+from tools.deploy.budget import mixed_to_build, split_budget
 from tools.deploy.choice import (
     ALTERNATIVE_MARGIN,
     DeployCandidate,
@@ -228,7 +228,9 @@ def _measure(
                 reuse=[Path(root) / backend for root in prebuilt],
             )
             candidate.float_layers = dict(built.get("float_layers") or {})
-            if precision == PRECISION_FP32:
+            if built.get("copied_from"):
+                _answers_of_copy(artifact, Path(built["copied_from"]), original_dir, shape, spec)
+            elif precision == PRECISION_FP32:
                 candidate.answers_of = _float_twin(artifact, source_dir, original_dir, shape, spec)
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = drop_points(baseline_accuracy, metrics.accuracy, metrics.paired)
@@ -254,6 +256,18 @@ def _measure(
         return candidate
     finally:
         marker.unlink(missing_ok=True)
+
+
+def _answers_of_copy(artifact: Path, built: Path, original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> None:
+    """A candidate copied from a build of the same recipe (the original's, built by the int8 profile) answers as that
+    build did: its predictions on the evaluation images are taken as the copy's instead of evaluated again (at 260 px,
+    six seconds a build)."""
+    from tools.evaluation.paired import adopt_predictions
+
+    source = ops.predictions_on(built, original_dir, shape, spec, "evaluation", desc=f"deploy {built.name}")
+    if source is not None and not source.stopped_early:
+        label = spec.part_label("evaluation")
+        adopt_predictions(artifact, label, spec.part("evaluation"), spec.model_dump(), source, f"copied from {built}")
 
 
 def _float_twin(
@@ -350,40 +364,6 @@ def _judged_together(candidates: list[DeployCandidate], within_budget: BudgetTes
     return len(tried)
 
 
-def _mixed(
-    backends: list[str],
-    candidates: list[DeployCandidate],
-    control: Callable[[], AccuracyControl | None],
-    always: bool = False,
-) -> tuple[list[str], list[DeployCandidate]]:
-    """The mixed-precision backends to build (their full-int8 backend ran over the budget, or ``always``, and there
-    is a labelled dataset to control accuracy with), and a skipped row for each of the others, saying why."""
-    build: list[str] = []
-    skipped: list[DeployCandidate] = []
-    for name in backends:
-        full = BACKENDS[name].mixed_of if name in BACKENDS else None
-        if full is None:
-            continue
-        row = next((c for c in candidates if c.backend == full and c.source is None), None)
-        why = None
-        if always:
-            why = None
-        elif row is None or not row.ran:
-            why = f"{full} was not built"
-        elif row.within_budget:
-            why = f"not needed: full int8 ({full}) is within the accuracy budget"
-        elif (slow := not_faster_than_float(row, candidates)) is not None:
-            why = slow
-        if why is None and control() is None:
-            why = "needs a labelled dataset to control accuracy"
-        if why is None:
-            build.append(name)
-        else:
-            runtime, precision = runtime_and_precision(name, unknown=("?", "?"))
-            skipped.append(DeployCandidate(backend=name, runtime=runtime, precision=precision, skipped=why))
-    return build, skipped
-
-
 def deploy(
     source_dir: Path,
     original_dir: Path,
@@ -452,7 +432,7 @@ def deploy(
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
     if timed:
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-    mixed, skipped = _mixed(mixed_backends, candidates, judge, always=forced)
+    mixed, skipped = mixed_to_build(mixed_backends, candidates, judge, always=forced)
     candidates += [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in mixed] + skipped
     if mixed or not timed:  # timed again only when mixed candidates joined
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
@@ -474,10 +454,10 @@ def deploy(
             if not rebuilt:
                 continue
             logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
-            candidates += [
-                measure(b, other, out_root / f"alt-{i}" / b, source=str(other), judged=judged_by(other))
-                for b in rebuilt
-            ]
+            build = functools.partial(measure, source_dir=other, source=str(other), judged=judged_by(other))
+            rows = [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in rebuilt if not is_mixed(b)]
+            mixed, skipped = mixed_to_build([b for b in rebuilt if is_mixed(b)], rows, judge, source=str(other))
+            candidates += rows + [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in mixed] + skipped
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
         tries = _judged_together(candidates, within_budget)
         sources = [None, *(str(p) for p in alternatives)]

@@ -447,7 +447,8 @@ def quantize(
     ``reuse``: other places a complete artifact of the same recipe may already be (a deployment candidate): the first
     one found is copied instead of built again.
     Returns the quantization report as saved, plus ``rebuilt``: why a complete artifact in ``out_dir`` built from
-    another recipe (``tools.artifacts.hashes.quantize_recipe_hash``) was replaced (None when nothing stale was).
+    another recipe (``tools.artifacts.hashes.quantize_recipe_hash``) was replaced (None when nothing stale was), and
+    ``copied_from``: the place of ``reuse`` it was copied from this call (None when built, or complete already).
     """
     from tools.deploy.base import ModuleBackend, QuantizationError, QuantReport
     from tools.deploy.cpu import resolve_target
@@ -465,8 +466,10 @@ def quantize(
     if stale is not None:
         logger.warning("rebuilding the quantized model: %s", stale)
     built = next((Path(p) for p in reuse if stored_recipe_hash(Path(p)) == key), None)
+    copied_from: str | None = None
     if (not is_complete(out_dir) or stale is not None) and built is not None:
         copy_artifact(built, out_dir)
+        copied_from = str(built)
         logger.info("copied the quantized model %s (same recipe) to %s", built, out_dir)
     elif not is_complete(out_dir) or stale is not None:
         float_model = load_module(source_dir)
@@ -499,7 +502,7 @@ def quantize(
             report.notes.append(f"--quant-backend auto: {failed} failed ({why}); used {DEFAULT_BACKEND}")
             save(report)
         logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
-    return {**read_json(out_dir / "artifact.json")["quantization"], "rebuilt": stale}
+    return {**read_json(out_dir / "artifact.json")["quantization"], "rebuilt": stale, "copied_from": copied_from}
 
 
 # --- evaluation -------------------------------------------------------------------------------------

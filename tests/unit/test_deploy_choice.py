@@ -772,3 +772,96 @@ def test_what_ships_is_never_slower_than_the_originals_one_command_builds() -> N
     # the original's own row ships as it is; with no original build within budget there is no floor
     assert never_slower(rows, "openvino-int8", original, Path(original), timer(1.2, 1.1)) == (None, "")
     assert never_slower(rows[:1], "onnxruntime-static", None, Path(original), timer(1.2, 1.1)) == (None, "")
+
+
+def test_an_alternatives_mixed_precision_is_built_only_where_its_full_int8_is_over_the_budget(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    """The best model's full int8 is over the budget, so its mixed precision is built, and faster than the chosen
+    build; from the alternatives it is built again only where their own full int8 is over the budget too: the
+    original's is within, so its mixed build (a minute of accuracy control at 260 px) is a row saying why not."""
+    import torch
+
+    from tools import deployment as deployment_module
+    from tools import ops
+    from tools.deploy.accuracy import AccuracyControl
+
+    original, headroom = tmp_path / "original", tmp_path / "rounds" / "round-00" / "model"
+    over = {(None, "openvino-int8"), (None, "openvino-int8-mixed"), (str(headroom), "openvino-int8")}
+    latency_ms = {"openvino": 5.0, "openvino-int8": 2.0, "openvino-int8-mixed": 2.2}
+    built: list[tuple[str | None, str]] = []
+
+    def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
+        built.append((source, backend))
+        return DeployCandidate(
+            backend=backend,
+            runtime="openvino",
+            precision="int8" if "int8" in backend else "fp32",
+            source=source,
+            artifact=str(artifact_dir),
+            within_budget=(source, backend) not in over,
+            accuracy=0.8,
+        )
+
+    def time_all(candidates: list[DeployCandidate], *_: Any) -> float:
+        for c in candidates:
+            c.latency_s = latency_ms.get(c.backend, 9.0) / 1e3
+        return 9e-3
+
+    monkeypatch.setattr(deployment_module, "_measure", measure)
+    monkeypatch.setattr(deployment_module, "_time", time_all)
+    monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
+    monkeypatch.setattr(ops, "compare_latency", lambda pair, *_, **__: dict.fromkeys(pair, 1e-3))
+    monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
+    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
+    choice = deployment_module.deploy(
+        tmp_path / "best",
+        original,
+        [],
+        tmp_path / "deploy",
+        InputShape(channels=3, height=8, width=8),
+        ops.EvalSpec(dataset=None, samples=10, progress=False),
+        backends=["openvino", "openvino-int8", "openvino-int8-mixed"],
+        within_budget=lambda drop, paired, z=1.0: True,
+        baseline_accuracy=0.8,
+        repeats=3,
+        alternatives=[headroom, original],
+        control=AccuracyControl(torch.zeros(1, 3, 8, 8), [0], [0], [1], max_drop_points=1.0),
+    )
+    assert (None, "openvino-int8-mixed") in built
+    assert (str(headroom), "openvino-int8-mixed") in built, "its full int8 is over the budget too"
+    assert (str(original), "openvino-int8-mixed") not in built
+    row = next(c for c in choice.candidates if c.source == str(original) and c.backend == "openvino-int8-mixed")
+    assert row.skipped is not None and "full int8 (openvino-int8) is within the accuracy budget" in row.skipped
+
+
+def test_a_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_is_not_built_for_headroom(
+    tmp_path: Path,
+) -> None:
+    """A round with more headroom than the kept one but 2 % fewer MACs than the original cannot run 3 % faster than
+    the original's build, which a pruned build must to ship: the next roomiest that can is built, and the
+    deployment's notes name the one left out."""
+    from agents.quantization import _headroom_left_out, _headroom_round
+    from tests.helpers import typed_state
+    from tools.deploy.choice import TIE_MARGIN, can_outrun_the_original
+
+    assert can_outrun_the_original(96, 100) and not can_outrun_the_original(98, 100)
+    assert can_outrun_the_original(None, 100) and can_outrun_the_original(98, None)
+    assert not can_outrun_the_original(int(100 * (1 - TIE_MARGIN / 2)), 100)
+
+    def round_(n: int, drop: float, macs: int) -> dict[str, object]:
+        paired = {"delta_points": -drop, "ci95_low_points": -drop - 1, "ci95_high_points": -drop + 1}
+        paired |= {"agreement": 0.9, "samples": 1000, "gained": 1, "lost": 1}
+        metrics = {"artifact": str(tmp_path / f"round-{n:02d}" / "model"), "paired": paired, "macs": macs}
+        return {"round": n, "within_budget": True, "accuracy_drop_points": drop, "metrics": metrics}
+
+    rounds = [round_(0, 0.6, 700), round_(1, -0.5, 980), round_(2, 0.0, 900)]
+    state = typed_state(
+        {"rounds": rounds, "baseline": {"params": 10, "latency_s": 1.0, "memory_mb": 1.0, "macs": 1000}}
+    )
+    kept = tmp_path / "round-00" / "model"
+    headroom = _headroom_round(state, kept)
+    assert headroom is not None and headroom.round == 2
+    (note,) = _headroom_left_out(state, kept, headroom)
+    assert "round 1: 2.0 %" in note and "3 %" in note
+    assert _headroom_left_out(state, kept, _headroom_round(state, tmp_path / "round-02" / "model")) == [note]

@@ -13,11 +13,12 @@ pytest.importorskip("onnxruntime")
 from tests.helpers import save_tiny, tiny_resnet, tiny_vit
 from tools.artifacts.io import load_compressed, load_module, save_original, save_quantized
 from tools.deploy.accuracy import AccuracyControl, predict_classes
+from tools.deploy.budget import mixed_to_build
 from tools.deploy.choice import DeployCandidate, DeployChoice
 from tools.deploy.onnxruntime import graph as graphs
 from tools.deploy.onnxruntime.mixed import StaticInt8Build, layer_group, layer_groups, measure_int8_sensitivity
 from tools.deploy.registry import plan_quantization
-from tools.deployment import _mixed, full_int8, split_budget
+from tools.deployment import full_int8, split_budget
 from tools.models.base import LogitsOnly
 from tools.models.sources import acquire_model
 from tools.schemas import Int8GroupDamage, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
@@ -178,20 +179,20 @@ def test_mixed_candidates_are_built_only_when_full_int8_is_over_budget() -> None
         return _control_stub()
 
     over = [_row("onnxruntime-static", "int8 static (QDQ)", 1.4, False)]
-    assert _mixed(["onnxruntime-static-mixed"], over, control) == (["onnxruntime-static-mixed"], [])
+    assert mixed_to_build(["onnxruntime-static-mixed"], over, control) == (["onnxruntime-static-mixed"], [])
     within = [_row("onnxruntime-static", "int8 static (QDQ)", 0.2, True)]
     asked.clear()
-    build, skipped = _mixed(["onnxruntime-static-mixed"], within, control)
+    build, skipped = mixed_to_build(["onnxruntime-static-mixed"], within, control)
     assert build == [] and "not needed" in (skipped[0].skipped or "")
     assert not asked, "the evaluation images are not prepared for a candidate that is not built"
-    build, skipped = _mixed(["onnxruntime-static-mixed"], over, lambda: None)
+    build, skipped = mixed_to_build(["onnxruntime-static-mixed"], over, lambda: None)
     assert build == [] and "labelled dataset" in (skipped[0].skipped or "")
-    assert _mixed(["onnxruntime-static-mixed"], within, control, always=True)[0] == ["onnxruntime-static-mixed"]
+    assert mixed_to_build(["onnxruntime-static-mixed"], within, control, always=True)[0] == ["onnxruntime-static-mixed"]
     fast_float = [*over, _row("onnxruntime-fp32", "fp32", 0.0, True, latency_s=0.00105)]  # int8 only 5 % faster
-    build, skipped = _mixed(["onnxruntime-static-mixed"], fast_float, control)
+    build, skipped = mixed_to_build(["onnxruntime-static-mixed"], fast_float, control)
     assert build == [] and "no mixed precision of it can be worth it" in (skipped[0].skipped or "")
     slow_float = [*over, _row("onnxruntime-fp32", "fp32", 0.0, True, latency_s=0.002)]
-    assert _mixed(["onnxruntime-static-mixed"], slow_float, control)[0] == ["onnxruntime-static-mixed"]
+    assert mixed_to_build(["onnxruntime-static-mixed"], slow_float, control)[0] == ["onnxruntime-static-mixed"]
 
 
 def _control_stub() -> AccuracyControl:

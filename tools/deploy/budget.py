@@ -7,11 +7,15 @@ search does not choose a round that int8 then pushes over.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_FP32
 from tools.deploy.choice import DeployCandidate, DeployChoice
+from tools.deploy.registry import BACKENDS, runtime_and_precision
 from tools.schemas import AccuracyBudget
 
-__all__ = ["INT8_MARGIN", "not_faster_than_float", "split_budget"]
+__all__ = ["INT8_MARGIN", "mixed_to_build", "not_faster_than_float", "split_budget"]
 
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
@@ -115,3 +119,42 @@ def not_faster_than_float(row: DeployCandidate, candidates: list[DeployCandidate
         f"full int8 ({row.backend}, {1e3 * row.latency_s:.2f} ms) is not {100 * INT8_MARGIN:.0f} % faster "
         f"than {fastest.key} ({1e3 * fastest.latency_s:.2f} ms), so no mixed precision of it can be worth it"
     )
+
+
+def mixed_to_build(
+    backends: list[str],
+    candidates: list[DeployCandidate],
+    control: Callable[[], AccuracyControl | None],
+    always: bool = False,
+    source: str | None = None,
+) -> tuple[list[str], list[DeployCandidate]]:
+    """The mixed-precision backends to build from ``source`` (None: the best model; its full-int8 backend ran over
+    the budget, or ``always``, and there is a labelled dataset to control accuracy with), and a skipped row for each
+    of the others, saying why."""
+    build: list[str] = []
+    skipped: list[DeployCandidate] = []
+    own = [c for c in candidates if c.source == source]
+    for name in backends:
+        full = BACKENDS[name].mixed_of if name in BACKENDS else None
+        if full is None:
+            continue
+        row = next((c for c in own if c.backend == full), None)
+        why = None
+        if always:
+            why = None
+        elif row is None or not row.ran:
+            why = f"{full} was not built"
+        elif row.within_budget:
+            why = f"not needed: full int8 ({full}) is within the accuracy budget"
+        elif (slow := not_faster_than_float(row, own)) is not None:
+            why = slow
+        if why is None and control() is None:
+            why = "needs a labelled dataset to control accuracy"
+        if why is None:
+            build.append(name)
+        else:
+            runtime, precision = runtime_and_precision(name, unknown=("?", "?"))
+            skipped.append(
+                DeployCandidate(backend=name, runtime=runtime, precision=precision, skipped=why, source=source)
+            )
+    return build, skipped

@@ -28,6 +28,7 @@ __all__ = [
     "DeployChoice",
     "Ships",
     "available_backends",
+    "can_outrun_the_original",
     "choose",
     "dominates",
     "eligible",
@@ -381,6 +382,17 @@ def dominates(candidate: DeployCandidate, lead: DeployCandidate | None) -> bool:
     if lead is None or candidate.memory_mb is None or lead.memory_mb is None:
         return False
     return candidate.memory_mb <= lead.memory_mb
+
+
+def can_outrun_the_original(macs: int | None, original_macs: int | None) -> bool:
+    """Whether a pruned model doing ``macs`` a batch-1 image can run :data:`TIE_MARGIN` faster than the original,
+    which its deployment must to ship (:func:`never_slower`): not when it saves less than that share of the original's
+    MACs, since at batch 1 latency falls by less than MACs do (each layer's fixed cost stays: halving a stage's inner
+    width bought CIFAR ResNets and 224-px mobile CNNs 0.99-1.03x, ``benchmarks/channel_blocks.py``). True when either
+    count is unknown."""
+    if not macs or not original_macs:
+        return True
+    return macs <= (1.0 - TIE_MARGIN) * original_macs
 
 
 def never_slower(
