@@ -51,7 +51,7 @@ def _artifact(r: RoundResult) -> Path | None:
 
 
 def _used(r: RoundResult) -> float:
-    """The share of the accuracy budget a round's drop uses, with one standard error (inf when unknown)."""
+    """The points of the accuracy budget a round uses: its drop plus one standard error (inf when unknown)."""
     drop = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
     return float("inf") if drop is None else drop
 
