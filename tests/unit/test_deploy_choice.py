@@ -24,6 +24,26 @@ def _c(backend: str, latency_ms: float | None, ok: bool = True, error: str | Non
     )
 
 
+def _fake_measure(built: list[tuple[str | None, str]], over: set[tuple[str | None, str]]) -> Callable[..., Any]:
+    """A stand-in for ``tools.deployment._measure``: an OpenVINO row for each backend asked for, recording
+    ``(source, backend)`` in ``built``; over the budget for the pairs in ``over``."""
+
+    def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
+        built.append((source, backend))
+        precision = "int8" if "int8" in backend else "bf16" if "bf16" in backend else "fp32"
+        return DeployCandidate(
+            backend=backend,
+            runtime="openvino",
+            precision=precision,
+            source=source,
+            artifact=str(artifact_dir),
+            within_budget=(source, backend) not in over,
+            accuracy=0.8,
+        )
+
+    return measure
+
+
 def test_fastest_within_budget_wins() -> None:
     candidates = [
         _c(FLOAT, 3.0),
@@ -313,17 +333,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     latency_ms = {(None, "openvino-bf16"): 1.00, (None, "openvino-int8"): 0.80, (str(headroom), "openvino-int8"): 0.90}
     built: list[tuple[str | None, str]] = []
 
-    def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
-        built.append((source, backend))
-        return DeployCandidate(
-            backend=backend,
-            runtime="openvino",
-            precision="int8" if backend.endswith("int8") else "bf16",
-            source=source,
-            artifact=str(artifact_dir),
-            within_budget=(source, backend) != (None, "openvino-int8"),
-            accuracy=0.8,
-        )
+    measure = _fake_measure(built, over={(None, "openvino-int8")})
 
     def time_all(candidates: list[DeployCandidate], *_: Any) -> float:
         for c in candidates:
@@ -791,17 +801,7 @@ def test_an_alternatives_mixed_precision_is_built_only_where_its_full_int8_is_ov
     latency_ms = {"openvino": 5.0, "openvino-int8": 2.0, "openvino-int8-mixed": 2.2}
     built: list[tuple[str | None, str]] = []
 
-    def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
-        built.append((source, backend))
-        return DeployCandidate(
-            backend=backend,
-            runtime="openvino",
-            precision="int8" if "int8" in backend else "fp32",
-            source=source,
-            artifact=str(artifact_dir),
-            within_budget=(source, backend) not in over,
-            accuracy=0.8,
-        )
+    measure = _fake_measure(built, over)
 
     def time_all(candidates: list[DeployCandidate], *_: Any) -> float:
         for c in candidates:
