@@ -54,6 +54,7 @@ def next_round_to_distill(state: State, ctx: Context) -> RoundResult | None:
         original_params,
         search_goes_on=ctx.iterate,
         objective=ctx.objective,
+        targets_done=not (ctx.iterate and _target_tries_left(state.rounds)),
     )
 
 
@@ -69,16 +70,22 @@ def distillations_left(state: State, ctx: Context) -> bool:
     return True
 
 
+def _target_tries_left(rounds: list[RoundResult]) -> bool:
+    """Whether the last round was planned at the distillation target and fewer than :data:`TARGET_TRIES` were since
+    the last distilled round came back within budget."""
+    planned = planned_since_recovery(rounds)
+    return (
+        planned is not None and bool(planned) and AT_TARGET in planned[-1].planner_state and len(planned) < TARGET_TRIES
+    )
+
+
 def target_rounds_left(state: State, ctx: Context) -> bool:
     """Whether the search should plan one more round at the distillation target: a distilled round came back
     within budget, distillations are left (:func:`distillations_left`), the last round was planned at the target
     (its planner says so, ``recovery.AT_TARGET``; one planned otherwise ends the tries) and fewer than
     :data:`TARGET_TRIES` rounds were planned since the last one came back (a round that overshot the target moves
     the damage line: the next is planned from it)."""
-    planned = planned_since_recovery(state.rounds)
-    if not planned or AT_TARGET not in planned[-1].planner_state:
-        return False
-    return len(planned) < TARGET_TRIES and distillations_left(state, ctx)
+    return _target_tries_left(state.rounds) and distillations_left(state, ctx)
 
 
 def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[str, object]:

@@ -240,7 +240,7 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
 def with_deploy_latency(state: State, ctx: Context, metrics: Metrics, artifact: Path) -> Metrics:
     """``metrics`` with the round's batch-1 latency in the build the original deploys in (``--objective latency``),
     timed interleaved with the original's own build of it; as they were where the original's deployment is not
-    known (no int8 profile) or the build fails."""
+    known (no int8 profile), with only the backend where the build fails."""
     from tools.deployment import latency_in_build
 
     choice = state.original_deployment
@@ -262,9 +262,9 @@ def with_deploy_latency(state: State, ctx: Context, metrics: Metrics, artifact: 
             int8_cpu=ctx.int8_cpu,
             repeats=ctx.latency_repeats,
         )
-    except Exception as exc:  # a build that fails leaves the round ranked by its PyTorch latency
+    except Exception as exc:  # a build that fails ranks the round last (selection.cost_of)
         logger.warning("round latency in %s not measured: %s", backend, exc)
-        return metrics
+        return metrics.model_copy(update={"deploy_backend": backend})
     speedup = round(original_s / seconds, 4) if seconds > 0 else None
     return metrics.model_copy(
         update={"deploy_latency_s": seconds, "deploy_backend": backend, "deploy_speedup": speedup}

@@ -22,7 +22,15 @@ from agents.planning.selection import budget_drop_points
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.deploy.choice import TIE_MARGIN, DeployChoice, Ships, can_outrun_the_original, has_pruned_within, is_chosen
+from tools.compression.units import kind_of
+from tools.deploy.choice import (
+    TIE_MARGIN,
+    DeployChoice,
+    Ships,
+    can_outrun_the_original,
+    has_pruned_within,
+    is_chosen,
+)
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
@@ -37,6 +45,7 @@ from tools.deployment import (
 from tools.run_data import EvalSpec
 from tools.schemas import (
     DeployedBuild,
+    OptimizationPlan,
     PrunedEntry,
     QuantizationRecommendation,
     RoundResult,
@@ -65,8 +74,17 @@ def _roomier_rounds(state: State, source: Path) -> list[RoundResult]:
     return sorted((r for r in rounds if _used(r) < _used(best)), key=_used)
 
 
-def _cannot_outrun(state: State, r: RoundResult) -> bool:
-    return not can_outrun_the_original(r.metrics.macs, state.baseline.macs if state.baseline is not None else None)
+def _sheds_layers(plan: OptimizationPlan | None) -> bool:
+    """Whether a round's plan removes whole layers (a unit kind that ``sheds_layers``: blocks)."""
+    return plan is not None and any(kind_of(r.pruning_type).sheds_layers for r in plan.pruning_recommendations)
+
+
+def _cannot_outrun(state: State, r: RoundResult | PrunedEntry) -> bool:
+    """Whether none of a round's builds can ship, saving too few of the original's MACs
+    (:func:`tools.deploy.choice.can_outrun_the_original`)."""
+    macs = r.metrics.macs if isinstance(r, RoundResult) else r.macs
+    original_macs = state.baseline.macs if state.baseline is not None else None
+    return not can_outrun_the_original(macs, original_macs, sheds_layers=_sheds_layers(r.plan))
 
 
 def _headroom_round(state: State, source: Path) -> RoundResult | None:
@@ -77,22 +95,40 @@ def _headroom_round(state: State, source: Path) -> RoundResult | None:
     return next((r for r in _roomier_rounds(state, source) if not _cannot_outrun(state, r)), None)
 
 
-def _headroom_left_out(state: State, source: Path, headroom: RoundResult | None) -> list[str]:
-    """A note naming the rounds with more headroom than the kept one that are not built, and why."""
-    left = [
-        r
-        for r in _roomier_rounds(state, source)
-        if _cannot_outrun(state, r) and (headroom is None or _used(r) < _used(headroom))
-    ]
-    if not left or state.baseline is None or not state.baseline.macs:
+def _saved(state: State, round_index: int | None, macs: int | None) -> str:
+    """``round N: X %``: the share of the original's MACs a round saves."""
+    original_macs = state.baseline.macs if state.baseline is not None and state.baseline.macs else 1
+    return f"round {round_index}: {100 * (1 - (macs or 0) / original_macs):.1f} %"
+
+
+def _left_out_note(left: list[str]) -> list[str]:
+    """A note naming the rounds not built because they save too few of the original's MACs, and why."""
+    if not left:
         return []
-    saved = ", ".join(f"round {r.round}: {100 * (1 - (r.metrics.macs or 0) / state.baseline.macs):.1f} %" for r in left)
     return [
-        f"deployment: nothing built from the rounds with more accuracy headroom, which save too few of the original's "
-        f"MACs ({saved}): "
+        f"deployment: nothing built from the rounds that save too few of the original's MACs ({', '.join(left)}): "
         f"a pruned build ships only {100 * TIE_MARGIN:.0f} % faster than the original's, and at batch 1 latency falls "
         "by less than MACs do"
     ]
+
+
+def _headroom_left_out(state: State, source: Path, headroom: RoundResult | None) -> list[str]:
+    """The rounds with more headroom than the kept one that are not built (they cannot outrun the original)."""
+    if state.baseline is None or not state.baseline.macs:
+        return []
+    return [
+        f"{_saved(state, r.round, r.metrics.macs)} (more accuracy headroom)"
+        for r in _roomier_rounds(state, source)
+        if _cannot_outrun(state, r) and (headroom is None or _used(r) < _used(headroom))
+    ]
+
+
+def _kept_cannot_outrun(state: State) -> bool:
+    """Whether the kept round saves too few of the original's MACs for any of its builds to ship
+    (:func:`tools.deploy.choice.can_outrun_the_original`): every build of it has the original's build in the same
+    runtime beside it, at most that margin slower and as a rule more accurate: building it costs minutes for nothing."""
+    pruned = state.pruned
+    return pruned is not None and pruned.round is not None and bool(pruned.artifact) and _cannot_outrun(state, pruned)
 
 
 def _second_student(state: State, source: Path) -> Path | None:
@@ -132,12 +168,17 @@ def _second_student_note(round_index: int | None, artifact: Path) -> str:
     )
 
 
-def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path) -> str:
-    """Why the unpruned original is deployed: no pruned model had a runtime within the accuracy budget, or the
-    original's runtime is faster and no larger than the pruned model's fastest within it
-    (:func:`tools.deploy.choice.dominates`)."""
+def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path, not_built: bool = False) -> str:
+    """Why the unpruned original is deployed: the pruned model was not built (``not_built``: it saves too few MACs),
+    no pruned model had a runtime within the accuracy budget, or the original's runtime is faster and no larger than
+    the pruned model's fastest within it (:func:`tools.deploy.choice.dominates`)."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
     kept = "(the pruned model stays in RUN/models and the report)"
+    if not_built:
+        return (
+            f"deployment: nothing of the pruned model ({round_name}) was built, since it saves too few of the "
+            f"original's MACs to run faster: the unpruned original is deployed in {choice.chosen} {kept}"
+        )
     if has_pruned_within(choice.candidates, original_dir):
         return (
             f"deployment: the unpruned original in {choice.chosen} is faster than every runtime of the pruned model "
@@ -187,15 +228,22 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
     source = _kept_source(state)
     budget = Budget(max_drop_points=budget_points(state, ctx), max_disagreement_pct=disagreement_budget(state, ctx))
     spec = eval_spec(state, ctx)
+    backends, forced = candidate_backends(ctx.quant_backend), ctx.quant_backend != "auto"
     headroom = _headroom_round(state, source)
     second = _second_student(state, source)
+    left_out = _headroom_left_out(state, source, headroom)
+    if not forced and _kept_cannot_outrun(state):  # the kept round's builds cannot ship: neither are built
+        pruned = need(state.pruned, "pruned")
+        left_out.insert(0, f"{_saved(state, pruned.round, pruned.macs)} (the kept round)")
+        second = None
+        source = Path(headroom.metrics.artifact) if headroom is not None and headroom.metrics.artifact else run.original
     alternatives = [
         *([second] if second else []),
         *([Path(headroom.metrics.artifact)] if headroom is not None and headroom.metrics.artifact else []),
         *([run.original] if source.resolve() != run.original.resolve() else []),
     ]
+    alternatives = [a for a in alternatives if a.resolve() != source.resolve()]
     judging = _judging(state, ctx, spec, [source, *alternatives])
-    backends, forced = candidate_backends(ctx.quant_backend), ctx.quant_backend != "auto"
     choice = deploy(
         source,
         run.original,
@@ -215,15 +263,17 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         judging=judging,
         allow_over_budget=ctx.allow_over_budget,
     )
-    built_from = Path(choice.source).resolve() if choice.source else None
+    built_from = (Path(choice.source) if choice.source else source).resolve()
     ships: Ships = "kept_round"
-    if built_from is not None and built_from == run.original.resolve():
+    if built_from == _kept_source(state).resolve():
+        ships = "kept_round"
+    elif built_from == run.original.resolve():
         ships = "original"
-    elif built_from is not None and second is not None and built_from == second.resolve():
+    elif second is not None and built_from == second.resolve():
         ships = "second_student"
-    elif built_from is not None and headroom is not None:
+    elif headroom is not None:
         ships = "headroom_round"
-    notes = [f"deployment: {choice.why}", *_headroom_left_out(state, source, headroom)]
+    notes = [f"deployment: {choice.why}", *_left_out_note(left_out)]
     return {"deployment": choice.model_copy(update={"ships": ships}), "notes": notes}
 
 
@@ -254,7 +304,10 @@ def adopt_headroom_round(state: State, runtime: Runtime[Context]) -> dict[str, o
 def adopt_original(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """The unpruned original ships in the chosen build (no pruned build within budget, or none faster)."""
     choice = need(state.deployment, "deployment")
-    return {"notes": [_original_note(choice, _kept_source(state), paths(state).original)]}
+    kept = _kept_source(state)
+    not_built = settings(runtime).quant_backend == "auto" and _kept_cannot_outrun(state)
+    not_built = not_built and _headroom_round(state, kept) is None
+    return {"notes": [_original_note(choice, kept, paths(state).original, not_built)]}
 
 
 def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:

@@ -201,12 +201,14 @@ def compare_latency(
     device: str = "cpu",
     seed: int = 0,
     max_seconds: float | None = None,
+    min_seconds: float | None = None,
 ) -> dict[str, float]:
     """Batch-1 latency of several artifacts measured interleaved in one process, medians in seconds.
 
     Float models run on ``device`` (CUDA calls synchronised), quantized ones on the CPU; each device's artifacts
     interleaved, ``repeats`` times :data:`~tools.evaluation.cost.SERVING_BLOCK` calls in a row (warm, as one serves);
-    a model slower than ``max_seconds`` over them takes part in fewer repetitions (``compare_latencies``).
+    a model slower than ``max_seconds`` over them takes part in fewer repetitions, and the repetitions grow until the
+    fastest's calls add up to ``min_seconds`` (``compare_latencies``).
     """
     from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 
@@ -217,5 +219,7 @@ def compare_latency(
     for where, group in by_device.items():
         models = {n: load_compressed(p, device=where) for n, p in group.items()}  # modules, ORT or OpenVINO models
         example = example_input(shape, device=where, seed=seed)
-        times |= compare_latencies(models, example, repeats=repeats, block=SERVING_BLOCK, max_seconds=max_seconds)
+        times |= compare_latencies(
+            models, example, repeats=repeats, block=SERVING_BLOCK, max_seconds=max_seconds, min_seconds=min_seconds
+        )
     return times

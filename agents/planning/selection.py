@@ -30,6 +30,15 @@ __all__ = [
 #: same on 5,000 unseen images (-0.48 and -0.50); of 32 saved runs it changes only that one's kept round.
 TIE_Z = NormalDist().inv_cdf(0.975)
 
+#: With ``--objective latency``, the largest drop before distillation, in accuracy budgets, of a round distillation
+#: after the search takes once the target grown from the rounds that came back reaches none (:func:`round_to_distill`).
+#: At batch 1 speed comes from whole blocks, whose rounds lose several points training-free and come back whole, where
+#: a target grown from a one-block round that came back never reaches them. CIFAR ResNet-20 with a 1-point budget:
+#: one block lost 0.36 and came back at +0.32, so the target grew to 0.57 and the two-block round (3.34 points lost,
+#: 1.21x in the original's build) was never distilled; distilled as the run would, it came back at +0.25
+#: [-0.64, +1.14]. Collapsed rounds (tens of points) are not taken: a distillation costs minutes.
+LATENCY_RESCUE_BUDGETS = 5.0
+
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
     """Points lost against the baseline (negative: a gain); None when either accuracy is unknown."""
@@ -40,10 +49,15 @@ def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> floa
 
 def cost_of(r: RoundResult, objective: str = "params") -> float:
     """What ranks a round after accuracy: its parameters, or with the latency objective its batch-1 latency in the
-    runtime the original deploys to (its PyTorch latency where that was not measured)."""
+    runtime the original deploys to, as a share of the original's timed with it (``1 / deploy_speedup``: the rounds
+    are timed minutes apart, and another job on the machine moved CIFAR ResNet-20's absolute times in OpenVINO 2x
+    from one round to the next while their ratios to the original held); infinite for a round whose build failed
+    there, and its PyTorch latency in a run where no round was timed in that runtime (no original deployment)."""
     m = r.metrics
     if objective == "latency":
-        return float(m.deploy_latency_s or m.latency_s)
+        if m.deploy_speedup:
+            return 1.0 / float(m.deploy_speedup)
+        return math.inf if m.deploy_backend else float(m.latency_s)
     return float(m.params)
 
 
@@ -159,6 +173,7 @@ def round_to_distill(
     *,
     search_goes_on: bool = True,
     objective: str = "params",
+    targets_done: bool = False,
 ) -> RoundResult | None:
     """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
     or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
@@ -172,7 +187,10 @@ def round_to_distill(
     :data:`~agents.planning.recovery.TARGET_SLACK` of the target is taken. A round planned at the target
     (``recovery.AT_TARGET``) is taken even when it passed the budget alone and is kept: it was planned to be
     distilled, and its distilled version's cross-fitted estimate is the one to keep it by (CIFAR ResNet-56's passed
-    alone at -0.20 points in the run and lost 1.60 on unseen images)."""
+    alone at -0.20 points in the run and lost 1.60 on unseen images).
+
+    With the latency objective, once the search plans no more rounds at the target (``targets_done``) and none of
+    them fits it, the fastest round worth it that lost at most :data:`LATENCY_RESCUE_BUDGETS` budgets is taken."""
     distilled = [r.cross_fit.source_round for r in rounds if r.cross_fit is not None]
     if len(distilled) >= rescues:
         return None
@@ -210,4 +228,6 @@ def round_to_distill(
     if target is None or (search_goes_on and not planned):
         return None
     fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
+    if not fits and targets_done and objective == "latency":
+        fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= LATENCY_RESCUE_BUDGETS * budget]
     return min(fits, key=lambda r: (cost_of(r, objective), r.round), default=None)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tools.deploy.choice import DeployCandidate, available_backends, choose
+from tools.deploy.choice import DeployCandidate, DeployChoice, available_backends, choose
 from tools.deploy.registry import FLOAT
 from tools.schemas import InputShape, PairedAccuracy
 
@@ -841,12 +841,13 @@ def test_a_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_is_no
     """A round with more headroom than the kept one but 2 % fewer MACs than the original cannot run 3 % faster than
     the original's build, which a pruned build must to ship: the next roomiest that can is built, and the
     deployment's notes name the one left out."""
-    from agents.quantization import _headroom_left_out, _headroom_round
+    from agents.quantization import _headroom_left_out, _headroom_round, _left_out_note
     from tests.helpers import typed_state
     from tools.deploy.choice import TIE_MARGIN, can_outrun_the_original
 
     assert can_outrun_the_original(96, 100) and not can_outrun_the_original(98, 100)
     assert can_outrun_the_original(None, 100) and can_outrun_the_original(98, None)
+    assert can_outrun_the_original(98, 100, sheds_layers=True)
     assert not can_outrun_the_original(int(100 * (1 - TIE_MARGIN / 2)), 100)
 
     def round_(n: int, drop: float, macs: int) -> dict[str, object]:
@@ -862,6 +863,68 @@ def test_a_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_is_no
     kept = tmp_path / "round-00" / "model"
     headroom = _headroom_round(state, kept)
     assert headroom is not None and headroom.round == 2
-    (note,) = _headroom_left_out(state, kept, headroom)
+    (note,) = _left_out_note(_headroom_left_out(state, kept, headroom))
     assert "round 1: 2.0 %" in note and "3 %" in note
-    assert _headroom_left_out(state, kept, _headroom_round(state, tmp_path / "round-02" / "model")) == [note]
+    assert _left_out_note(_headroom_left_out(state, kept, _headroom_round(state, tmp_path / "round-02" / "model"))) == [
+        note
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kept_macs", "kind", "built_from"),
+    [(980, "structured", "original"), (900, "structured", "kept"), (980, "block", "kept")],
+)
+def test_a_kept_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_is_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept_macs: int, kind: str, built_from: str
+) -> None:
+    """The kept round saves 2 % of the original's MACs by channels: none of its builds can run 3 % faster than the
+    original's build in the same runtime, so the deployment builds the original's alone, ships it and says why; a
+    round that saves 10 % is built as before, and so is one that removes a block (its layers' fixed cost goes too:
+    latency may fall by more than MACs)."""
+    from langgraph.runtime import Runtime
+
+    import agents.quantization
+    from graph.context import Context
+    from tests.helpers import typed_state
+
+    kept = tmp_path / "run" / "rounds" / "round-00" / "model"
+    paired = {"delta_points": -0.5, "ci95_low_points": -1.5, "ci95_high_points": 0.5, "agreement": 0.9}
+    paired |= {"samples": 1000, "gained": 1, "lost": 1}
+    metrics = {"artifact": str(kept), "paired": paired, "macs": kept_macs, "params": 9}
+    entry = {"params": 9, "latency_s": 1.0, "memory_mb": 1.0, "macs": kept_macs, "artifact": str(kept), "round": 0}
+    plan = {"pruning_recommendations": [{"layer": "^layer1$", "pruning_type": kind, "pruning_ratio": 1.0}]}
+    state = typed_state(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "input_shape": {"channels": 3, "height": 8, "width": 8},
+            "rounds": [
+                {"round": 0, "within_budget": True, "accuracy_drop_points": 0.5, "metrics": metrics, "plan": plan}
+            ],
+            "pruned": entry | {"within_budget": True, "accuracy_drop_points": 0.5, "plan": plan},
+            "baseline": {"params": 10, "latency_s": 1.0, "memory_mb": 1.0, "macs": 1000, "accuracy": 0.8},
+            "plan": {"plan": {}, "source": "rules"},
+        }
+    )
+    seen: dict[str, Any] = {}
+
+    def fake_deploy(source: Path, original: Path, *args: Any, alternatives: list[Path], **kwargs: Any) -> DeployChoice:
+        seen.update(source=source, alternatives=alternatives)
+        row = DeployCandidate(
+            backend="openvino-int8", runtime="openvino", precision="int8", ran=True, within_budget=True, latency_s=1e-3
+        )
+        return DeployChoice(chosen="openvino-int8", why="test", source=None, candidates=[row])
+
+    monkeypatch.setattr(agents.quantization, "deploy", fake_deploy)
+    ctx = Context(run_dir=str(tmp_path / "run"), max_accuracy_drop=1.0, progress=False, quant_backend="auto")
+    changes: Any = agents.quantization.quantize_model(state, Runtime(context=ctx))
+    original = tmp_path / "run" / "models" / "original"
+    if built_from == "kept":
+        assert seen["source"] == kept and [p.resolve() for p in seen["alternatives"]] == [original.resolve()]
+        assert changes["deployment"].ships == "kept_round"
+        return
+    assert seen["source"].resolve() == original.resolve() and seen["alternatives"] == []
+    assert changes["deployment"].ships == "original"
+    assert any("round 0: 2.0 % (the kept round)" in n for n in changes["notes"])
+    state = state.model_copy(update={"deployment": changes["deployment"]})
+    (note,) = agents.quantization.adopt_original(state, Runtime(context=ctx))["notes"]
+    assert "nothing of the pruned model (round-00) was built" in note

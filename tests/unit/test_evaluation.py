@@ -174,6 +174,28 @@ def test_compare_latencies_interleaves_in_varying_orders() -> None:
         compare_latencies(models, torch.zeros(1, 3, 4, 4), block=0)
 
 
+def test_compare_latencies_times_fast_models_for_at_least_min_seconds() -> None:
+    """Twenty repetitions of a sub-millisecond model leave its ratio to another 2 % uncertain: ``min_seconds`` grows
+    the repetitions until the fastest model's calls add up to about that much."""
+    calls: list[str] = []
+
+    def sleeper(name: str, seconds: float) -> Any:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            calls.append(name)
+            time.sleep(seconds)
+            return x
+
+        return run
+
+    models = {"fast": sleeper("fast", 0.001), "slow": sleeper("slow", 0.002)}
+    compare_latencies(models, torch.zeros(1), warmup=1, repeats=3, min_seconds=0.05)
+    repetitions = calls.count("fast") - 1  # less the warm-up call
+    assert 10 <= repetitions <= 50 and calls.count("slow") == repetitions + 1, "every model takes part in all"
+    calls.clear()
+    compare_latencies(models, torch.zeros(1), warmup=1, repeats=3)
+    assert calls.count("fast") == 4, "without it: the repetitions asked for"
+
+
 def test_compare_latencies_modules_and_callables() -> None:
     module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
 

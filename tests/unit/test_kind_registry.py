@@ -163,15 +163,23 @@ def test_a_container_keeps_one_of_its_blocks() -> None:
     assert not blocks.admits(units[2], units[:2], units)
 
 
-def _round(index: int, accuracy: float, params: int, deploy_s: float | None) -> RoundResult:
+def _round(index: int, accuracy: float, params: int, deploy_s: float | None, speedup: float | None) -> RoundResult:
     metrics = {"accuracy": accuracy, "params": params, "latency_s": 1e-3, "deploy_latency_s": deploy_s}
+    metrics |= {"deploy_speedup": speedup, "deploy_backend": "openvino" if deploy_s else None}
     return round_result({"round": index, "metrics": metrics, "within_budget": True})
 
 
 def test_the_latency_objective_ranks_rounds_tied_on_accuracy_by_their_deployed_latency() -> None:
-    rounds = [_round(0, 0.80, 100, 2e-3), _round(1, 0.80, 120, 1e-3)]
+    rounds = [_round(0, 0.80, 100, 2e-3, 1.0), _round(1, 0.80, 120, 1e-3, 2.0)]
     assert best_round(rounds, "accuracy").round == 0  # type: ignore[union-attr]  # the paper's order: fewer parameters
     assert best_round(rounds, "accuracy", "latency").round == 1  # type: ignore[union-attr]  # faster where it deploys
+    # timed while another job ran: its absolute time is longer, its ratio to the original timed with it is not
+    loaded = [_round(0, 0.80, 100, 0.3e-3, 0.98), _round(1, 0.80, 120, 0.4e-3, 1.05)]
+    assert best_round(loaded, "accuracy", "latency").round == 1  # type: ignore[union-attr]
+    # a round whose build failed in that runtime ranks last; with no runtime timed, PyTorch's latency ranks
+    failed = [_round(0, 0.80, 100, None, None).model_copy(deep=True), _round(1, 0.80, 120, 1e-3, 0.9)]
+    failed[0].metrics.deploy_backend = "openvino"
+    assert best_round(failed, "accuracy", "latency").round == 1  # type: ignore[union-attr]
 
 
 def test_float_models_are_timed_in_a_runtime() -> None:

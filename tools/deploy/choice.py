@@ -384,13 +384,14 @@ def dominates(candidate: DeployCandidate, lead: DeployCandidate | None) -> bool:
     return candidate.memory_mb <= lead.memory_mb
 
 
-def can_outrun_the_original(macs: int | None, original_macs: int | None) -> bool:
+def can_outrun_the_original(macs: int | None, original_macs: int | None, *, sheds_layers: bool = False) -> bool:
     """Whether a pruned model doing ``macs`` a batch-1 image can run :data:`TIE_MARGIN` faster than the original,
     which its deployment must to ship (:func:`never_slower`): not when it saves less than that share of the original's
-    MACs, since at batch 1 latency falls by less than MACs do (each layer's fixed cost stays: halving a stage's inner
-    width bought CIFAR ResNets and 224-px mobile CNNs 0.99-1.03x, ``benchmarks/channel_blocks.py``). True when either
-    count is unknown."""
-    if not macs or not original_macs:
+    MACs, since at batch 1 latency falls by less than MACs do where every layer stays (each layer's fixed cost stays:
+    halving a stage's inner width bought CIFAR ResNets and 224-px mobile CNNs 0.99-1.03x,
+    ``benchmarks/channel_blocks.py``). True when either count is unknown, or the model ``sheds_layers`` (a block
+    removed takes its layers' fixed cost with it: latency may fall by more than MACs)."""
+    if not macs or not original_macs or sheds_layers:
         return True
     return macs <= (1.0 - TIE_MARGIN) * original_macs
 

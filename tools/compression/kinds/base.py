@@ -72,6 +72,9 @@ class UnitKind(ABC):
     """Its units' ``SensitivityUnit.kind`` where they have one flavour (``heads``)."""
     whole: ClassVar[bool] = False
     """A unit is removed whole (ratio 1) or not at all, never by a share."""
+    sheds_layers: ClassVar[bool] = False
+    """Removing a unit removes whole layers, and their fixed cost per call with them: at batch 1 latency may fall
+    by more than MACs do (channels, heads and head width leave every layer in place, and latency falls by less)."""
     uniform: ClassVar[bool] = False
     """The uniform baselines prune every unit of this kind at one ratio (the paper's: channels and heads)."""
     description: ClassVar[str] = ""

@@ -126,6 +126,7 @@ class Blocks(UnitKind):
     removes = "the whole block (replaced by its input)"
     keywords = ("block", "layer removal", "remove layer", "whole layer")
     whole = True
+    sheds_layers = True
     noun = "removable block"
     description = "removes each selected block whole (its output becomes its input), pruning_ratio 1"
 
