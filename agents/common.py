@@ -81,8 +81,15 @@ def pruning_budget(state: State, ctx: Context) -> float:
 
 def deployment_runtime(state: State) -> str:
     """The runtime the original deploys to: that of its fastest build within the budget (``original_deployment``,
-    written by ``profile_int8``); ``pytorch`` before it is known or where the float model itself is chosen."""
+    written by ``profile_int8``), with OpenVINO's precision where it is int8 or bf16 (``openvino-int8``: the
+    precisions do not rank units alike, ``tools.evaluation.runtime_latency``); ``pytorch`` before it is known or
+    where the float model itself is chosen."""
     from tools.deploy.registry import runtime_and_precision
 
     chosen = state.original_deployment.chosen if state.original_deployment is not None else ""
-    return runtime_and_precision(chosen)[0] if chosen else "pytorch"
+    if not chosen:
+        return "pytorch"
+    runtime, precision = runtime_and_precision(chosen)
+    if runtime == "openvino" and precision.startswith(("int8", "bf16")):
+        return f"openvino-{precision[:4]}"
+    return runtime

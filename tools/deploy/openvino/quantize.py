@@ -58,11 +58,13 @@ def _nncf_quiet() -> Iterator[None]:
         nncf_logger.setLevel(level)
 
 
-def _nncf_parameters(overflow_fix: OverflowFix) -> Any:
+def _nncf_parameters(overflow_fix: OverflowFix, bias_correction: bool = True) -> Any:
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.advanced_parameters import OverflowFix as NncfOverflowFix
 
-    return AdvancedQuantizationParameters(overflow_fix=NncfOverflowFix(overflow_fix))
+    return AdvancedQuantizationParameters(
+        overflow_fix=NncfOverflowFix(overflow_fix), disable_bias_correction=not bias_correction
+    )
 
 
 def quantize_openvino(
@@ -75,6 +77,7 @@ def quantize_openvino(
     preset: NncfPreset | None = None,
     ignored: Sequence[str] = (),
     accuracy_control: AccuracyControl | None = None,
+    bias_correction: bool = True,
 ) -> Any:
     """NNCF post-training int8 quantization of ``ov_model`` calibrated on ``calibration`` (N x C x H x W).
 
@@ -85,7 +88,8 @@ def quantize_openvino(
     ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what holds on CPUs without VNNI), the first
     one (NNCF's default) or none; default: what this CPU's kind needs (``Int8Settings.overflow_fix``).
     Bias correction: NNCF's full one for models without attention, its fast one for attention models
-    (:meth:`tools.deploy.cpu.Int8Settings.nncf_fast_bias_correction`).
+    (:meth:`tools.deploy.cpu.Int8Settings.nncf_fast_bias_correction`); none without ``bias_correction`` (a build
+    only timed: the kernels are the same, and full bias correction is most of NNCF's time on a CNN).
     ``ignored``: op names left in float. Every other Conv/MatMul NNCF's patterns select is quantized; with
     ``accuracy_control``, :func:`nncf.quantize_with_accuracy_control` then keeps the quantizers that cost the most
     in float until the budget holds (:func:`_controlled`).
@@ -111,9 +115,8 @@ def quantize_openvino(
             if accuracy_control is not None:
                 quantized = _controlled(ov_model, nncf.Dataset(items), accuracy_control, overflow_fix, options)
             else:
-                quantized = nncf.quantize(
-                    ov_model, nncf.Dataset(items), advanced_parameters=_nncf_parameters(overflow_fix), **options
-                )
+                parameters = _nncf_parameters(overflow_fix, bias_correction)
+                quantized = nncf.quantize(ov_model, nncf.Dataset(items), advanced_parameters=parameters, **options)
     except Exception as exc:
         raise OpenVinoError(f"NNCF int8 quantization failed: {first_line(exc)}") from exc
     logger.info(
