@@ -217,6 +217,17 @@ def _judging(state: State, ctx: Context, spec: EvalSpec, models: list[Path]) -> 
     return {m: Judging(spec=spec_for(state, ctx, m, spec), luck_points=half_luck(state, m)) for m in models}
 
 
+def _ships(built_from: Path, kept: Path, original: Path, second: Path | None, headroom: RoundResult | None) -> Ships:
+    """Which model the chosen build was made from (``built_from``, resolved)."""
+    if built_from == kept.resolve():
+        return "kept_round"
+    if built_from == original.resolve():
+        return "original"
+    if second is not None and built_from == second.resolve():
+        return "second_student"
+    return "headroom_round" if headroom is not None else "kept_round"
+
+
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Every candidate (the kept round, its second student, a round with more headroom, the original) in every
     runtime and precision: built, judged by the budget test counting every try, timed interleaved; returns the one
@@ -264,15 +275,7 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         allow_over_budget=ctx.allow_over_budget,
     )
     built_from = (Path(choice.source) if choice.source else source).resolve()
-    ships: Ships = "kept_round"
-    if built_from == _kept_source(state).resolve():
-        ships = "kept_round"
-    elif built_from == run.original.resolve():
-        ships = "original"
-    elif second is not None and built_from == second.resolve():
-        ships = "second_student"
-    elif headroom is not None:
-        ships = "headroom_round"
+    ships = _ships(built_from, _kept_source(state), run.original, second, headroom)
     notes = [f"deployment: {choice.why}", *_left_out_note(left_out)]
     return {"deployment": choice.model_copy(update={"ships": ships}), "notes": notes}
 
