@@ -22,7 +22,7 @@ from agents.planning.selection import budget_drop_points
 from graph.context import Context
 from graph.state import State
 from tools import ops
-from tools.compression.units import kind_of
+from tools.compression.units import sheds_layers
 from tools.deploy.choice import (
     TIE_MARGIN,
     DeployChoice,
@@ -45,7 +45,6 @@ from tools.deployment import (
 from tools.run_data import EvalSpec
 from tools.schemas import (
     DeployedBuild,
-    OptimizationPlan,
     PrunedEntry,
     QuantizationRecommendation,
     RoundResult,
@@ -74,17 +73,12 @@ def _roomier_rounds(state: State, source: Path) -> list[RoundResult]:
     return sorted((r for r in rounds if _used(r) < _used(best)), key=_used)
 
 
-def _sheds_layers(plan: OptimizationPlan | None) -> bool:
-    """Whether a round's plan removes whole layers (a unit kind that ``sheds_layers``: blocks)."""
-    return plan is not None and any(kind_of(r.pruning_type).sheds_layers for r in plan.pruning_recommendations)
-
-
 def _cannot_outrun(state: State, r: RoundResult | PrunedEntry) -> bool:
     """Whether none of a round's builds can ship, saving too few of the original's MACs
     (:func:`tools.deploy.choice.can_outrun_the_original`)."""
     macs = r.metrics.macs if isinstance(r, RoundResult) else r.macs
     original_macs = state.baseline.macs if state.baseline is not None else None
-    return not can_outrun_the_original(macs, original_macs, sheds_layers=_sheds_layers(r.plan))
+    return not can_outrun_the_original(macs, original_macs, sheds_layers=sheds_layers(r.plan))
 
 
 def _headroom_round(state: State, source: Path) -> RoundResult | None:

@@ -8,7 +8,8 @@ from statistics import NormalDist
 
 from agents.planning.recovery import AT_TARGET, TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
-from tools.schemas import RoundResult
+from tools.compression.units import sheds_layers
+from tools.schemas import OptimizationPlan, RoundResult
 from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "confirmed_rounds",
     "distillation_target",
     "kept_round",
+    "rescue_limit_points",
     "round_to_distill",
     "selection_z",
     "within_budget",
@@ -38,6 +40,18 @@ TIE_Z = NormalDist().inv_cdf(0.975)
 #: 1.21x in the original's build) was never distilled; distilled as the run would, it came back at +0.25
 #: [-0.64, +1.14]. Collapsed rounds (tens of points) are not taken: a distillation costs minutes.
 LATENCY_RESCUE_BUDGETS = 5.0
+#: The same limit for a round whose plan removes whole blocks (a unit kind that ``sheds_layers``): distillation gives
+#: back far more of what depth loses than of what width loses. Measured (``benchmarks/block_removal.py``, unseen
+#: images, 1-point budget): block sets that lost 9.5-18.7 points training-free came back within a point distilled
+#: (ResNet-20's one and two blocks, ResNet-56's nine, 1.49x OpenVINO int8 of the original); ResNet-20's three, at
+#: 35 points, came back at -1.3 and -2.1. A round that lost more is beyond what any distillation here takes.
+BLOCK_RESCUE_BUDGETS = 20.0
+
+
+def rescue_limit_points(plan: OptimizationPlan | None, budget: float) -> float:
+    """The most a round of ``plan`` may lose before distillation for the latency objective's rescue to take it:
+    :data:`BLOCK_RESCUE_BUDGETS` budgets where the plan removes whole blocks, else :data:`LATENCY_RESCUE_BUDGETS`."""
+    return (BLOCK_RESCUE_BUDGETS if sheds_layers(plan) else LATENCY_RESCUE_BUDGETS) * budget
 
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
@@ -190,7 +204,7 @@ def round_to_distill(
     alone at -0.20 points in the run and lost 1.60 on unseen images).
 
     With the latency objective, once the search plans no more rounds at the target (``targets_done``) and none of
-    them fits it, the fastest round worth it that lost at most :data:`LATENCY_RESCUE_BUDGETS` budgets is taken."""
+    them fits it, the fastest round worth it that lost at most :func:`rescue_limit_points` is taken."""
     distilled = [r.cross_fit.source_round for r in rounds if r.cross_fit is not None]
     if len(distilled) >= rescues:
         return None
@@ -229,5 +243,5 @@ def round_to_distill(
         return None
     fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
     if not fits and targets_done and objective == "latency":
-        fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= LATENCY_RESCUE_BUDGETS * budget]
+        fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= rescue_limit_points(r.plan, budget)]
     return min(fits, key=lambda r: (cost_of(r, objective), r.round), default=None)

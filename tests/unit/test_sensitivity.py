@@ -12,7 +12,7 @@ from agents.planning.allocation import allocate
 from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
 from agents.planning.recovery import AT_TARGET
-from agents.planning.rules import RulesPlanner
+from agents.planning.rules import RulesPlanner, _Spent
 from tests.unit.test_pruning import vit
 from tools.compression.pruning import prunable_layers
 from tools.compression.sensitivity import measure_sensitivity
@@ -282,6 +282,34 @@ def test_a_converged_search_grows_the_unit_with_the_least_damage_per_saving_not_
     stepped = RulesPlanner()._coordinate_step(dataclasses.replace(ctx, history=[base]), seen=[], base_round=base)
     assert stepped is not None
     assert stepped.planner_state["allocation"] == {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4}
+
+
+def test_no_round_prunes_every_unit_of_a_collapsed_round_as_much_again() -> None:
+    """CIFAR ResNet-20 with --objective latency: layer3.2 removed lost 34 points training-free, more than any
+    distillation is asked to take back, and the next round removed layer1.0 with it (32.7). A converged search
+    growing from the round within budget now skips the unit whose step would contain the collapsed round."""
+    sens = _sensitivity(
+        [
+            _unit("narrow.fc1", "structured", [0.001, 0.002, 0.003], 10),
+            _unit("wide.fc1", "structured", [0.003, 0.006, 0.009], 1000),
+        ]
+    )
+    ctx = dataclasses.replace(_ctx(), profile=_ctx().profile.model_copy(update={"sensitivity": sens}))
+    base = _record(0, {"damage_budget": 0.01, "allocation": {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.3}}, True, 2000)
+    base = base.model_copy(update={"accuracy_drop_points": 0.2})
+    collapsed = _record(1, {"damage_budget": 0.01, "allocation": {"^wide.fc1$": 0.4}}, False, 1900)
+    history = [base, collapsed.model_copy(update={"accuracy_drop_points": 34.0})]
+    planner = RulesPlanner()
+    stepped = planner._coordinate_step(dataclasses.replace(ctx, history=history), seen=_Spent.of(ctx), base_round=base)
+    assert stepped is not None and stepped.planner_state["allocation"] == {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4}
+    spent = _Spent.of(dataclasses.replace(ctx, history=history))
+    assert {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4} in spent and {"^wide.fc1$": 0.5} in spent
+    assert {"^narrow.fc1$": 0.4, "^wide.fc1$": 0.3} not in spent
+    stepped = planner._coordinate_step(dataclasses.replace(ctx, history=history), seen=spent, base_round=base)
+    assert stepped is not None and stepped.planner_state["allocation"] == {"^narrow.fc1$": 0.4, "^wide.fc1$": 0.3}
+    # a round that lost less than distillation takes back (5 budgets for channels) rules nothing out
+    mild = [base, collapsed.model_copy(update={"accuracy_drop_points": 4.0})]
+    assert {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4} not in _Spent.of(dataclasses.replace(ctx, history=mild))
 
 
 def test_a_round_at_the_target_must_remove_more_than_the_round_distillation_brought_back() -> None:

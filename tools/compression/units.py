@@ -27,7 +27,7 @@ from tools.compression.kinds.head_width import HeadWidth
 from tools.compression.kinds.heads import Heads
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers
-from tools.schemas import LayerProfile, SensitivityUnit
+from tools.schemas import LayerProfile, OptimizationPlan, SensitivityUnit
 
 __all__ = [
     "UNIT_KINDS",
@@ -36,6 +36,7 @@ __all__ = [
     "kind_of",
     "prunable_units",
     "reachable_ratio",
+    "sheds_layers",
     "unit_kind",
     "unit_pattern",
     "unit_step",
@@ -68,6 +69,11 @@ def kind_named(text: str) -> UnitKind | None:
     words = re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
     ranked = sorted(UNIT_KINDS.values(), key=lambda k: -max((len(w) for w in k.keywords), default=0))
     return next((kind for kind in ranked if any(w in words for w in kind.keywords)), None)
+
+
+def sheds_layers(plan: OptimizationPlan | None) -> bool:
+    """Whether ``plan`` removes whole layers (a recommendation of a unit kind that ``sheds_layers``: blocks)."""
+    return plan is not None and any(kind_of(r.pruning_type).sheds_layers for r in plan.pruning_recommendations)
 
 
 def unit_kind(unit: SensitivityUnit) -> UnitKind:
