@@ -5,10 +5,11 @@ narrower channels barely pay while a removed block saves every call of its layer
 (``benchmarks/channel_blocks.py``). The latency objective therefore measures what a unit saves where the model will
 run: :func:`compiled_in` builds a float model for ``openvino`` (OpenVINO FP32), ``onnxruntime`` (ONNX Runtime FP32)
 or ``pytorch`` (the module itself), OpenVINO's bf16 for ``openvino-bf16``, or an int8 one for ``openvino-int8``
-(NNCF, calibrated on :data:`PROBE_CALIBRATION_IMAGES` random images without bias correction: the kernels, not the
-answers, are what is timed), and :func:`latencies_in` times several of them at batch 1, interleaved in warm blocks
-(:func:`tools.evaluation.cost.compare_latencies`), so drift affects them alike. Where the original deploys in
-OpenVINO int8 or bf16 the probes are timed in that precision (an int8 probe costs a calibration, about a second for
+(NNCF) and ``onnxruntime-int8`` (ONNX Runtime's static QDQ), calibrated on :data:`PROBE_CALIBRATION_IMAGES` random
+images (NNCF's without bias correction: the kernels, not the answers, are what is timed), and :func:`latencies_in`
+times several of them at batch 1, interleaved in warm blocks (:func:`tools.evaluation.cost.compare_latencies`), so
+drift affects them alike. Where the original deploys in OpenVINO int8 or bf16, or in ONNX Runtime's static int8 (as
+on CPUs without VNNI), the probes are timed in that precision (an int8 probe costs a calibration, about a second for
 a CIFAR ResNet): the precisions do not rank units alike. CIFAR ResNet-20 on an AMX Xeon, each model timed for a
 second against the original: cutting 24 of layer3.0.conv1's 64 channels ran 1.038x in FP32 and 0.993x in int8, 56
 of layer3.1.conv1's 1.102x and 1.009x, removing the block layer3.1 1.158x and 1.079x; the runs' channel-pruned
@@ -31,7 +32,7 @@ from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 __all__ = ["RUNTIMES", "compiled_in", "latencies_in"]
 
 #: The runtimes a model can be timed in here.
-RUNTIMES = ("pytorch", "onnxruntime", "openvino", "openvino-bf16", "openvino-int8")
+RUNTIMES = ("pytorch", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-bf16", "openvino-int8")
 
 #: Seconds of calls at least behind each probe's timing (:func:`latencies_in`).
 PROBE_TIMING_SECONDS = 0.5
@@ -55,6 +56,12 @@ class _Compiled:
             shutil.rmtree(self._directory, ignore_errors=True)
 
 
+def _probe_images(example: torch.Tensor) -> torch.Tensor:
+    """The random images an int8 probe is calibrated on (:data:`PROBE_CALIBRATION_IMAGES`, seeded)."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(PROBE_CALIBRATION_IMAGES, *example.shape[1:], generator=generator)
+
+
 def compiled_in(runtime: str, model: nn.Module, example: torch.Tensor) -> Callable[..., Any]:
     """``model`` (float, eval mode) as ``runtime`` runs it (see module doc); ``ValueError`` for another."""
     if runtime == "pytorch":
@@ -74,16 +81,19 @@ def compiled_in(runtime: str, model: nn.Module, example: torch.Tensor) -> Callab
             from tools.deploy.openvino.model import OpenVinoModel
             from tools.deploy.openvino.quantize import quantize_openvino
 
-            generator = torch.Generator().manual_seed(0)
-            images = torch.randn(PROBE_CALIBRATION_IMAGES, *example.shape[1:], generator=generator)
             converted = convert_openvino(model.eval(), example[:1])
-            quantized = quantize_openvino(converted, images, transformer=has_attention(model), bias_correction=False)
+            quantized = quantize_openvino(
+                converted, _probe_images(example), transformer=has_attention(model), bias_correction=False
+            )
             return _Compiled(OpenVinoModel(save_openvino(quantized, directory / "m.xml")), directory)
-        if runtime == "onnxruntime":
+        if runtime in ("onnxruntime", "onnxruntime-int8"):
             from tools.deploy.onnxruntime.export import export_onnx
+            from tools.deploy.onnxruntime.quantize import static_quantize_onnx
             from tools.deploy.onnxruntime.session import OrtModel
 
             path = export_onnx(model.eval(), example[:1], directory / "m.onnx")
+            if runtime == "onnxruntime-int8":
+                path = static_quantize_onnx(path, directory / "m-int8.onnx", _probe_images(example))
             return _Compiled(OrtModel(path, threads=torch.get_num_threads()), directory)
     except Exception:
         shutil.rmtree(directory, ignore_errors=True)
