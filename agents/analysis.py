@@ -8,6 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, need, paths, pruning_budget, settings, shape_of
+from agents.evaluation import rescues_wanted
 from agents.planning.base import Planner, PlanningContext, RoundRecord
 from agents.planning.registry import get_planner
 from agents.planning.selection import distillation_target
@@ -39,6 +40,7 @@ def planning_context(state: State, ctx: Context) -> PlanningContext:
         distillation_target_points=distillation_target(state.rounds, pruning_budget(state, ctx)),
         kinds=ctx.pruning_config().kinds,
         objective=ctx.objective,
+        distills=rescues_wanted(state, ctx) > 0,
     )
 
 

@@ -90,6 +90,8 @@ class PlanningContext:
     kinds: tuple[str, ...] = ()
     #: What the planner's steps aim at (``--objective``): params (parameters and MACs) or latency (measured).
     objective: str = "params"
+    #: Whether distillation after the search takes rounds over the budget (``--distill-rescues``, on and affordable).
+    distills: bool = False
 
     def allows(self, pruning_type: str) -> bool:
         """Whether a plan may use the unit kind ``pruning_type``."""

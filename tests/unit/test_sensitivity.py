@@ -312,6 +312,39 @@ def test_no_round_prunes_every_unit_of_a_collapsed_round_as_much_again() -> None
     assert {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4} not in _Spent.of(dataclasses.replace(ctx, history=mild))
 
 
+def test_with_the_latency_objective_and_distillation_a_block_is_removed_once_where_no_round_removed_one() -> None:
+    """CIFAR ResNet-20 in ONNX Runtime int8 (no VNNI): the budget search took channel cuts that fit the budget
+    training-free (0.99-1.01x) and never a block, which distillation would bring back; the next round removes the
+    block that saves the most latency per damage, once, and only where distillation follows."""
+
+    def timed(unit: SensitivityUnit, saved_s: float) -> SensitivityUnit:
+        points = [p.model_copy(update={"latency_saved_s": saved_s * p.ratio}) for p in unit.points]
+        return unit.model_copy(update={"points": points})
+
+    block = _unit("layer1.0", "block", [0.12, 0.12, 0.12], 100)
+    block = block.model_copy(update={"points": [block.points[0].model_copy(update={"ratio": 1.0})]})
+    worse = block.model_copy(update={"pattern": "^layer3.2$", "modules": ["layer3.2"]})
+    worse = worse.model_copy(update={"points": [worse.points[0].model_copy(update={"agreement": 0.6})]})
+    units = [timed(_unit("a.conv", "structured", [0.01, 0.03, 0.09], 100), 1e-5), timed(block, 1.4e-4)]
+    sens = _sensitivity([*units, timed(worse, 1.5e-4)])
+    profile = _ctx().profile.model_copy(update={"sensitivity": sens})
+    ctx = dataclasses.replace(_ctx(), profile=profile, objective="latency", distills=True)
+    planner = RulesPlanner()
+    first = planner.analyze(ctx)
+    assert all(r.pruning_type == "structured" for r in first.plan.pruning_recommendations)
+    history = [_record(0, first.planner_state, True, 2900).model_copy(update={"plan": first.plan})]
+    depth = planner.next_plan(dataclasses.replace(ctx, history=history))
+    assert depth.planner_state["allocation"] == {"^layer1.0$": 1.0}
+    assert "Depth round" in depth.plan.pruning_recommendations[0].justification
+    # once a round removed a block, the search goes on as before; nor without distillation or the latency objective
+    after = [*history, _record(1, depth.planner_state, False, 2800).model_copy(update={"plan": depth.plan})]
+    assert "Depth round" not in planner.next_plan(dataclasses.replace(ctx, history=after)).plan.model_dump_json()
+    for other in (dataclasses.replace(ctx, distills=False), dataclasses.replace(ctx, objective="params")):
+        assert planner.next_plan(dataclasses.replace(other, history=history)).planner_state["allocation"] != {
+            "^layer1.0$": 1.0
+        }
+
+
 def test_a_round_at_the_target_must_remove_more_than_the_round_distillation_brought_back() -> None:
     # CIFAR ResNet-32: a damage budget at the target gave an allocation smaller than the kept round's, evaluated for
     # nothing (0.421 M parameters against the kept 0.417 M); the planner now steps past the kept round instead
