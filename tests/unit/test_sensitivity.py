@@ -312,10 +312,11 @@ def test_no_round_prunes_every_unit_of_a_collapsed_round_as_much_again() -> None
     assert {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4} not in _Spent.of(dataclasses.replace(ctx, history=mild))
 
 
-def test_with_the_latency_objective_and_distillation_a_block_is_removed_once_where_no_round_removed_one() -> None:
+def test_with_the_latency_objective_and_distillation_blocks_are_removed_on_a_ladder_that_doubles() -> None:
     """CIFAR ResNet-20 in ONNX Runtime int8 (no VNNI): the budget search took channel cuts that fit the budget
     training-free (0.99-1.01x) and never a block, which distillation would bring back; the next round removes the
-    block that saves the most latency per damage, once, and only where distillation follows."""
+    block that saves the most latency per damage, and once it came back distilled, two; only where distillation
+    follows."""
 
     def timed(unit: SensitivityUnit, saved_s: float) -> SensitivityUnit:
         points = [p.model_copy(update={"latency_saved_s": saved_s * p.ratio}) for p in unit.points]
@@ -339,6 +340,11 @@ def test_with_the_latency_objective_and_distillation_a_block_is_removed_once_whe
     # once a round removed a block, the search goes on as before; nor without distillation or the latency objective
     after = [*history, _record(1, depth.planner_state, False, 2800).model_copy(update={"plan": depth.plan})]
     assert "Depth round" not in planner.next_plan(dataclasses.replace(ctx, history=after)).plan.model_dump_json()
+    # the block came back distilled within budget: the ladder doubles, the two blocks worth the most together
+    back = _record(2, depth.planner_state, True, 2800).model_copy(update={"plan": depth.plan, "distilled_from": 1})
+    deeper = planner.next_plan(dataclasses.replace(ctx, history=[*after, back]))
+    assert deeper.planner_state["allocation"] == {"^layer1.0$": 1.0, "^layer3.2$": 1.0}
+    assert "twice as many" in deeper.plan.pruning_recommendations[0].justification
     for other in (dataclasses.replace(ctx, distills=False), dataclasses.replace(ctx, objective="params")):
         assert planner.next_plan(dataclasses.replace(other, history=history)).planner_state["allocation"] != {
             "^layer1.0$": 1.0
