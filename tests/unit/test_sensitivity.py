@@ -337,6 +337,9 @@ def test_with_the_latency_objective_and_distillation_blocks_are_removed_on_a_lad
     depth = planner.next_plan(dataclasses.replace(ctx, history=history))
     assert depth.planner_state["allocation"] == {"^layer1.0$": 1.0}
     assert "Depth round" in depth.plan.pruning_recommendations[0].justification
+    assert "damage_budget" not in depth.planner_state  # not a budget the search grows from (it planned collapses)
+    grown = planner.next_plan(dataclasses.replace(ctx, history=[*history, _record(1, depth.planner_state, True, 2800)]))
+    assert grown.planner_state["damage_budget"] <= 4 * first.planner_state["damage_budget"]
     # once a round removed a block, the search goes on as before; nor without distillation or the latency objective
     after = [*history, _record(1, depth.planner_state, False, 2800).model_copy(update={"plan": depth.plan})]
     assert "Depth round" not in planner.next_plan(dataclasses.replace(ctx, history=after)).plan.model_dump_json()
