@@ -9,6 +9,7 @@ from statistics import NormalDist
 from agents.planning.recovery import AT_TARGET, TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
 from tools.compression.units import sheds_layers
+from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import OptimizationPlan, RoundResult
 from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
 
@@ -203,8 +204,11 @@ def round_to_distill(
     distilled, and its distilled version's cross-fitted estimate is the one to keep it by (CIFAR ResNet-56's passed
     alone at -0.20 points in the run and lost 1.60 on unseen images).
 
-    With the latency objective, once the search plans no more rounds at the target (``targets_done``) and none of
-    them fits it, the fastest round worth it that lost at most :func:`rescue_limit_points` is taken."""
+    With the latency objective a round is worth it only when faster than the kept one by more than the deployment's
+    tie margin (``TIE_MARGIN``: CIFAR ResNet-20's channel round at 1.005x the original was distilled over a block
+    round at 1.15x, and could not ship), and until a distilled round came back the fastest that lost at most
+    :func:`rescue_limit_points` is taken, not the nearest the budget; after, once the search plans no more rounds at
+    the target (``targets_done``) and none of them fits it, likewise."""
     distilled = [r.cross_fit.source_round for r in rounds if r.cross_fit is not None]
     if len(distilled) >= rescues:
         return None
@@ -221,10 +225,13 @@ def round_to_distill(
         return math.inf if value is None else value
 
     def worth_it(r: RoundResult) -> bool:
-        cost = cost_of(r, objective) if objective == "latency" else r.metrics.params
+        if objective == "latency":  # faster than the kept one by more than timing noise (the deployment's tie rule)
+            cost, bar = cost_of(r, objective), ceiling / (1.0 + TIE_MARGIN)
+        else:
+            cost, bar = r.metrics.params, ceiling
         if AT_TARGET in r.planner_state:  # planned to be distilled: even the kept one itself
             return bool(cost <= ceiling)
-        return r.round not in confirmed and cost < ceiling
+        return r.round not in confirmed and cost < bar
 
     candidates = [
         r
@@ -236,6 +243,9 @@ def round_to_distill(
         and worth_it(r)
     ]
     planned = planned_since_recovery(rounds)
+    if planned is None and objective == "latency":  # the fastest that distillation may bring back
+        fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= rescue_limit_points(r.plan, budget)]
+        return min(fits, key=lambda r: (cost_of(r, objective), r.round), default=None)
     if planned is None:
         return min(candidates, key=lambda r: (drop(r), r.round), default=None)
     target = distillation_target(rounds, budget)
