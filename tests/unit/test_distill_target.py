@@ -371,9 +371,9 @@ def test_with_the_latency_objective_a_block_round_is_distilled_up_to_twenty_budg
 
 def test_with_the_latency_objective_the_first_distillation_takes_the_fastest_round_not_the_nearest_the_budget() -> None:
     """CIFAR ResNet-20 in ONNX Runtime int8 (no VNNI), as measured: the kept round 0 ran 1.001x the original, the
-    depth round (one block, 0.48 points lost, passing alone but not as the best of 7) 1.15x, a channel round (0.65 points) 1.005x; the nearest the budget
-    first, the channel round was distilled, and could not ship. The fastest is taken; a round within the tie margin
-    of the kept one is not worth a distillation."""
+    depth round (one block, 0.48 points lost, passing alone but not as the best of 7) 1.15x, a channel round (0.65
+    points) 1.005x; the nearest the budget first, the channel round was distilled, and could not ship. The fastest
+    is taken; a round within the tie margin of the kept one is not worth a distillation."""
 
     def at(r: RoundResult, speedup: float) -> RoundResult:
         metrics = r.metrics.model_copy(update={"deploy_speedup": speedup, "deploy_latency_s": 1e-3 / speedup})
