@@ -315,7 +315,7 @@ def test_no_round_prunes_every_unit_of_a_collapsed_round_as_much_again() -> None
 def test_with_the_latency_objective_and_distillation_blocks_are_removed_on_a_ladder_that_doubles() -> None:
     """CIFAR ResNet-20 in ONNX Runtime int8 (no VNNI): the budget search took channel cuts that fit the budget
     training-free (0.99-1.01x) and never a block, which distillation would bring back; the next round removes the
-    block that saves the most latency per damage, and once it came back distilled, two; only where distillation
+    block that saves the most MACs per damage, and once it came back distilled, two; only where distillation
     follows."""
 
     def timed(unit: SensitivityUnit, saved_s: float) -> SensitivityUnit:
