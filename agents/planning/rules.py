@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from dataclasses import dataclass
-from typing import Any
 
 from agents.planning.allocation import (
     allocate,
@@ -40,9 +38,9 @@ from agents.planning.allocation import (
 )
 from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
+from agents.planning.depth import DEPTH_KEY, Spent, depth_step
 from agents.planning.quantization import quantization_plan
 from agents.planning.recovery import AT_TARGET, damage_for_drop
-from agents.planning.selection import rescue_limit_points
 from tools.compression.units import UNIT_KINDS, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
@@ -55,8 +53,6 @@ from tools.schemas import (
 
 __all__ = ["SEARCH_KEYS", "RulesPlanner"]
 
-#: planner_state key of a depth round (:meth:`RulesPlanner._depth_round`): the blocks it removes.
-DEPTH_KEY = "depth_blocks"
 #: planner_state keys that carry the rules planner's search (a round whose state has one is its own).
 SEARCH_KEYS: tuple[str, ...] = ("damage_budget", "level", DEPTH_KEY)
 
@@ -79,37 +75,6 @@ def _pct(value: float) -> str:
 
 def _predicted_damage(r: RoundRecord) -> float:
     return float(r.planner_state.get("predicted_damage") or r.planner_state.get("damage_budget") or 0.0)
-
-
-@dataclass(frozen=True)
-class _Spent:
-    """The allocations not worth planning: every round's so far (kept or not), and any that prunes every unit of a
-    *collapsed* round at least as much: a training-free round that lost more than distillation is ever asked to take
-    back (:func:`~agents.planning.selection.rescue_limit_points`), since pruning more of the same loses more. CIFAR
-    ResNet-20 with ``--objective latency``: layer3.2 removed lost 34 points, and the round planned after it removed
-    layer1.0 with it (32.7)."""
-
-    allocations: list[Any]
-    collapsed: list[dict[str, float]]
-
-    @classmethod
-    def of(cls, ctx: PlanningContext) -> _Spent:
-        collapsed = [
-            {str(p): float(v) for p, v in r.planner_state["allocation"].items()}
-            for r in ctx.history
-            if r.distilled_from is None
-            and isinstance(r.planner_state.get("allocation"), dict)
-            and r.planner_state["allocation"]
-            and float(r.accuracy_drop_points or 0.0) > rescue_limit_points(r.plan, ctx.max_accuracy_drop)
-        ]
-        return cls([r.planner_state.get("allocation") for r in ctx.history], collapsed)
-
-    def __contains__(self, allocation: object) -> bool:
-        if allocation in self.allocations:
-            return True
-        if not isinstance(allocation, dict):
-            return False
-        return any(all(float(allocation.get(p, 0.0)) >= r for p, r in c.items()) for c in self.collapsed)
 
 
 @dataclass(frozen=True)
@@ -369,7 +334,7 @@ class RulesPlanner:
         return min(1 / 3, SURPRISE_MARGIN * predicted / measured), measured, predicted
 
     def _coordinate_step(
-        self, ctx: PlanningContext, seen: _Spent, base_round: RoundRecord | None = None
+        self, ctx: PlanningContext, seen: Spent, base_round: RoundRecord | None = None
     ) -> PlanResult | None:
         """When the budget search only finds tried allocations: move one unit of the best one by one step.
 
@@ -497,7 +462,7 @@ class RulesPlanner:
         )
         return [(planned * k, note) for k in (1.0, 0.9, 0.8)]
 
-    def _step_toward_target(self, ctx: PlanningContext, seen: _Spent) -> PlanResult | None:
+    def _step_toward_target(self, ctx: PlanningContext, seen: Spent) -> PlanResult | None:
         """When the damage budgets at the distillation target only give tried allocations (the units' ratios are
         coarse): one unit one step beyond the most pruned round that lost at most the target before distillation
         (:meth:`_coordinate_step`). Before, the search fell back to growing its budget from the rounds within budget
@@ -517,68 +482,21 @@ class RulesPlanner:
             return None
         return self._coordinate_step(ctx, seen, base_round=min(under, key=lambda r: r.params))
 
-    def _depth_round(self, ctx: PlanningContext, seen: _Spent) -> PlanResult | None:
-        """With the latency objective and distillation after the search, the next step of a depth ladder: twice as
-        many whole blocks as the most that came back distilled within budget (one where none has), those that save
-        the most MACs per unit of damage, removed together; None once a round removed that many, where
-        blocks are not allowed or too few measured a saving.
-
-        At batch 1 speed comes from whole blocks, which lose points training-free and come back distilled
-        (``selection.BLOCK_RESCUE_BUDGETS``), but the budget search allocates within the accuracy budget
-        training-free, so it takes the channel cuts that fit it and at most a block or two: CIFAR ResNet-20 in ONNX
-        Runtime int8 (a CPU without VNNI), five channel rounds at 0.99-1.01x the original while its blocks measured
-        63-168 µs of its 490 each; ResNet-56 in OpenVINO int8, eleven rounds of channels and one block at 0.99-1.04x,
-        where nine blocks distilled run 1.49x within a point (``benchmarks/block_removal.py``). The ladder doubles, as
-        those measurements did (one, two; three, six, nine), so that the few distillations a run affords reach
-        depth."""
-        sens = ctx.profile.sensitivity
-        if ctx.objective != "latency" or not ctx.distills or sens is None:
+    def _depth_round(self, ctx: PlanningContext, seen: Spent) -> PlanResult | None:
+        """The next depth round (:func:`~agents.planning.depth.depth_step`) as a plan, off the damage-budget search:
+        a depth round's damage is far past the accuracy budget by design, and grown from as a budget that held it
+        planned ResNet-20 rounds keeping 44-52 % of its top-1."""
+        step = depth_step(ctx, seen)
+        if step is None:
             return None
-        model = DamageModel.fit(sens)
-        units = {u.pattern: u for u in sens.units}
-
-        def blocks_of(r: RoundRecord) -> int:
-            allocation = r.planner_state.get("allocation")
-            if not isinstance(allocation, dict):
-                return sum(1 for rec in r.plan.pruning_recommendations if UNIT_KINDS[rec.pruning_type].sheds_layers)
-            return sum(1 for p in allocation if p in units and unit_kind(units[p]).sheds_layers)
-
-        def worth(unit: SensitivityUnit) -> float:
-            # MACs (else parameters) saved per unit of damage, not the probe's timed saving: a block removed always
-            # saves its layers' calls, and a probe's few per cent are within timing noise on a loaded machine
-            # (CIFAR ResNet-56 in OpenVINO int8, three runs on two cores: 23 of 25 blocks timed slower removed)
-            saved = max((p.macs_saved or p.params_saved for p in unit.points), default=0)
-            cost = model.cost(unit, 1.0)
-            return -math.inf if not saved or saved <= 0 or cost is None else saved / max(cost, 1e-9)
-
-        back = max((blocks_of(r) for r in ctx.history if r.distilled_from is not None and r.within_budget), default=0)
-        wanted = max(1, 2 * back)
-        if any(blocks_of(r) >= wanted for r in ctx.history):
-            return None
-        ranked = sorted(
-            (u for u in sens.units if unit_kind(u).sheds_layers and ctx.allows(u.pruning_type)),
-            key=lambda u: (-worth(u), u.pattern),
-        )
-        chosen = [u for u in ranked if math.isfinite(worth(u))][:wanted]
-        allocation = {u.pattern: 1.0 for u in chosen}
-        if len(chosen) < wanted or allocation in seen:
-            return None
-        budget = model.flips(sum(model.cost(u, 1.0) or 0.0 for u in chosen))
-        names = ", ".join(u.modules[0] for u in chosen)
-        note = (
-            f"Depth round: {wanted} block(s) ({names}), the most measured latency saved per unit of damage, "
-            + ("twice as many as came back distilled within budget" if back else "where no round removed one")
-            + ": at batch 1 speed comes from whole blocks, which distillation after the search brings back."
-        )
-        planned = self._plan_from(ctx, allocation, budget, note)
-        # off the damage-budget search: a depth round's damage is far past the accuracy budget by design, and grown
-        # from as a budget that held it planned ResNet-20 rounds keeping 44-52 % of its top-1
+        allocation, predicted, note = step
+        planned = self._plan_from(ctx, allocation, predicted, note)
         planned.planner_state.pop("damage_budget", None)
-        planned.planner_state[DEPTH_KEY] = wanted
+        planned.planner_state[DEPTH_KEY] = len(allocation)
         return planned
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:
-        seen = _Spent.of(ctx)
+        seen = Spent.of(ctx)
         depth = self._depth_round(ctx, seen)  # the latency objective's depth ladder first: blocks pay at batch 1
         if depth is not None:
             return depth

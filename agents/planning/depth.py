@@ -1,0 +1,123 @@
+"""Depth for ``--objective latency``: which rounds are not worth planning, and the ladder of whole-block rounds.
+
+At batch 1 an int8 CNN costs per layer, so channel cuts barely pay while a removed block saves every call of its
+layers; blocks lose points training-free and come back distilled (``selection.BLOCK_RESCUE_BUDGETS``). The rules
+planner's budget search allocates within the accuracy budget training-free, so it fills a 1-point budget with channel
+cuts and at most a block or two: CIFAR ResNet-20 in ONNX Runtime int8 (a CPU without VNNI), five channel rounds at
+0.99-1.01x the original while its blocks measured 63-168 µs of its 490 each; ResNet-56 in OpenVINO int8, eleven rounds
+of channels and one block at 0.99-1.04x, where nine blocks distilled run 1.49x within a point
+(``benchmarks/block_removal.py``). :func:`depth_step` plans the blocks instead, on a ladder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.damage import DamageModel
+from agents.planning.selection import rescue_limit_points
+from tools.compression.units import kind_of, unit_kind
+from tools.schemas import SensitivityUnit
+
+__all__ = ["DEPTH_FIRST_MACS_SHARE", "DEPTH_KEY", "Spent", "depth_step"]
+
+#: planner_state key of a depth round: the blocks it removes.
+DEPTH_KEY = "depth_blocks"
+
+#: The first depth round removes the fewest blocks that save this share of the model's MACs: a round must run 3 %
+#: faster than the kept one to be worth a distillation (the deployment's tie margin), and one of CIFAR ResNet-56's 27
+#: blocks (3.7 % of its MACs) ran 1.00-1.06x in OpenVINO int8, where ResNet-20's one of nine (11 %) ran 1.15x.
+DEPTH_FIRST_MACS_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class Spent:
+    """The allocations not worth planning: every round's so far (kept or not), the empty one, and any that prunes
+    every unit of a *collapsed* round at least as much: a training-free round that lost more than distillation is
+    ever asked to take back (:func:`~agents.planning.selection.rescue_limit_points`), since pruning more of the same
+    loses more. CIFAR ResNet-20 with ``--objective latency``: layer3.2 removed lost 34 points, and the round planned
+    after it removed layer1.0 with it (32.7)."""
+
+    allocations: list[Any]
+    collapsed: list[dict[str, float]]
+
+    @classmethod
+    def of(cls, ctx: PlanningContext) -> Spent:
+        collapsed = [
+            {str(p): float(v) for p, v in r.planner_state["allocation"].items()}
+            for r in ctx.history
+            if r.distilled_from is None
+            and isinstance(r.planner_state.get("allocation"), dict)
+            and r.planner_state["allocation"]
+            and float(r.accuracy_drop_points or 0.0) > rescue_limit_points(r.plan, ctx.max_accuracy_drop)
+        ]
+        return cls([r.planner_state.get("allocation") for r in ctx.history], collapsed)
+
+    def __contains__(self, allocation: object) -> bool:
+        if allocation in self.allocations:
+            return True
+        if not isinstance(allocation, dict):
+            return False
+        if not allocation:  # prunes nothing: the original again (CIFAR ResNet-56's round 4 was)
+            return True
+        return any(all(float(allocation.get(p, 0.0)) >= r for p, r in c.items()) for c in self.collapsed)
+
+
+def _blocks_of(r: RoundRecord, units: dict[str, SensitivityUnit]) -> int:
+    allocation = r.planner_state.get("allocation")
+    if not isinstance(allocation, dict):
+        return sum(1 for rec in r.plan.pruning_recommendations if kind_of(rec.pruning_type).sheds_layers)
+    return sum(1 for p in allocation if p in units and unit_kind(units[p]).sheds_layers)
+
+
+def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], float, str] | None:
+    """The next depth round's allocation, predicted damage (share of answers changed) and note; None where it is not
+    the latency objective, distillation does not follow, blocks are not allowed or the ladder's step was planned.
+
+    The ladder: the fewest blocks that save :data:`DEPTH_FIRST_MACS_SHARE` of the MACs first, then twice as many as
+    the most a round within budget removes (training-free or distilled), each step once (a depth round with that
+    many was planned), the blocks that save the most MACs per unit of damage first (not their probes' timed savings:
+    a removed block always saves its layers' calls, and a probe's few per cent drown in timing noise on a loaded
+    machine, where 23 of CIFAR ResNet-56's 25 blocks timed slower removed)."""
+    sens = ctx.profile.sensitivity
+    if ctx.objective != "latency" or not ctx.distills or sens is None:
+        return None
+    model = DamageModel.fit(sens)
+    units = {u.pattern: u for u in sens.units}
+
+    def macs_of(unit: SensitivityUnit) -> int:
+        return max((p.macs_saved or p.params_saved for p in unit.points), default=0)
+
+    def worth(unit: SensitivityUnit) -> float:
+        cost = model.cost(unit, 1.0)
+        return macs_of(unit) / max(cost, 1e-9) if cost is not None else 0.0
+
+    ranked = sorted(
+        (u for u in sens.units if unit_kind(u).sheds_layers and ctx.allows(u.pruning_type) and worth(u) > 0),
+        key=lambda u: (-worth(u), u.pattern),
+    )
+    held = max((_blocks_of(r, units) for r in ctx.history if r.within_budget), default=0)
+    if held:
+        wanted = 2 * held
+    else:
+        total = max(1, ctx.profile.total_macs)
+        wanted, saved = 0, 0
+        for unit in ranked:
+            wanted, saved = wanted + 1, saved + macs_of(unit)
+            if saved >= DEPTH_FIRST_MACS_SHARE * total:
+                break
+    if wanted < 1 or any(int(r.planner_state.get(DEPTH_KEY) or 0) >= wanted for r in ctx.history):
+        return None
+    chosen = ranked[:wanted]
+    allocation = {u.pattern: 1.0 for u in chosen}
+    if len(chosen) < wanted or allocation in seen:
+        return None
+    predicted = model.flips(sum(model.cost(u, 1.0) or 0.0 for u in chosen))
+    names = ", ".join(u.modules[0] for u in chosen)
+    note = (
+        f"Depth round: {wanted} block(s) ({names}), the most MACs saved per unit of damage, "
+        + (f"twice as many as a round within budget removes ({held})" if held else "the fewest that save 10 % of MACs")
+        + ": at batch 1 speed comes from whole blocks, which distillation after the search brings back."
+    )
+    return allocation, predicted, note
