@@ -15,8 +15,8 @@ Without a sensitivity profile (no data, or ``--no-sensitivity``) it falls back t
 the groups that cost the most MACs (parameters where MACs are unknown), searched the same way.
 
 With ``--objective latency`` a unit's saving is its measured latency in the runtime the original deploys to, and
-where distillation after the search follows, rounds that remove whole blocks are planned on a ladder that doubles
-as they come back distilled (:meth:`RulesPlanner._depth_round`).
+where distillation after the search follows, rounds that remove whole blocks are planned first, on a ladder that
+doubles as they hold (:mod:`agents.planning.depth`).
 
 Nothing timed at planning time reaches a plan: no decision, ratio, order or justification reads a round's
 ``latency_s`` or the profile's latency shares (the latency objective reads the sensitivity profile's measured
