@@ -242,16 +242,21 @@ def round_to_distill(
         and math.isfinite(drop(r))
         and worth_it(r)
     ]
+
+    def fastest(pool: list[RoundResult]) -> RoundResult | None:
+        return min(pool, key=lambda r: (cost_of(r, objective), r.round), default=None)
+
+    # what distillation may bring back, for the latency objective: rounds within their kind's rescue limit
+    rescuable = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= rescue_limit_points(r.plan, budget)]
     planned = planned_since_recovery(rounds)
-    if planned is None and objective == "latency":  # the fastest that distillation may bring back
-        fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= rescue_limit_points(r.plan, budget)]
-        return min(fits, key=lambda r: (cost_of(r, objective), r.round), default=None)
     if planned is None:
+        if objective == "latency":
+            return fastest(rescuable)
         return min(candidates, key=lambda r: (drop(r), r.round), default=None)
     target = distillation_target(rounds, budget)
     if target is None or (search_goes_on and not planned):
         return None
     fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
     if not fits and targets_done and objective == "latency":
-        fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= rescue_limit_points(r.plan, budget)]
-    return min(fits, key=lambda r: (cost_of(r, objective), r.round), default=None)
+        fits = rescuable
+    return fastest(fits)

@@ -37,7 +37,8 @@ RUNTIMES = ("pytorch", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-
 #: Seconds of calls at least behind each probe's timing (:func:`latencies_in`).
 PROBE_TIMING_SECONDS = 0.5
 
-#: Random images an ``openvino-int8`` probe is calibrated on: enough for NNCF to place its quantizers.
+#: Random images an int8 probe (``openvino-int8``, ``onnxruntime-int8``) is calibrated on: enough to place its
+#: quantizers.
 PROBE_CALIBRATION_IMAGES = 8
 
 
@@ -93,7 +94,9 @@ def compiled_in(runtime: str, model: nn.Module, example: torch.Tensor) -> Callab
 
             path = export_onnx(model.eval(), example[:1], directory / "m.onnx")
             if runtime == "onnxruntime-int8":
-                path = static_quantize_onnx(path, directory / "m-int8.onnx", _probe_images(example))
+                path = static_quantize_onnx(  # the ranges kept with the probe: no other build shares its graph
+                    path, directory / "m-int8.onnx", _probe_images(example), calibration_cache=directory / "r.json"
+                )
             return _Compiled(OrtModel(path, threads=torch.get_num_threads()), directory)
     except Exception:
         shutil.rmtree(directory, ignore_errors=True)
