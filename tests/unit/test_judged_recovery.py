@@ -210,3 +210,29 @@ def test_a_mobile_model_with_same_padding_convolutions_is_pruned_and_refit() -> 
         before = float((unrepaired(unseen) - model(unseen)).pow(2).mean())
         after = float((pruned(unseen) - model(unseen)).pow(2).mean())
     assert after < before
+
+
+def test_swin_window_attention_is_refit_and_probed_with_images_held_out() -> None:
+    """Swin's attention runs on windows (images x windows along the first axis): its refit takes the fit images'
+    windows, not the first ``fit`` windows (which failed every probe of Swin's windowed stages with a shape error)."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    from tools.models.base import LogitsOnly
+
+    torch.manual_seed(0)
+    config = SwinConfig(
+        image_size=32, patch_size=2, embed_dim=24, depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=5
+    )
+    model = LogitsOnly(SwinForImageClassification(config).eval()).eval()
+    images = torch.randn(48, 3, 32, 32)
+    units = [
+        u
+        for u in prunable_units(prunable_layers(model, images[:1]).model_dump())
+        if "layers\\.0\\.blocks\\.0\\.attention" in u.pattern
+    ]
+    assert units
+    profile = measure_sensitivity(model, images, units, ratios=(0.5,))
+    assert not profile.skipped
+    assert profile.fit_samples and profile.samples  # fit on some images, judged on the others
+    assert {u.pattern for u in profile.units} == {u.pattern for u in units}
+    assert all(u.points for u in profile.units)

@@ -271,6 +271,15 @@ def _reestimate(
     return len(layers)
 
 
+def _entries_per_image(x: torch.Tensor, images: int) -> int:
+    """How many entries of a layer's input's first axis each of the ``images`` of the pass owns: 1, or more where a
+    model folds something into the batch axis (Swin's attention runs on windows, ``images x windows`` of them, each
+    image's consecutive)."""
+    if x.ndim < 2 or images <= 0 or x.shape[0] <= images or x.shape[0] % images:
+        return 1
+    return int(x.shape[0]) // images
+
+
 def _refit(
     name: str,
     module: nn.Conv2d | nn.Linear,
@@ -373,7 +382,9 @@ def reconstruct_(
         if name in done or name in skipped or name not in targets:
             return
         try:
-            rows, images = input_rows_with_images(module, args[0][:fit], max_rows)
+            per = _entries_per_image(args[0], batch.shape[0])
+            rows, images = input_rows_with_images(module, args[0][: fit * per], max_rows)
+            images = images // per  # folds by image, not by window
             record = _refit(name, module, rows, images, targets[name], ridge, folds)
             done.append(name)
             if layers_out is not None:
@@ -388,7 +399,9 @@ def reconstruct_(
     reference = reference_stats or {}
 
     def correct(module: Any, args: tuple[Any, ...], name: str) -> None:
-        if name in reference and _shift_(module, _input_stats(args[0][:fit]), reference[name]):
+        if name in reference and _shift_(
+            module, _input_stats(args[0][: fit * _entries_per_image(args[0], batch.shape[0])]), reference[name]
+        ):
             corrected.append(name)
 
     if reference_stats is not None:
