@@ -236,3 +236,49 @@ def test_swin_window_attention_is_refit_and_probed_with_images_held_out() -> Non
     assert profile.fit_samples and profile.samples  # fit on some images, judged on the others
     assert {u.pattern for u in profile.units} == {u.pattern for u in units}
     assert all(u.points for u in profile.units)
+
+
+class _Encoder(nn.Module):
+    """Patches, a class token and two ``nn.TransformerEncoderLayer``: batch-first or sequence-first (torch's default)."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.patch = nn.Conv2d(3, 32, 4, 4)
+        self.cls = nn.Parameter(torch.randn(1, 1, 32) * 0.02)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=batch_first)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], 1)
+        if not self.batch_first:
+            return self.head(self.enc(t.transpose(0, 1))[0])
+        return self.head(self.enc(t)[:, 0])
+
+
+def test_sequence_first_encoder_layers_are_refit_on_the_fit_images_as_batch_first_ones_are() -> None:
+    """A sequence-first layer's input holds the images along its second axis: its refit takes the fit images there
+    (before: the first ``fit`` token positions of every image, and each probe of its MLP failed with a shape error),
+    and gives what the same weights batch-first give."""
+    torch.manual_seed(0)
+    first = _Encoder(batch_first=True).eval()
+    second = _Encoder(batch_first=False).eval()
+    second.load_state_dict(first.state_dict())
+    images = torch.randn(48, 3, 16, 16)
+    rec = PruningRecommendation(
+        layer="^enc\\.layers\\.0\\.linear1$", pruning_type="structured", pruning_ratio=0.5, justification="test"
+    )
+    repaired = []
+    for model in (first, second):
+        pruned = copy.deepcopy(model)
+        report = apply_pruning(pruned, [rec], images[:1], PruningConfig(importance="l2"))
+        logits: list[torch.Tensor] = []
+        result = recover_(pruned, model, images, report.consumers(), RecoveryConfig(), logits_out=logits, fit=24)
+        assert result.reconstructed == ["enc.layers.0.linear2"] and not result.skipped
+        repaired.append(logits[0][24:])
+    torch.testing.assert_close(repaired[0], repaired[1], rtol=1e-3, atol=1e-4)
+    units = [u for u in prunable_units(prunable_layers(second, images[:1]).model_dump()) if "linear1" in u.pattern]
+    profile = measure_sensitivity(second, images, units, ratios=(0.5,))
+    assert not profile.skipped and len(profile.units) == len(units) == 2

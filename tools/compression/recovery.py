@@ -42,6 +42,7 @@ from tools.compression.calibration import (
     capture,
     chunks,
     input_rows_with_images,
+    row_index,
     run_with_pre_hooks,
 )
 from tools.compression.forward import forward_logits
@@ -271,13 +272,32 @@ def _reestimate(
     return len(layers)
 
 
-def _entries_per_image(x: torch.Tensor, images: int) -> int:
-    """How many entries of a layer's input's first axis each of the ``images`` of the pass owns: 1, or more where a
-    model folds something into the batch axis (Swin's attention runs on windows, ``images x windows`` of them, each
-    image's consecutive)."""
-    if x.ndim < 2 or images <= 0 or x.shape[0] <= images or x.shape[0] % images:
-        return 1
-    return int(x.shape[0]) // images
+def _fit_rows(
+    module: nn.Module, x: torch.Tensor, images: int, fit: int, max_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input rows of ``module`` that come from the first ``fit`` of the pass's ``images``, in the order the
+    original's output rows on those images are captured, and the image of each row. The images lie along the first
+    axis of ``x`` (batch-first layers), own consecutive runs of it (Swin's attention runs on ``images x windows``),
+    or lie along its second axis (sequence-first layers: ``nn.TransformerEncoderLayer`` without ``batch_first``)."""
+    first = int(x.shape[0]) if x.ndim >= 2 else 1
+    if x.ndim >= 2 and images > 0 and first >= images and first % images == 0:
+        per = first // images
+        rows, owners = input_rows_with_images(module, x[: fit * per], max_rows)
+        return rows, owners // per
+    if x.ndim >= 3 and int(x.shape[1]) == images and not isinstance(module, nn.Conv2d):
+        part = x[:, :fit]
+        rows, _ = input_rows_with_images(module, part, max_rows)  # position-major rows: the image is the row % fit
+        index = row_index(part[..., 0].numel(), max_rows)
+        flat = torch.arange(part[..., 0].numel()) if index is None else index
+        return rows, (flat // max(1, math.prod(part.shape[2:-1]))) % part.shape[1]
+    return input_rows_with_images(module, x[:fit], max_rows)
+
+
+def _first_images(x: torch.Tensor, images: int, fit: int) -> torch.Tensor:
+    """The part of a BatchNorm's input ``x`` (batch-first) that comes from the first ``fit`` of the pass's images."""
+    first = int(x.shape[0])
+    per = first // images if images > 0 and first >= images and first % images == 0 else 1
+    return x[: fit * per]
 
 
 def _refit(
@@ -382,9 +402,9 @@ def reconstruct_(
         if name in done or name in skipped or name not in targets:
             return
         try:
-            per = _entries_per_image(args[0], batch.shape[0])
-            rows, images = input_rows_with_images(module, args[0][: fit * per], max_rows)
-            images = images // per  # folds by image, not by window
+            rows, images = _fit_rows(module, args[0], batch.shape[0], fit, max_rows)
+            if rows.shape[0] != targets[name].shape[0]:
+                raise ValueError(f"{rows.shape[0]} input rows against {targets[name].shape[0]} output rows")
             record = _refit(name, module, rows, images, targets[name], ridge, folds)
             done.append(name)
             if layers_out is not None:
@@ -400,7 +420,7 @@ def reconstruct_(
 
     def correct(module: Any, args: tuple[Any, ...], name: str) -> None:
         if name in reference and _shift_(
-            module, _input_stats(args[0][: fit * _entries_per_image(args[0], batch.shape[0])]), reference[name]
+            module, _input_stats(_first_images(args[0], batch.shape[0], fit)), reference[name]
         ):
             corrected.append(name)
 
