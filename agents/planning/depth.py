@@ -14,16 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents.planning.base import PlanningContext, RoundRecord
+from agents.planning.base import PlanningContext
 from agents.planning.damage import DamageModel
-from agents.planning.selection import rescue_limit_points
-from tools.compression.units import kind_of, unit_kind
+from agents.planning.recovery import DEPTH_KEY
+from agents.planning.selection import ladder_step_wanted, rescue_limit_points
+from tools.compression.units import layers_shed, unit_kind
 from tools.schemas import SensitivityUnit
 
 __all__ = ["DEPTH_FIRST_MACS_SHARE", "DEPTH_KEY", "Spent", "depth_step"]
-
-#: planner_state key of a depth round: the blocks it removes.
-DEPTH_KEY = "depth_blocks"
 
 #: The first depth round removes the fewest blocks that save this share of the model's MACs: a round must run 3 %
 #: faster than the kept one to be worth a distillation (the deployment's tie margin), and one of CIFAR ResNet-56's 27
@@ -64,13 +62,6 @@ class Spent:
         return any(all(float(allocation.get(p, 0.0)) >= r for p, r in c.items()) for c in self.collapsed)
 
 
-def _blocks_of(r: RoundRecord, units: dict[str, SensitivityUnit]) -> int:
-    allocation = r.planner_state.get("allocation")
-    if not isinstance(allocation, dict):
-        return sum(1 for rec in r.plan.pruning_recommendations if kind_of(rec.pruning_type).sheds_layers)
-    return sum(1 for p in allocation if p in units and unit_kind(units[p]).sheds_layers)
-
-
 def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], float, str] | None:
     """The next depth round's allocation, predicted damage (share of answers changed) and note; None where it is not
     the latency objective, distillation does not follow, blocks are not allowed or the ladder's step was planned.
@@ -84,7 +75,6 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
     if ctx.objective != "latency" or not ctx.distills or sens is None:
         return None
     model = DamageModel.fit(sens)
-    units = {u.pattern: u for u in sens.units}
 
     def macs_of(unit: SensitivityUnit) -> int:
         return max((p.macs_saved or p.params_saved for p in unit.points), default=0)
@@ -97,9 +87,9 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
         (u for u in sens.units if unit_kind(u).sheds_layers and ctx.allows(u.pruning_type) and worth(u) > 0),
         key=lambda u: (-worth(u), u.pattern),
     )
-    held = max((_blocks_of(r, units) for r in ctx.history if r.within_budget), default=0)
+    held = max((layers_shed(r.plan) for r in ctx.history if r.within_budget), default=0)
     if held:
-        wanted = 2 * held
+        wanted = ladder_step_wanted(ctx.history)
     else:
         total = max(1, ctx.profile.total_macs)
         wanted, saved = 0, 0

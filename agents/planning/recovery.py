@@ -52,6 +52,10 @@ TARGET_SLACK = 1.25
 #: router reads to give a round that overshot it another try.
 AT_TARGET = "distillation_target_points"
 
+#: The planner_state key of a depth round (``agents.planning.depth``; its value: the blocks it removes), which
+#: distillation after the search reads to take the depth ladder's rounds.
+DEPTH_KEY = "depth_blocks"
+
 #: A target that allows less growth than this over the distilled rounds' own drop leaves nothing worth another round.
 MIN_TARGET_GROWTH = 1.1
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import Any, Protocol
 
-from agents.planning.recovery import AT_TARGET, TARGET_SLACK, recoverable_drop, recoveries_of
+from agents.planning.recovery import AT_TARGET, DEPTH_KEY, TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
-from tools.compression.units import sheds_layers
+from tools.compression.units import layers_shed, sheds_layers
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import OptimizationPlan, RoundResult
 from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
@@ -53,6 +54,24 @@ def rescue_limit_points(plan: OptimizationPlan | None, budget: float) -> float:
     """The most a round of ``plan`` may lose before distillation for the latency objective's rescue to take it:
     :data:`BLOCK_RESCUE_BUDGETS` budgets where the plan removes whole blocks, else :data:`LATENCY_RESCUE_BUDGETS`."""
     return (BLOCK_RESCUE_BUDGETS if sheds_layers(plan) else LATENCY_RESCUE_BUDGETS) * budget
+
+
+class _Planned(Protocol):
+    """What the depth ladder reads of a round: a :class:`RoundResult` or the planners' ``RoundRecord``."""
+
+    plan: OptimizationPlan
+    planner_state: dict[str, Any]
+    within_budget: bool
+
+
+def ladder_step_wanted(rounds: Sequence[_Planned]) -> int:
+    """The blocks the depth ladder's next step removes (``agents.planning.depth``): twice as many as the most a round
+    within budget removes (training-free or distilled); 0 before one did, or once a depth round that many was
+    planned (each step once)."""
+    held = max((layers_shed(r.plan) for r in rounds if r.within_budget), default=0)
+    if not held or any(int(r.planner_state.get(DEPTH_KEY) or 0) >= 2 * held for r in rounds):
+        return 0
+    return 2 * held
 
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:
@@ -253,6 +272,9 @@ def round_to_distill(
         if objective == "latency":
             return fastest(rescuable)
         return min(candidates, key=lambda r: (drop(r), r.round), default=None)
+    ladder = [r for r in rescuable if DEPTH_KEY in r.planner_state and r in planned]
+    if objective == "latency" and ladder:  # the depth ladder's step after a depth round came back: its own target
+        return fastest(ladder)
     target = distillation_target(rounds, budget)
     if target is None or (search_goes_on and not planned):
         return None

@@ -76,6 +76,11 @@ def sheds_layers(plan: OptimizationPlan | None) -> bool:
     return plan is not None and any(kind_of(r.pruning_type).sheds_layers for r in plan.pruning_recommendations)
 
 
+def layers_shed(plan: OptimizationPlan | None) -> int:
+    """How many recommendations of ``plan`` remove whole layers (one block each, as the planners write them)."""
+    return 0 if plan is None else sum(1 for r in plan.pruning_recommendations if kind_of(r.pruning_type).sheds_layers)
+
+
 def unit_kind(unit: SensitivityUnit) -> UnitKind:
     """The registered kind of ``unit``."""
     return kind_of(unit.pruning_type)
