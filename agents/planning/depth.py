@@ -18,7 +18,7 @@ from agents.planning.base import PlanningContext
 from agents.planning.damage import DamageModel
 from agents.planning.recovery import DEPTH_KEY
 from agents.planning.selection import ladder_step_wanted, rescue_limit_points
-from tools.compression.units import layers_shed, unit_kind
+from tools.compression.units import unit_kind
 from tools.schemas import SensitivityUnit
 
 __all__ = ["DEPTH_FIRST_MACS_SHARE", "DEPTH_KEY", "Spent", "depth_step"]
@@ -87,9 +87,10 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
         (u for u in sens.units if unit_kind(u).sheds_layers and ctx.allows(u.pruning_type) and worth(u) > 0),
         key=lambda u: (-worth(u), u.pattern),
     )
-    held = max((layers_shed(r.plan) for r in ctx.history if r.within_budget), default=0)
-    if held:
-        wanted = ladder_step_wanted(ctx.history)
+    step = ladder_step_wanted(ctx.history)
+    held = (step or 0) // 2
+    if step is not None:
+        wanted = step
     else:
         total = max(1, ctx.profile.total_macs)
         wanted, saved = 0, 0

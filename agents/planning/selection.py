@@ -64,14 +64,14 @@ class _Planned(Protocol):
     within_budget: bool
 
 
-def ladder_step_wanted(rounds: Sequence[_Planned]) -> int:
+def ladder_step_wanted(rounds: Sequence[_Planned]) -> int | None:
     """The blocks the depth ladder's next step removes (``agents.planning.depth``): twice as many as the most a round
-    within budget removes (training-free or distilled); 0 before one did, or once a depth round that many was
-    planned (each step once)."""
+    within budget removes (training-free or distilled); 0 once a depth round that many was planned (each step once);
+    None before a round within budget removed any (the ladder's first step is the profile's)."""
     held = max((layers_shed(r.plan) for r in rounds if r.within_budget), default=0)
-    if not held or any(int(r.planner_state.get(DEPTH_KEY) or 0) >= 2 * held for r in rounds):
-        return 0
-    return 2 * held
+    if not held:
+        return None
+    return 0 if any(int(r.planner_state.get(DEPTH_KEY) or 0) >= 2 * held for r in rounds) else 2 * held
 
 
 def accuracy_drop_points(baseline: float | None, accuracy: float | None) -> float | None:

@@ -279,9 +279,8 @@ def _fit_rows(
     original's output rows on those images are captured, and the image of each row. The images lie along the first
     axis of ``x`` (batch-first layers), own consecutive runs of it (Swin's attention runs on ``images x windows``),
     or lie along its second axis (sequence-first layers: ``nn.TransformerEncoderLayer`` without ``batch_first``)."""
-    first = int(x.shape[0]) if x.ndim >= 2 else 1
-    if x.ndim >= 2 and images > 0 and first >= images and first % images == 0:
-        per = first // images
+    per = _entries_per_image(x, images)
+    if per:
         rows, owners = input_rows_with_images(module, x[: fit * per], max_rows)
         return rows, owners // per
     if x.ndim >= 3 and int(x.shape[1]) == images and not isinstance(module, nn.Conv2d):
@@ -293,11 +292,11 @@ def _fit_rows(
     return input_rows_with_images(module, x[:fit], max_rows)
 
 
-def _first_images(x: torch.Tensor, images: int, fit: int) -> torch.Tensor:
-    """The part of a BatchNorm's input ``x`` (batch-first) that comes from the first ``fit`` of the pass's images."""
-    first = int(x.shape[0])
-    per = first // images if images > 0 and first >= images and first % images == 0 else 1
-    return x[: fit * per]
+def _entries_per_image(x: torch.Tensor, images: int) -> int:
+    """How many entries of ``x``'s first axis each of the pass's ``images`` owns (consecutive); 0 where its first
+    axis is not the images' (a sequence-first layer's positions)."""
+    first = int(x.shape[0]) if x.ndim >= 2 else 0
+    return first // images if images > 0 and first >= images and first % images == 0 else 0
 
 
 def _refit(
@@ -420,7 +419,7 @@ def reconstruct_(
 
     def correct(module: Any, args: tuple[Any, ...], name: str) -> None:
         if name in reference and _shift_(
-            module, _input_stats(_first_images(args[0], batch.shape[0], fit)), reference[name]
+            module, _input_stats(args[0][: fit * max(1, _entries_per_image(args[0], batch.shape[0]))]), reference[name]
         ):
             corrected.append(name)
 

@@ -73,7 +73,7 @@ def kind_named(text: str) -> UnitKind | None:
 
 def sheds_layers(plan: OptimizationPlan | None) -> bool:
     """Whether ``plan`` removes whole layers (a recommendation of a unit kind that ``sheds_layers``: blocks)."""
-    return plan is not None and any(kind_of(r.pruning_type).sheds_layers for r in plan.pruning_recommendations)
+    return layers_shed(plan) > 0
 
 
 def layers_shed(plan: OptimizationPlan | None) -> int:
