@@ -16,6 +16,7 @@ from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
 from agents.evaluation import eval_spec, rescue_config, rescues_wanted, with_deploy_latency
+from agents.planning.base import RoundRecord
 from agents.planning.recovery import AT_TARGET
 from agents.planning.selection import (
     accuracy_drop_points,
@@ -68,7 +69,7 @@ def distillations_left(state: State, ctx: Context) -> bool:
     rounds = state.rounds
     if sum(1 for r in rounds if r.cross_fit is not None) >= rescues_wanted(state, ctx):
         return False
-    if ctx.objective == "latency" and ladder_step_wanted(rounds):
+    if ctx.objective == "latency" and ladder_step_wanted([RoundRecord.of(r) for r in rounds]):
         return True
     if planned_since_recovery(rounds) is not None:  # after one came back: while it can grow
         return distillation_target(rounds, pruning_budget(state, ctx)) is not None

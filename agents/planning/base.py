@@ -43,11 +43,12 @@ class RoundRecord(BaseModel):
     measured_damage: float | None = Field(
         default=None, description="Share of the evaluation images whose top-1 answer changed (1 - agreement)."
     )
+    layers_removed: int = Field(default=0, description="Blocks the round removed whole, as pruning applied them.")
 
     @classmethod
     def of(cls, result: RoundResult) -> RoundRecord:
         """The planner's view of an evaluated round."""
-        from agents.planning.selection import budget_drop_points
+        from agents.planning.selection import budget_drop_points, layers_removed
 
         m = result.metrics
         return cls(
@@ -64,6 +65,7 @@ class RoundRecord(BaseModel):
             distilled_from=result.cross_fit.source_round if result.cross_fit is not None else None,
             predicted_damage=result.planner_state.get("predicted_damage"),
             measured_damage=None if m.paired is None else round(1.0 - m.paired.agreement, 6),
+            layers_removed=layers_removed(result),
         )
 
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from agents.planning.recovery import AT_TARGET, DEPTH_KEY, TARGET_SLACK, recoverable_drop, recoveries_of
 from graph.context import Selection
-from tools.compression.units import layers_shed, sheds_layers
+from tools.compression.units import kind_of, sheds_layers
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import OptimizationPlan, RoundResult
 from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
@@ -56,19 +56,26 @@ def rescue_limit_points(plan: OptimizationPlan | None, budget: float) -> float:
     return (BLOCK_RESCUE_BUDGETS if sheds_layers(plan) else LATENCY_RESCUE_BUDGETS) * budget
 
 
-class _Planned(Protocol):
-    """What the depth ladder reads of a round: a :class:`RoundResult` or the planners' ``RoundRecord``."""
+def layers_removed(r: RoundResult) -> int:
+    """The blocks round ``r`` removed whole, as pruning applied them (a distilled round: its source's); one
+    recommendation may remove several (the rules planner writes a depth round's blocks as one pattern)."""
+    applied = (r.prune_report or {}).get("applied") or []
+    return sum(len(a.get("modules") or []) for a in applied if kind_of(str(a.get("pruning_type"))).sheds_layers)
 
-    plan: OptimizationPlan
+
+class _Removing(Protocol):
+    """What the depth ladder reads of a round (the planners' ``RoundRecord``)."""
+
     planner_state: dict[str, Any]
     within_budget: bool
+    layers_removed: int
 
 
-def ladder_step_wanted(rounds: Sequence[_Planned]) -> int | None:
+def ladder_step_wanted(rounds: Sequence[_Removing]) -> int | None:
     """The blocks the depth ladder's next step removes (``agents.planning.depth``): twice as many as the most a round
     within budget removes (training-free or distilled); 0 once a depth round that many was planned (each step once);
     None before a round within budget removed any (the ladder's first step is the profile's)."""
-    held = max((layers_shed(r.plan) for r in rounds if r.within_budget), default=0)
+    held = max((r.layers_removed for r in rounds if r.within_budget), default=0)
     if not held:
         return None
     return 0 if any(int(r.planner_state.get(DEPTH_KEY) or 0) >= 2 * held for r in rounds) else 2 * held

@@ -73,12 +73,7 @@ def kind_named(text: str) -> UnitKind | None:
 
 def sheds_layers(plan: OptimizationPlan | None) -> bool:
     """Whether ``plan`` removes whole layers (a recommendation of a unit kind that ``sheds_layers``: blocks)."""
-    return layers_shed(plan) > 0
-
-
-def layers_shed(plan: OptimizationPlan | None) -> int:
-    """How many recommendations of ``plan`` remove whole layers (one block each, as the planners write them)."""
-    return 0 if plan is None else sum(1 for r in plan.pruning_recommendations if kind_of(r.pruning_type).sheds_layers)
+    return plan is not None and any(kind_of(r.pruning_type).sheds_layers for r in plan.pruning_recommendations)
 
 
 def unit_kind(unit: SensitivityUnit) -> UnitKind:
