@@ -239,7 +239,8 @@ def test_swin_window_attention_is_refit_and_probed_with_images_held_out() -> Non
 
 
 class _Encoder(nn.Module):
-    """Patches, a class token and two ``nn.TransformerEncoderLayer``: batch-first or sequence-first (torch's default)."""
+    """Patches, a class token and two ``nn.TransformerEncoderLayer``, batch-first or sequence-first (torch's
+    default)."""
 
     def __init__(self, batch_first: bool) -> None:
         super().__init__()
