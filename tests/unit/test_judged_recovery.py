@@ -283,3 +283,21 @@ def test_sequence_first_encoder_layers_are_refit_on_the_fit_images_as_batch_firs
     units = [u for u in prunable_units(prunable_layers(second, images[:1]).model_dump()) if "linear1" in u.pattern]
     profile = measure_sensitivity(second, images, units, ratios=(0.5,))
     assert not profile.skipped and len(profile.units) == len(units) == 2
+
+
+def test_a_layer_whose_shape_reads_both_ways_is_not_refit() -> None:
+    """65 token positions of 13 images, sequence-first: (65, 13, 32) could also be 5 windows of each of 13 images
+    batch-first; the refit cannot tell which rows are the fit images', so it leaves the layer as pruned."""
+    torch.manual_seed(0)
+    model = _Encoder(batch_first=False).eval()
+    images = torch.randn(13, 3, 32, 32)  # 8 x 8 patches and the class token: 65 positions
+    rec = PruningRecommendation(
+        layer="^enc\\.layers\\.0\\.linear1$", pruning_type="structured", pruning_ratio=0.5, justification="test"
+    )
+    pruned = copy.deepcopy(model)
+    report = apply_pruning(pruned, [rec], images[:1], PruningConfig(importance="l2"))
+    result = recover_(pruned, model, images, report.consumers(), RecoveryConfig(), fit=6)
+    assert (
+        result.reconstructed == []
+        and "windows of each image or positions of all" in result.skipped["enc.layers.0.linear2"]
+    )

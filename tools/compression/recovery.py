@@ -278,12 +278,17 @@ def _fit_rows(
     """The input rows of ``module`` that come from the first ``fit`` of the pass's ``images``, in the order the
     original's output rows on those images are captured, and the image of each row. The images lie along the first
     axis of ``x`` (batch-first layers), own consecutive runs of it (Swin's attention runs on ``images x windows``),
-    or lie along its second axis (sequence-first layers: ``nn.TransformerEncoderLayer`` without ``batch_first``)."""
+    or lie along its second axis (sequence-first layers: ``nn.TransformerEncoderLayer`` without ``batch_first``).
+    ``ValueError`` (the layer is not refit) where both of the last two readings fit its shape: ``images x k`` rows
+    of ``images`` entries each could be either, and the wrong one would fit rows of other images."""
     per = _entries_per_image(x, images)
+    sequence_first = x.ndim >= 3 and int(x.shape[1]) == images and not isinstance(module, nn.Conv2d)
+    if per > 1 and sequence_first:
+        raise ValueError(f"input {tuple(x.shape)} for {images} images: windows of each image or positions of all")
     if per:
         rows, owners = input_rows_with_images(module, x[: fit * per], max_rows)
         return rows, owners // per
-    if x.ndim >= 3 and int(x.shape[1]) == images and not isinstance(module, nn.Conv2d):
+    if sequence_first:
         part = x[:, :fit]
         rows, _ = input_rows_with_images(module, part, max_rows)  # position-major rows: the image is the row % fit
         index = row_index(part[..., 0].numel(), max_rows)
