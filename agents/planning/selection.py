@@ -279,7 +279,8 @@ def round_to_distill(
         if objective == "latency":
             return fastest(rescuable)
         return min(candidates, key=lambda r: (drop(r), r.round), default=None)
-    ladder = [r for r in rescuable if DEPTH_KEY in r.planner_state and r in planned]
+    since = {r.round for r in planned}
+    ladder = [r for r in rescuable if DEPTH_KEY in r.planner_state and r.round in since]
     if objective == "latency" and ladder:  # the depth ladder's step after a depth round came back: its own target
         return fastest(ladder)
     target = distillation_target(rounds, budget)
