@@ -7,7 +7,6 @@ artifact is already complete returns the existing result instead of recomputing 
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from tools.judging import (
     latency_device,
     predictions_on,
 )
-from tools.models.base import example_input, logits_of, resolve_device
+from tools.models.base import clone_module, example_input, logits_of, resolve_device
 from tools.models.input_shape import ImageHints, resolve_loaded_shape
 from tools.models.sources import acquire_model
 from tools.run_data import (
@@ -299,7 +298,7 @@ def _latency_saving(runtime: str, original: nn.Module, shape: InputShape) -> Cal
     from tools.evaluation.runtime_latency import compiled_in, latencies_in
 
     example = example_input(shape)
-    reference = compiled_in(runtime, copy.deepcopy(original).cpu(), example)
+    reference = compiled_in(runtime, clone_module(original).cpu(), example)
 
     def saving(model: nn.Module) -> float:
         times = latencies_in({"original": reference, "probe": compiled_in(runtime, model.cpu(), example)}, example)

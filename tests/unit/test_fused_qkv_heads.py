@@ -181,3 +181,25 @@ def test_narrowed_fused_heads_keep_the_softmax_scale_and_compute_what_they_did(a
     assert [(a.before, a.after) for a in report.applied] == [(dim, dim - 2)]
     assert attn.qkv.out_features == 3 * HEADS * (dim - 2) and attn.scale == pytest.approx((dim - 2) ** -0.5)
     torch.testing.assert_close(model(x), before, rtol=0, atol=1e-5)
+
+
+def test_an_attention_of_another_layout_is_reported_once_saying_what_differs(caplog: pytest.LogCaptureFixture) -> None:
+    # timm's LeViT names its attention class "Attention" as timm's ViT does, but its qkv is a Linear followed by a
+    # BatchNorm: the warning repeated for every call of every probe, and printed the spec's repr
+    class LinearNorm(nn.Sequential):
+        pass
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_heads = 2
+            self.qkv = LinearNorm(nn.Linear(8, 24), nn.BatchNorm1d(24))
+            self.proj = nn.Linear(8, 8)
+
+    model = nn.Sequential(Attention())
+    with caplog.at_level("WARNING", logger="tools.compression.heads"):
+        assert attention_modules(model) == {}
+        assert attention_modules(model) == {}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "qkv not nn.Linear" in lines[0] and "heads are not pruned" in lines[0] and "AttentionSpec" not in lines[0]

@@ -216,3 +216,29 @@ def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() ->
         assert any(name.endswith(("fc1", "intermediate.dense")) for name in layers.structured)  # the MLP prunes
         report = apply_pruning(model, [PruningRecommendation(layer=q, pruning_type="structured", pruning_ratio=0.5)], x)
         assert not report.applied and "no head pruning" in report.skipped[0].reason
+
+
+def test_a_model_caching_computed_tensors_in_forward_is_copied_for_probes_and_repairs() -> None:
+    # LeViT (Hugging Face's and timm's) caches its attention biases, computed from a parameter, on its first call in
+    # eval mode: with autograd on, the cached tensor is not a leaf and copy.deepcopy refuses the model, so a run with
+    # timm's LeViT ended in prune_model (its repair copies the pruned model)
+    import copy
+
+    from tools.models.base import clone_module
+
+    config = LevitConfig(
+        image_size=32, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2], depths=[1, 1, 1],
+        key_dim=[8, 8, 8], num_labels=3,
+    )  # fmt: skip
+    model = LevitForImageClassification(config).eval()
+    example = torch.randn(2, 3, 32, 32)
+    expected = model(example).logits  # fills the cache with tensors autograd computed
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(model)
+    clone = clone_module(model)
+    torch.testing.assert_close(clone(example).logits, expected)
+    assert all(not t.requires_grad or t.is_leaf for t in clone.state_dict().values())
+    first = next(clone.parameters())
+    with torch.no_grad():
+        first.add_(1.0)  # the copy owns its parameters
+    assert not torch.equal(first, next(model.parameters()))

@@ -18,7 +18,6 @@ A pruned or quantized artifact also carries its recipe hash (:mod:`tools.artifac
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -35,7 +34,7 @@ from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import ModuleBackend, QuantizedModel, QuantReport
 from tools.deploy.cpu import detect_cpu
 from tools.deploy.registry import BACKENDS, get_backend
-from tools.models.base import LoadedModel, family_of
+from tools.models.base import LoadedModel, clone_module, family_of
 from tools.models.checkpoints import load_saved
 from tools.models.sources import source_named
 from tools.store.files import META_FILE, WEIGHTS_FILE, StagingDir, atomic_write_json, read_json
@@ -238,7 +237,7 @@ def load_original(path: Path) -> LoadedModel:
         _ORIGINALS[key] = source_named(meta.get("source")).load_original(path, meta)
     cached = _ORIGINALS[key]
     # replace() keeps the subclass (FactoryModel) and every field, preprocessing included
-    return dataclasses.replace(cached, model=copy.deepcopy(cached.model), id2label=dict(cached.id2label))
+    return dataclasses.replace(cached, model=clone_module(cached.model), id2label=dict(cached.id2label))
 
 
 def load_compressed(path: str | Path, device: str = "cpu") -> nn.Module | QuantizedModel:

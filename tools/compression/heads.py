@@ -111,6 +111,10 @@ ATTENTION_SPECS: dict[str, AttentionSpec] = {
 }
 
 
+#: (class, module name) of attention modules already reported as not head-prunable: said once a process.
+_WARNED: set[tuple[str, str]] = set()
+
+
 def attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, AttentionSpec]]:
     """Head-prunable attention modules of ``model``, by name, with their spec."""
     found: dict[str, tuple[nn.Module, AttentionSpec]] = {}
@@ -122,8 +126,15 @@ def attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, AttentionS
             getattr(module, spec.heads_attr, None), int
         ):
             found[name] = (module, spec)
-        else:
-            logger.warning("%s (%s) does not have the expected layout; not head-prunable", name, spec)
+        elif (type(module).__name__, name) not in _WARNED:
+            _WARNED.add((type(module).__name__, name))
+            odd = [p for p in spec.projections if not isinstance(getattr(module, p, None), nn.Linear)]
+            what = f"{', '.join(odd)} not nn.Linear" if odd else f"no integer {spec.heads_attr}"
+            logger.warning(
+                "%s (%s): %s, not the layout the head kinds know for a %s; its heads are not pruned (its channels and "
+                "blocks may be)",
+                name, f"{type(module).__module__}.{type(module).__qualname__}", what, type(module).__name__,
+            )  # fmt: skip
     return found
 
 

@@ -50,7 +50,6 @@ modules' attribute dictionaries.
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 from collections.abc import Sequence
@@ -69,6 +68,7 @@ from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers, PruneReport, SkippedPruning
 from tools.compression.shortcuts import find_channel_shortcuts, to_channel_selects_, to_selection_convs_
 from tools.compression.units import kind_of
+from tools.models.base import clone_module
 from tools.schemas import PruningRecommendation
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     """
     shortcuts = find_channel_shortcuts(model, example_inputs)
     if shortcuts or any(isinstance(m, nn.MultiheadAttention) for m in model.modules()):
-        model = copy.deepcopy(model)  # traced as convolutions and split attention, the model left as it is
+        model = clone_module(model)  # traced as convolutions and split attention, the model left as it is
         split_attention_(model)
         if shortcuts:
             to_selection_convs_(model, example_inputs, shortcuts)

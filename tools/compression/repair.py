@@ -14,7 +14,6 @@ tried with its held-out KL and agreement (:class:`~tools.compression.recovery.Ju
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 
@@ -26,6 +25,7 @@ from tools.compression.calibration import chunks
 from tools.compression.forward import forward_logits
 from tools.compression.recovery import JudgedRecovery, RecoveryConfig, RecoveryReport, recover_
 from tools.compression.reference import ReferencePasses
+from tools.models.base import clone_module
 
 logger = logging.getLogger(__name__)
 
@@ -86,14 +86,14 @@ def repair_(
             rows, stats = passes.outputs(consumers, config.max_rows), passes.batchnorm_stats()
         return recover_(pruned, passes.original, passes.images, consumers, config, rows, stats)
     reference = passes.held_logits()
-    unrepaired = copy.deepcopy(pruned)
+    unrepaired = clone_module(pruned)
     report, held = _recover(pruned, passes, consumers, config)
     tried = [(JudgedRecovery(method=config.method, **_judge(reference, held)), pruned)]
     plain = JudgedRecovery(method="none", **_judge(reference, _logits(unrepaired, passes.held_images, 64)))
     if plain.kl < tried[0][0].kl:
         tried.append((plain, unrepaired))
         if config.method == "reconstruct" and _has_batchnorm(unrepaired):
-            bn_model = copy.deepcopy(unrepaired)
+            bn_model = clone_module(unrepaired)
             _, bn_held = _recover(bn_model, passes, consumers, config.model_copy(update={"method": "bn"}))
             tried.append((JudgedRecovery(method="bn", **_judge(reference, bn_held)), bn_model))
     else:

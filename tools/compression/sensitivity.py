@@ -24,7 +24,6 @@ seed, and torch runs with deterministic algorithms meanwhile. So the same model,
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import time
@@ -45,6 +44,7 @@ from tools.compression.recovery import (
 from tools.compression.reference import ReferencePasses
 from tools.compression.repair import held_out_count, kl_agreement
 from tools.compression.units import reachable_ratio, unit_kind, unit_step
+from tools.models.base import clone_module
 from tools.schemas import (
     LayerProfile,
     PruningRecommendation,
@@ -325,7 +325,7 @@ def _measure(
                 if ratio <= 0 or any(p.ratio == ratio for p in measured.points):
                     done += 1
                     continue
-                model = copy.deepcopy(original)
+                model = clone_module(original)
                 rec = PruningRecommendation(
                     layer=unit.pattern,
                     pruning_type=unit.pruning_type,

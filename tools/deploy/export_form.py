@@ -19,7 +19,6 @@ conversion of a model (the baselines the deployed model is compared with).
 from __future__ import annotations
 
 import contextvars
-import copy
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from tools.compression.forward import forward_logits
+from tools.models.base import clone_module
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def export_form(model: nn.Module, example_input: torch.Tensor, *, atol: float = 
         return model
     example = example_input[:1].detach().cpu().float()
     try:
-        rewritten = copy.deepcopy(model).eval()
+        rewritten = clone_module(model).eval()
         calls, expected = _calls(rewritten, names, example)  # the copy, before any rewrite: the model's logits
         modules = dict(rewritten.named_modules())
         kinds: list[str] = []

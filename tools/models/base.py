@@ -2,11 +2,13 @@
 
 :class:`LoadedModel` (a model with its processor, family, source and labels), :class:`ModelLoadError`,
 the ImageNet statistics, :func:`build_preprocess` (images -> ``pixel_values``), :func:`logits_of`
-(logits from any model output), :func:`family_of`, :func:`id2label_of` and :func:`resolve_device`.
+(logits from any model output), :func:`family_of`, :func:`id2label_of`, :func:`resolve_device` and
+:func:`clone_module` (a deep copy that works on models caching tensors in ``forward``).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -145,3 +147,29 @@ def example_input(
     shape = InputShape.model_validate(shape)
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, *shape.as_tuple(), generator=generator).to(resolve_device(device))
+
+
+def _cached_tensors(value: Any, found: dict[int, torch.Tensor]) -> None:
+    """Every tensor inside ``value`` (nested dicts, lists and tuples) that autograd computed, by id."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_leaf:
+            found[id(value)] = value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _cached_tensors(item, found)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _cached_tensors(item, found)
+
+
+def clone_module(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model``, also where its ``forward`` caches tensors computed from its parameters in plain
+    attributes (timm's LeViT and EfficientFormer keep ``attention_bias_cache``): ``copy.deepcopy`` refuses tensors
+    autograd computed, so those are copied detached. Parameters, buffers and submodules are copied as deepcopy does."""
+    found: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for key, value in vars(module).items():
+            if key not in ("_parameters", "_buffers", "_modules"):
+                _cached_tensors(value, found)
+    memo: dict[int, Any] = {key: tensor.detach().clone() for key, tensor in found.items()}
+    return copy.deepcopy(model, memo)

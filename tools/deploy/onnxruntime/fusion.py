@@ -16,7 +16,6 @@ whose outputs differ.
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -212,9 +211,9 @@ def fuse_attention(model: nn.Module, example_input: torch.Tensor, *, atol: float
     Raises :class:`AttentionFusionError` when nothing can be fused, or when the copy's logits on
     ``example_input`` differ from the original's by more than ``atol`` (relative to their scale).
     """
-    from tools.models.base import LogitsOnly
+    from tools.models.base import LogitsOnly, clone_module
 
-    fused = copy.deepcopy(model).cpu().float().eval()
+    fused = clone_module(model).cpu().float().eval()
     count = 0
     for parent in list(fused.modules()):
         for name, child in list(parent.named_children()):
