@@ -183,23 +183,41 @@ def test_narrowed_fused_heads_keep_the_softmax_scale_and_compute_what_they_did(a
     torch.testing.assert_close(model(x), before, rtol=0, atol=1e-5)
 
 
-def test_an_attention_of_another_layout_is_reported_once_saying_what_differs(caplog: pytest.LogCaptureFixture) -> None:
-    # timm's LeViT names its attention class "Attention" as timm's ViT does, but its qkv is a Linear followed by a
-    # BatchNorm: the warning repeated for every call of every probe, and printed the spec's repr
-    class LinearNorm(nn.Sequential):
-        pass
+class _LinearNorm(nn.Sequential):
+    pass
 
-    class Attention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.num_heads = 2
-            self.qkv = LinearNorm(nn.Linear(8, 24), nn.BatchNorm1d(24))
-            self.proj = nn.Linear(8, 8)
 
-    model = nn.Sequential(Attention())
+class _LevitLike(nn.Module):
+    """timm's LeViT names its attention class "Attention" as timm's ViT does; its qkv is a Linear then a BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads = 2
+        self.qkv = _LinearNorm(nn.Linear(8, 24), nn.BatchNorm1d(24))
+        self.proj = nn.Linear(8, 8)
+
+
+class _EfficientFormerLike(nn.Module):
+    """timm's EfficientFormer: queries and keys of 4 dimensions a head, values of 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads = 2
+        self.qkv = nn.Linear(8, 2 * (4 + 4 + 8))
+        self.proj = nn.Linear(16, 8)
+
+
+@pytest.mark.parametrize(("layout", "said"), [(_LevitLike, "qkv not nn.Linear"), (_EfficientFormerLike, "qkv has 32")])
+def test_an_attention_of_another_layout_is_left_out_and_said_once_with_what_differs(
+    layout: type[nn.Module], said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # both were taken for timm's ViT attention: the warning repeated for every call of every probe and printed the
+    # spec's repr (LeViT), or the heads were offered as units that every probe and plan then skipped (EfficientFormer)
+    attention = type("Attention", (layout,), {})
+    model = nn.Sequential(attention())
     with caplog.at_level("WARNING", logger="tools.compression.heads"):
         assert attention_modules(model) == {}
         assert attention_modules(model) == {}
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
-    assert "qkv not nn.Linear" in lines[0] and "heads are not pruned" in lines[0] and "AttentionSpec" not in lines[0]
+    assert said in lines[0] and "heads are not pruned" in lines[0] and "AttentionSpec" not in lines[0]

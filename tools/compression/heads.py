@@ -112,30 +112,40 @@ ATTENTION_SPECS: dict[str, AttentionSpec] = {
 
 
 #: (class, module name) of attention modules already reported as not head-prunable: said once a process.
-_WARNED: set[tuple[str, str]] = set()
+_WARNED: set[tuple[type, str]] = set()
 
 
 def attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, AttentionSpec]]:
-    """Head-prunable attention modules of ``model``, by name, with their spec."""
+    """Head-prunable attention modules of ``model``, by name, with their spec. A module of a known class whose
+    layout differs (timm's LeViT: a BatchNorm after each projection; EfficientFormer: values wider than queries and
+    keys) is left out, and said once a process with what differs."""
     found: dict[str, tuple[nn.Module, AttentionSpec]] = {}
     for name, module in model.named_modules():
         spec = ATTENTION_SPECS.get(type(module).__name__)
         if spec is None:
             continue
-        if all(isinstance(getattr(module, p, None), nn.Linear) for p in spec.projections) and isinstance(
-            getattr(module, spec.heads_attr, None), int
-        ):
+        problem = _unsupported(module, spec)
+        if problem is None:
             found[name] = (module, spec)
-        elif (type(module).__name__, name) not in _WARNED:
-            _WARNED.add((type(module).__name__, name))
-            odd = [p for p in spec.projections if not isinstance(getattr(module, p, None), nn.Linear)]
-            what = f"{', '.join(odd)} not nn.Linear" if odd else f"no integer {spec.heads_attr}"
+        elif (type(module), name) not in _WARNED:
+            _WARNED.add((type(module), name))
             logger.warning(
-                "%s (%s): %s, not the layout the head kinds know for a %s; its heads are not pruned (its channels and "
-                "blocks may be)",
-                name, f"{type(module).__module__}.{type(module).__qualname__}", what, type(module).__name__,
+                "%s (%s): %s, not the layout the head kinds know for class %s; its heads are not pruned (its "
+                "channels and blocks may be)",
+                name, f"{type(module).__module__}.{type(module).__qualname__}", problem, type(module).__name__,
             )  # fmt: skip
     return found
+
+
+def _unsupported(module: nn.Module, spec: AttentionSpec) -> str | None:
+    """Why ``module`` does not have ``spec``'s layout (None when it does)."""
+    odd = [p for p in spec.projections if not isinstance(getattr(module, p, None), nn.Linear)]
+    if odd:
+        return f"{', '.join(odd)} not nn.Linear"
+    heads = getattr(module, spec.heads_attr, None)
+    if not isinstance(heads, int):
+        return f"no integer {spec.heads_attr}"
+    return _layout_problem(module, spec, heads, head_dim_of(module, spec))
 
 
 #: What attention modules call their query, key and value projections (transformers 5.x and common code).
