@@ -70,6 +70,11 @@ def total_macs(state: State) -> int | None:
     return state.profile_summary.total_macs if state.profile_summary is not None else None
 
 
+def grouped_conv_macs(state: State) -> int:
+    """Of the original's MACs per image, those of grouped (depthwise) convolutions (0 before the profile)."""
+    return state.profile_summary.grouped_conv_macs if state.profile_summary is not None else 0
+
+
 def data_parts(state: State) -> dict[str, int]:
     """Rows each disjoint part of the data holds (the baseline's ``data_parts``; empty before the baseline)."""
     return state.baseline.data_parts if state.baseline is not None else {}
@@ -152,7 +157,7 @@ def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
         split=state.dataset_split,
         label_match=state.label_match.model_dump() if state.label_match is not None else None,
         samples=samples,
-        float_runtime=float_runtime_for(macs, evaluated, ctx.device),
+        float_runtime=float_runtime_for(macs, evaluated, ctx.device, grouped_conv_macs(state)),
         calibration_samples=ctx.calibration_samples,
         holdout_samples=ctx.holdout_samples,
         finetune_samples=finetune,

@@ -22,6 +22,7 @@ def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     summary = ProfileSummary(
         total_params=profile.total_params,
         total_macs=profile.total_macs,
+        grouped_conv_macs=profile.grouped_conv_macs,
         latency_s=profile.latency_s,
         peak_memory_mb=profile.peak_memory_mb,
         trace_path=profile.trace_path,

@@ -341,3 +341,21 @@ def test_profile_model_swin_and_quantized(x: torch.Tensor) -> None:
     assert qprofile.total_params == float_profile.total_params
     assert [layer.name for layer in qprofile.layers] == [layer.name for layer in float_profile.layers]
     _assert_clean(qvit)
+
+
+def test_depthwise_convolutions_count_their_macs_and_send_a_slow_evaluation_to_the_openvino_twin() -> None:
+    # EfficientNet-Lite0 (405 M MACs, 9 % in depthwise convolutions) was judged quick enough for PyTorch on 375
+    # images (7.6 s estimated) and evaluated there at 7 images a second, 32-51 s a round; its OpenVINO twin ran 57
+    from tools.evaluation.twin import float_runtime_for
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1)
+    ).eval()
+    profile = profile_model(model, torch.randn(1, 3, 8, 8), iters=1)
+    depthwise = next(layer for layer in profile.layers if layer.name == "1")
+    assert profile.grouped_conv_macs == depthwise.macs > 0
+    assert profile.grouped_conv_macs < profile.total_macs
+    pytest.importorskip("openvino")
+    assert float_runtime_for(405_000_000, 375) == "torch"
+    assert float_runtime_for(405_000_000, 375, grouped_conv_macs=34_500_000) == "openvino"
+    assert float_runtime_for(405_000_000, 375, device="cuda", grouped_conv_macs=34_500_000) == "torch"

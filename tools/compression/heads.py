@@ -228,7 +228,8 @@ def _layout_problem(module: nn.Module, spec: AttentionSpec, heads: int, head_dim
         size = layer.in_features if proj == spec.o else layer.out_features
         parts = 3 if proj == spec.fused_qkv else 1
         if size != parts * heads * head_dim:
-            return f"{proj} has {size} features, not {parts * heads} heads x {head_dim}"
+            fused = "3 x " if parts == 3 else ""
+            return f"{proj} has {size} features, not {fused}{heads} heads x {head_dim}"
     return None
 
 

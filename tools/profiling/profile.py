@@ -184,6 +184,11 @@ def profile_model(
         input_shape=list(input_shape),
         total_params=details.total_params,
         total_macs=details.total_macs,
+        grouped_conv_macs=sum(
+            details.macs.get(name, 0)
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Conv2d) and module.groups > 1
+        ),
         latency_s=latency_s,
         peak_memory_mb=peak_mb,
         layers=layers,
