@@ -15,7 +15,7 @@ from pathlib import Path
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
-from agents.evaluation import eval_spec, rescue_config, rescues_wanted, with_deploy_latency
+from agents.evaluation import eval_spec, rescue_config, rescues_wanted, round_zs, with_deploy_latency
 from agents.planning.base import RoundRecord
 from agents.planning.recovery import AT_TARGET
 from agents.planning.selection import (
@@ -57,6 +57,7 @@ def next_round_to_distill(state: State, ctx: Context) -> RoundResult | None:
         search_goes_on=ctx.iterate,
         objective=ctx.objective,
         targets_done=not (ctx.iterate and _target_tries_left(state.rounds)),
+        zs=round_zs(state, ctx),
     )
 
 

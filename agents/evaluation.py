@@ -19,11 +19,13 @@ from agents.common import (
     shape_of,
     unlabelled,
 )
-from agents.planning.selection import accuracy_drop_points, within_budget
+from agents.planning.selection import accuracy_drop_points, passes_as_one_of, within_budget
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
+from tools.evaluation.paired import predictions_path
+from tools.evaluation.simultaneous import budget_zs, round_files
 from tools.schemas import (
     BaselineEntry,
     DeployedBuild,
@@ -127,6 +129,22 @@ def rescues_wanted(state: State, ctx: Context) -> int:
         if r.cross_fit is not None
     ]
     return auto_rescues(total_macs(state), pairs)
+
+
+def round_zs(state: State, ctx: Context) -> dict[int, float]:
+    """Each round's standard errors for the budget test as one of the rounds evaluated: the step-down simultaneous
+    test over their answers on the evaluation images (``tools.evaluation.simultaneous``; Bonferroni where a round's
+    answers are missing, or before the run has a directory)."""
+    rounds = [r for r in state.rounds if r.metrics.paired is not None]
+    if state.run_dir is None or len(rounds) < 2:
+        return {}
+    budget = pruning_budget(state, ctx)
+    zs = budget_zs(
+        predictions_path(paths(state).original, "evaluation"),
+        [round_files(r) for r in rounds],
+        lambda i, z: passes_as_one_of(rounds[i], budget, z),
+    )
+    return {r.round: z for r, z in zip(rounds, zs, strict=True)}
 
 
 def finetune_samples(state: State, ctx: Context) -> int:

@@ -17,8 +17,8 @@ from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.state import State
 from tools import deployment, ops
-from tools.schemas import Int8ProfileSummary, PairedAccuracy, QuantizationRecommendation
-from tools.stats import within_budget
+from tools.schemas import Int8ProfileSummary, QuantizationRecommendation
+from tools.stats import Budget
 from tools.text import first_line
 
 #: Every layer at int8: how the original is deployed before there is a plan.
@@ -55,9 +55,7 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
         return {**update, "notes": notes} if notes else update
     backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
 
-    def budget(drop: float | None, paired: PairedAccuracy | None, z: float = 1.0) -> bool:
-        return within_budget(drop, budget_points(state, ctx), paired, disagreement_budget(state, ctx), z)
-
+    budget = Budget(max_drop_points=budget_points(state, ctx), max_disagreement_pct=disagreement_budget(state, ctx))
     choice = deployment.deploy(
         run.original,
         run.original,

@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 
 from agents.analysis import new_notes, planner_for, planning_context
 from agents.common import disagreement_budget, need, paths, pruning_budget, settings, shape_of
-from agents.evaluation import eval_spec
+from agents.evaluation import eval_spec, round_zs
 from agents.planning.selection import kept_round, within_budget
 from graph.context import Context
 from graph.state import State
@@ -42,9 +42,10 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, obje
     the budget test there gives way to the next by the same selection order (the original when none holds)."""
     ctx = settings(runtime)
     rounds = list(state.rounds)
+    zs = round_zs(state, ctx)
     notes: list[str] = []
     while True:
-        best, why = kept_round(rounds, ctx.selection, pruning_budget(state, ctx), ctx.objective)
+        best, why = kept_round(rounds, ctx.selection, pruning_budget(state, ctx), ctx.objective, zs)
         if why and why not in notes:
             notes.append(why)
         if best is None:

@@ -22,7 +22,7 @@ from tools import ops
 from tools.artifacts.io import load_compressed, load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.budget import mixed_to_build, split_budget
+from tools.deploy.budget import judge_together, mixed_to_build, split_budget
 from tools.deploy.choice import (
     ALTERNATIVE_MARGIN,
     DeployCandidate,
@@ -41,10 +41,11 @@ from tools.deploy.choice import (
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, ONE_COMMAND_BUILDS, available, runtime_and_precision
+from tools.evaluation.paired import predictions_path
 from tools.models.base import example_input
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
-from tools.stats import drop_points, selection_z
+from tools.stats import drop_points
 from tools.store.files import boot_id, left_by_an_earlier_boot
 from tools.text import first_line
 
@@ -248,6 +249,7 @@ def _measure(
                 "accuracy_drop_points": drop,
                 "within_budget": within_budget(drop, luck_removed(metrics.paired, luck), 1.0),
                 "half_luck_points": luck if luck > 0 else None,
+                "predictions": str(predictions_path(Path(artifact), spec.part_label("evaluation"))),
                 "throughput_ips": metrics.throughput_ips,
                 "memory_mb": metrics.memory_mb,
             }
@@ -358,24 +360,13 @@ def _time(
     return times.get("__original__")
 
 
-def _judged_together(candidates: list[DeployCandidate], within_budget: BudgetTest) -> int:
-    """Judge every candidate that ran by the budget test for all of them: the fastest of several that pass favours
-    those the evaluation images happened to be kind to, so each must pass with :func:`tools.stats.selection_z`
-    standard errors for the count tried, as the kept round must (Timm's Swin, deployed at -1.14 points on unseen
-    images against a 1-point budget, passed alone as the fastest of 15). Returns that count."""
-    tried = [c for c in candidates if c.ran and c.artifact is not None]
-    z = selection_z(sum(1 for c in tried if c.paired is not None))
-    for c in tried:
-        c.within_budget = within_budget(c.accuracy_drop_points, luck_removed(c.paired, c.half_luck_points or 0.0), z)
-    return len(tried)
-
-
 def _mixed_for(
     backends: list[str],
     candidates: list[DeployCandidate],
     control: Callable[[], AccuracyControl | None],
     within_budget: BudgetTest,
     *,
+    original_dir: Path,
     always: bool = False,
     source: str | None = None,
 ) -> tuple[list[str], list[DeployCandidate]]:
@@ -384,7 +375,7 @@ def _mixed_for(
     the budget for this decision too, and its mixed precision is built. EfficientNet-Lite0 under the AVX2 cap: its
     original's ONNX Runtime static int8 (-0.27 [-2.78, +2.24] on 375 images, 1.7x its FP32) passed alone, so its
     mixed precision was "not needed", and was then refused as one of the tries: the FP32 build shipped."""
-    _judged_together(candidates, within_budget)
+    judge_together(candidates, within_budget, original_dir)
     return mixed_to_build(backends, candidates, control, always=always, source=source)
 
 
@@ -456,11 +447,13 @@ def deploy(
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
     if timed:
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-    mixed, skipped = _mixed_for(mixed_backends, candidates, judge, within_budget, always=forced)
+    mixed, skipped = _mixed_for(
+        mixed_backends, candidates, judge, within_budget, original_dir=original_dir, always=forced
+    )
     candidates += [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in mixed] + skipped
     if mixed or not timed:  # timed again only when mixed candidates joined
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-    tries = _judged_together(candidates, within_budget)
+    tries = judge_together(candidates, within_budget, original_dir)
     chosen, why = choose(candidates, original_latency)
     pool = [c for c in candidates if c.source is None]  # the candidates the deployed one is taken from
     own: str | None = None  # the source counted as the best model's
@@ -481,11 +474,16 @@ def deploy(
             build = functools.partial(measure, source_dir=other, source=str(other), judged=judged_by(other))
             rows = [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in rebuilt if not is_mixed(b)]
             mixed, skipped = _mixed_for(
-                [b for b in rebuilt if is_mixed(b)], [*candidates, *rows], judge, within_budget, source=str(other)
+                [b for b in rebuilt if is_mixed(b)],
+                [*candidates, *rows],
+                judge,
+                within_budget,
+                original_dir=original_dir,
+                source=str(other),
             )
             candidates += rows + [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in mixed] + skipped
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-        tries = _judged_together(candidates, within_budget)
+        tries = judge_together(candidates, within_budget, original_dir)
         sources = [None, *(str(p) for p in alternatives)]
         own = own_source(candidates, sources)
         order = [own, *(s for s in sources if s != own)]  # the best model's, then the alternatives in order
@@ -551,7 +549,7 @@ def deploy(
         int8=int8_settings(int8_cpu),
         tries=tries,
         refused=refused,
-        budget_z=round(selection_z(sum(1 for c in candidates if c.ran and c.paired is not None)), 3),
+        budget_z=max((c.budget_z for c in candidates if c.budget_z is not None), default=None),
         accuracy_control=(
             f"tuned on {len(judged.images)} calibration images (the original's answers, a "
             f"{judged.max_drop_points:g}-point budget with one standard error), judged on the evaluation images"

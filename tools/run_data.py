@@ -35,6 +35,7 @@ __all__ = [
     "finetune_batch",
     "first_evaluated_images",
     "match_dataset_labels",
+    "part_label",
     "part_sizes",
     "parts_disjoint",
     "preprocess_of",
@@ -62,6 +63,11 @@ def auto_eval_samples(macs: int | None, *, other_parts: bool = False, budget_poi
     if other_parts or not macs or macs <= 0:
         return needed
     return max(needed, min(high, int(AUTO_EVAL_SECONDS * ASSUMED_MACS_PER_SECOND / macs)))
+
+
+def part_label(name: str, half: int | None = None) -> str:
+    """The name a part's saved predictions go by: ``evaluation-half<N>`` for one half of the evaluation part."""
+    return f"{name}-half{half}" if name == "evaluation" and half is not None else name
 
 
 class EvalSpec(BaseModel):
@@ -117,9 +123,7 @@ class EvalSpec(BaseModel):
 
     def part_label(self, name: str) -> str:
         """The name a part's saved predictions go by: ``evaluation-half<N>`` for one half of the evaluation part."""
-        return (
-            f"{name}-half{self.evaluation_half}" if name == "evaluation" and self.evaluation_half is not None else name
-        )
+        return part_label(name, self.evaluation_half)
 
     def whole(self) -> EvalSpec:
         """This spec with the whole evaluation part."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ __all__ = [
     "confirmed_rounds",
     "distillation_target",
     "kept_round",
+    "passes_as_one_of",
     "rescue_limit_points",
     "round_to_distill",
     "selection_z",
@@ -147,20 +148,25 @@ def best_round(rounds: Sequence[RoundResult], selection: Selection, objective: s
 
 
 def kept_round(
-    rounds: Sequence[RoundResult], selection: Selection, budget: float, objective: str = "params"
+    rounds: Sequence[RoundResult],
+    selection: Selection,
+    budget: float,
+    objective: str = "params",
+    zs: Mapping[int, float] | None = None,
 ) -> tuple[RoundResult | None, str]:
     """The round the run keeps, and a note when the multiplicity check changed it ("" otherwise).
 
     Every round passed or failed the budget test alone (drop + one standard error); keeping the most pruned of
     several that passed favours the ones whose evaluation images happened to be kind to them (measured: kept
     rounds lost 0.5-1.2 points more on unseen images than on the run's own, on four models). So the kept round
-    must also pass it with :func:`selection_z` standard errors for the number of rounds evaluated; when none
-    does, the round with the smallest drop plus one standard error among those within budget is kept. A round
-    without a paired result (no standard error to scale) keeps its budget test's answer.
+    must also pass it as one of the rounds evaluated: with ``zs[round]`` standard errors (the step-down
+    simultaneous test over the rounds' answers, ``tools.evaluation.simultaneous``), else :func:`selection_z` for
+    their number (Bonferroni); when none does, the round with the smallest drop plus one standard error among those
+    within budget is kept. A round without a paired result (no standard error to scale) keeps its budget test's
+    answer.
     """
     within = [r for r in rounds if r.within_budget]
-    z = _multiplicity_z(rounds)
-    confirmed = confirmed_rounds(rounds, budget)
+    confirmed = confirmed_rounds(rounds, budget, zs)
     best_alone = best_round(within, selection, objective)
     if confirmed or not within:
         best = best_round(confirmed, selection, objective)
@@ -168,6 +174,7 @@ def kept_round(
         best = min(within, key=lambda r: (_bound(r, 1.0), r.round))
     if best is None or best_alone is None or best.round == best_alone.round:
         return best, ""
+    z = _z_of(best_alone, rounds, zs)
     return best, (
         f"round {best_alone.round} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
         f"error <= {budget:g}) but not as the best of {len(rounds)} rounds (drop + {z:.2f} standard errors = "
@@ -175,15 +182,24 @@ def kept_round(
     )
 
 
-def confirmed_rounds(rounds: Sequence[RoundResult], budget: float) -> list[RoundResult]:
-    """The rounds within budget that also pass it with :func:`selection_z` standard errors for all the rounds
-    evaluated (see :func:`kept_round`); one without a paired result keeps its budget test's answer."""
-    z = _multiplicity_z(rounds)
-    return [r for r in rounds if r.within_budget and (not r.metrics.paired or _bound(r, z) <= budget + 1e-9)]
+def confirmed_rounds(
+    rounds: Sequence[RoundResult], budget: float, zs: Mapping[int, float] | None = None
+) -> list[RoundResult]:
+    """The rounds within budget that also pass it as one of all the rounds evaluated (see :func:`kept_round`); one
+    without a paired result keeps its budget test's answer."""
+    return [r for r in rounds if passes_as_one_of(r, budget, _z_of(r, rounds, zs))]
 
 
-def _multiplicity_z(rounds: Sequence[RoundResult]) -> float:
-    return selection_z(sum(1 for r in rounds if r.metrics.paired))
+def passes_as_one_of(r: RoundResult, budget: float, z: float) -> bool:
+    """Whether round ``r`` is within budget alone and with ``z`` standard errors (one of several rounds)."""
+    return r.within_budget and (not r.metrics.paired or _bound(r, z) <= budget + 1e-9)
+
+
+def _z_of(r: RoundResult, rounds: Sequence[RoundResult], zs: Mapping[int, float] | None) -> float:
+    """``zs[r.round]`` where given, else Bonferroni over the rounds with a paired result."""
+    if zs is not None and r.round in zs:
+        return zs[r.round]
+    return selection_z(sum(1 for x in rounds if x.metrics.paired))
 
 
 def _bound(r: RoundResult, k: float) -> float:
@@ -223,6 +239,7 @@ def round_to_distill(
     search_goes_on: bool = True,
     objective: str = "params",
     targets_done: bool = False,
+    zs: Mapping[int, float] | None = None,
 ) -> RoundResult | None:
     """The round that distillation after the search tries next; None when ``rescues`` rounds were distilled already
     or none is left worth it. Worth it: a round the search evaluated (not one distilled), not tried before, with
@@ -246,8 +263,8 @@ def round_to_distill(
     distilled = [r.cross_fit.source_round for r in rounds if r.cross_fit is not None]
     if len(distilled) >= rescues:
         return None
-    kept, _ = kept_round(rounds, selection, budget, objective)
-    confirmed = {r.round for r in confirmed_rounds(rounds, budget)}
+    kept, _ = kept_round(rounds, selection, budget, objective, zs)
+    confirmed = {r.round for r in confirmed_rounds(rounds, budget, zs)}
     ceiling: float
     if objective == "latency":  # a round faster than the kept one (the original when none is) is worth distilling
         ceiling = cost_of(kept, objective) if kept is not None else math.inf

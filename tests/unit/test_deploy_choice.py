@@ -116,7 +116,7 @@ def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(
     from tools.deployment import deploy
 
     # each candidate keeps the answer its measurement got (the count of tries is test_the_budget_test_counts_...)
-    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
+    monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
 
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src", 16)), original)
@@ -348,7 +348,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
     monkeypatch.setattr(ops, "compare_latency", again)
     monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
-    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
+    monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
     choice = deployment_module.deploy(
         tmp_path / "best",
         tmp_path / "original",
@@ -685,7 +685,7 @@ def test_the_note_says_why_the_unpruned_original_deploys() -> None:
 def test_the_budget_test_counts_every_candidate_tried() -> None:
     """Each candidate that ran is judged with the standard errors of the best of all tried: one that passed alone by
     a standard error is refused as one of twelve, and the choice says how many were tried."""
-    from tools.deployment import _judged_together
+    from tools.deploy.budget import judge_together
     from tools.stats import selection_z, within_budget
 
     paired = PairedAccuracy(
@@ -702,7 +702,7 @@ def test_the_budget_test_counts_every_candidate_tried() -> None:
         for i in range(12)
     ]
     assert within_budget(0.7, 1.0, paired)  # alone: drop + one standard error (0.3) = 1.0
-    tried = _judged_together(rows, lambda drop, p, z: within_budget(drop, 1.0, p, z=z))
+    tried = judge_together(rows, lambda drop, p, z: within_budget(drop, 1.0, p, z=z), Path("/a/original"))
     assert tried == 12 and selection_z(12) > 2 and not any(c.within_budget for c in rows)
 
 
@@ -725,7 +725,7 @@ def test_a_forced_backend_over_the_budget_is_refused_unless_allowed(
     monkeypatch.setattr(deployment_module, "_measure", measure)
     monkeypatch.setattr(deployment_module, "_time", lambda candidates, *_: 6e-3)
     monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
-    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
+    monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
     for allowed in (False, True):
         choice = deployment_module.deploy(
             tmp_path / "best",
@@ -813,7 +813,7 @@ def test_an_alternatives_mixed_precision_is_built_only_where_its_full_int8_is_ov
     monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
     monkeypatch.setattr(ops, "compare_latency", lambda pair, *_, **__: dict.fromkeys(pair, 1e-3))
     monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
-    monkeypatch.setattr(deployment_module, "_judged_together", lambda candidates, _: len(candidates))
+    monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
     choice = deployment_module.deploy(
         tmp_path / "best",
         original,

@@ -26,6 +26,9 @@ from tools.schemas import Int8GroupDamage, Int8Sensitivity, PairedAccuracy, Quan
 SIZE = 16
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
 
+#: An original without per-image predictions: the budget test counts the tries by Bonferroni.
+NOWHERE = Path("/runs/original")
+
 
 def _images(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(seed))
@@ -216,11 +219,15 @@ def test_a_full_int8_that_passes_alone_but_not_as_one_of_the_tries_has_its_mixed
     floats = [row(name, "fp32", 0.0, 0.0, 0.0092) for name in ("onnxruntime-fp32", "openvino", "torch")]
     budget = Budget(max_drop_points=2.0)
     assert budget(full.accuracy_drop_points, full.paired)  # alone it passes
-    build, skipped = _mixed_for(["onnxruntime-static-mixed"], [full, *floats], _control_stub, budget)
+    build, skipped = _mixed_for(
+        ["onnxruntime-static-mixed"], [full, *floats], _control_stub, budget, original_dir=NOWHERE
+    )
     assert build == ["onnxruntime-static-mixed"] and not skipped
     assert not full.within_budget  # judged as one of four tries
     close = row("onnxruntime-static", "int8 static (QDQ)", 0.27, 0.5, 0.0054)  # passes as one of four too
-    build, skipped = _mixed_for(["onnxruntime-static-mixed"], [close, *floats], _control_stub, budget)
+    build, skipped = _mixed_for(
+        ["onnxruntime-static-mixed"], [close, *floats], _control_stub, budget, original_dir=NOWHERE
+    )
     assert build == [] and "not needed" in (skipped[0].skipped or "")
 
 

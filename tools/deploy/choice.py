@@ -95,6 +95,14 @@ class DeployCandidate(BaseModel):
         "student's float model is above its round's cross-fitted estimate there (points), taken off for the budget "
         "test (:func:`luck_removed`).",
     )
+    predictions: str | None = Field(
+        default=None, description="Its per-image predictions on the images it was judged on (the budget test's)."
+    )
+    budget_z: float | None = Field(
+        default=None,
+        description="Standard errors its drop had to stay under the budget by, as one of the tries "
+        "(tools.evaluation.simultaneous).",
+    )
 
     @property
     def ran(self) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from tools.reporting.format import DASH, accuracy_pct, drop_as_change
 from tools.schemas import PairedAccuracy, RunReport
+from tools.stats import selection_z
 
 
 def change_ci(drop_points: float | None, paired: PairedAccuracy | dict[str, float] | None, missing: str = DASH) -> str:
@@ -92,6 +93,21 @@ def float_twins_text(candidates: list[dict[str, Any]]) -> str | None:
     if not twins:
         return None
     return f"Float runtimes checked by their outputs instead of run on every image ({'; '.join(twins)})."
+
+
+def tries_text(candidates: list[dict[str, Any]]) -> str | None:
+    """One line on the standard errors the deployment's candidates were held to as tries, None without them."""
+    zs = [float(c["budget_z"]) for c in candidates if c.get("budget_z") is not None]
+    if not zs:
+        return None
+    bonferroni = round(selection_z(len(zs)), 3)
+    if min(zs) >= bonferroni:
+        return f"Within budget: drop + {bonferroni:.2f} standard errors, as one of {len(zs)} tries (Bonferroni)."
+    return (
+        f"Within budget: drop + z standard errors, as one of {len(zs)} tries: z {max(zs):.2f} to {min(zs):.2f}, from "
+        "a step-down simultaneous test resampling the evaluation images (builds of one model give nearly the same "
+        f"answers and count nearly as one try; Bonferroni would hold each to {bonferroni:.2f})."
+    )
 
 
 def stopped_text(

@@ -35,6 +35,7 @@ from tools.reporting.paired_text import (
     selection_text,
     split_text,
     stopped_text,
+    tries_text,
 )
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
 from tools.schemas import Int8Sensitivity, PairedAccuracy, RunReport, SensitivityProfile
@@ -312,6 +313,8 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves
         verdict = "yes" if c.get("within_budget") else "NO"
         if c.get("half_luck_points"):  # a student's build, judged on its half less the student's lead there
             verdict += f" (judged {c['half_luck_points']:.2f} lower: the student's lead on this half)"
+        if (c.get("budget_z") or 1.0) > 1.0:  # one of several tries: the standard errors its drop was held to
+            verdict += f" (z {c['budget_z']:.2f})"
         lines.append(
             f"| {candidate_label(c)}{mark} | {c['runtime']} | {c['precision']} | {millis(c.get('latency_s'))} | "
             f"{throughput} | {memory} | {accuracy_pct(c.get('accuracy'))} | "
@@ -322,6 +325,8 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves
     lines += ["", stopped] if stopped else []
     twins = float_twins_text(deployment.get("candidates") or [])
     lines += ["", twins] if twins else []
+    tries = tries_text(deployment.get("candidates") or [])
+    lines += ["", tries] if tries else []
     original = deployment.get("original_latency_s")
     if original:
         lines += ["", f"The original FP32 PyTorch model in the same comparison: {millis(original)}."]

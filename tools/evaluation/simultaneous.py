@@ -1,0 +1,154 @@
+"""The budget test for the best of several candidates judged on the same images: a step-down simultaneous test.
+
+A candidate chosen as the fastest of several that pass the budget test favours those the evaluation images happened
+to be kind to, so each must pass with more than one standard error. Bonferroni (:func:`tools.stats.selection_z`)
+splits the test's level over the tries as if they were unrelated; the builds of one model in several runtimes and
+precisions give nearly the same answers, so it asks far more than the level needs (33 builds of a Swin-tiny: 2.59
+standard errors each). :func:`stepdown_z` asks what the tries need together (Romano and Wolf's step-down, 2005): the
+critical value is the bootstrap quantile of the largest of the candidates' standardised errors, resampling the
+images, so that the images' luck is shared as it is; the candidates that pass at it leave the family, and the rest
+are judged again by the largest error among themselves, until no more pass. The value at each step is held between
+one standard error (one try) and Holm's for the candidates left, so the test never asks more than Bonferroni did.
+
+:func:`budget_zs` reads each candidate's per-image predictions beside its artifact (``tools.evaluation.paired``)
+and falls back on Bonferroni for all when any is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tools.evaluation.paired import ImagePredictions, predictions_path
+from tools.run_data import part_label
+from tools.schemas import RoundResult
+from tools.stats import ONE_SE_LEVEL, selection_z
+from tools.store.files import read_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RESAMPLES", "budget_zs", "per_image_drops", "round_files", "stepdown_z"]
+
+#: Paired bootstrap resamples of the evaluation images (seeded: the same answers give the same test).
+RESAMPLES = 2000
+
+
+def per_image_drops(
+    original: ImagePredictions, candidates: Sequence[ImagePredictions]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(drops, judged)``, candidates x the original's images: 1 where the original is right and the candidate
+    wrong, -1 the other way, 0 otherwise; ``judged`` marks the images each candidate was judged on (a student's half,
+    the first images of one stopped early). None when a candidate was judged on an image the original was not."""
+    indices = list(original.key.get("indices") or [])
+    position = {int(i): k for k, i in enumerate(indices)}
+    right = np.asarray(original.correct, dtype=np.float32)
+    if len(right) != len(indices):
+        return None
+    drops = np.zeros((len(candidates), len(indices)), dtype=np.float32)
+    judged = np.zeros_like(drops, dtype=bool)
+    for row, candidate in enumerate(candidates):
+        rows = [position.get(int(i), -1) for i in list(candidate.key.get("indices") or [])[: len(candidate.correct)]]
+        if not rows or min(rows) < 0:
+            return None
+        judged[row, rows] = True
+        drops[row, rows] = right[rows] - np.asarray(candidate.correct, dtype=np.float32)
+    return drops, judged
+
+
+def stepdown_z(
+    drops: np.ndarray,
+    judged: np.ndarray,
+    passes: Callable[[int, float], bool],
+    *,
+    level: float = ONE_SE_LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> list[float]:
+    """The standard errors each candidate's drop is held to (``passes(i, z)``: candidate ``i``'s budget test at
+    ``z``): the critical value of the step at which it passed, or of the last step for those that did not."""
+    count = judged.sum(axis=1).astype(np.float64)
+    mean = drops.sum(axis=1) / np.maximum(count, 1.0)
+    centred = np.where(judged, drops - mean[:, None], 0.0)
+    se = np.sqrt((centred**2).sum(axis=1) / np.maximum(count - 1.0, 1.0) / np.maximum(count, 1.0))
+    weights = _weights(drops.shape[1], resamples, seed)
+    resampled = (weights @ drops.T) / np.maximum(weights @ judged.T.astype(np.float32), 1.0)
+    # a resample's error, in standard errors, in the direction that would let a candidate over the budget pass
+    errors = np.where(se > 0, (mean[None, :] - resampled) / np.where(se > 0, se, 1.0)[None, :], -np.inf)
+    left = list(range(len(drops)))
+    z_of: dict[int, float] = {}
+    while left:
+        largest = errors[:, left].max(axis=1)
+        quantile = float(np.quantile(largest, 1.0 - level)) if np.isfinite(largest).any() else 1.0
+        z = round(min(max(quantile, 1.0), selection_z(len(left))), 3)
+        passed = [i for i in left if passes(i, z)]
+        for i in passed or left:
+            z_of[i] = z
+        if not passed:
+            break
+        left = [i for i in left if i not in passed]
+    return [z_of[i] for i in range(len(drops))]
+
+
+@functools.lru_cache(maxsize=2)
+def _weights(images: int, resamples: int, seed: int) -> np.ndarray:
+    """How often each image is drawn in each resample (resamples x images), the same for a run's every test."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(images, np.full(images, 1.0 / images), size=resamples).astype(np.float32)
+
+
+def _read(files: Sequence[str | Path]) -> ImagePredictions | None:
+    """The predictions in ``files`` as one (a distilled round's students, each on its half); None if any is
+    missing or unreadable."""
+    parts: list[ImagePredictions] = []
+    for file in files:
+        try:
+            parts.append(ImagePredictions.model_validate(read_json(Path(file))))
+        except (OSError, ValueError):
+            return None
+    if not parts:
+        return None
+    indices = [i for p in parts for i in list(p.key.get("indices") or [])[: len(p.correct)]]
+    return ImagePredictions(
+        key={"indices": indices},
+        predictions=[a for p in parts for a in p.predictions],
+        correct=[c for p in parts for c in p.correct],
+    )
+
+
+def budget_zs(
+    original: Path | None,
+    predictions: Sequence[Sequence[str | Path] | None],
+    passes: Callable[[int, float], bool],
+    *,
+    simultaneous: bool = True,
+) -> list[float]:
+    """Each candidate's standard errors for the budget test as one of ``len(predictions)`` tries: :func:`stepdown_z`
+    on the per-image predictions in each candidate's files (``predictions[i]``) paired with the original's at
+    ``original``; Bonferroni (:func:`tools.stats.selection_z` for all) without ``simultaneous`` (a budget in changed
+    answers, which this resampling does not cover) or when any file is missing or for other images."""
+    bonferroni = [round(selection_z(len(predictions)), 3)] * len(predictions)
+    if not simultaneous or original is None or len(predictions) < 2 or any(not p for p in predictions):
+        return bonferroni
+    base = _read([original])
+    loaded = [_read(p or []) for p in predictions]
+    drops = None
+    if base is not None and all(p is not None for p in loaded):
+        drops = per_image_drops(base, [p for p in loaded if p is not None])
+    if drops is None:
+        logger.info("budget test: per-image predictions missing or for other images: Bonferroni over the tries")
+        return bonferroni
+    return stepdown_z(*drops, passes)
+
+
+def round_files(r: RoundResult) -> list[Path]:
+    """The files of a round's per-image answers on the evaluation images: its model's, or a distilled round's
+    students', each on the half it was not distilled on; empty when the round kept no artifact."""
+    if r.cross_fit is not None:
+        return [
+            predictions_path(Path(s.artifact), part_label("evaluation", s.judged_on_half)) for s in r.cross_fit.students
+        ]
+    return [predictions_path(Path(r.metrics.artifact), "evaluation")] if r.metrics.artifact else []
