@@ -25,7 +25,8 @@ from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
 from tools.evaluation.paired import predictions_path
-from tools.evaluation.simultaneous import budget_zs, round_files
+from tools.evaluation.simultaneous import budget_zs
+from tools.run_data import part_label
 from tools.schemas import (
     BaselineEntry,
     DeployedBuild,
@@ -145,6 +146,16 @@ def round_zs(state: State, ctx: Context) -> dict[int, float]:
         lambda i, z: passes_as_one_of(rounds[i], budget, z),
     )
     return {r.round: z for r, z in zip(rounds, zs, strict=True)}
+
+
+def round_files(r: RoundResult) -> list[Path]:
+    """The files of a round's per-image answers on the evaluation images: its model's, or a distilled round's
+    students', each on the half it was not distilled on; empty when the round kept no artifact."""
+    if r.cross_fit is not None:
+        return [
+            predictions_path(Path(s.artifact), part_label("evaluation", s.judged_on_half)) for s in r.cross_fit.students
+        ]
+    return [predictions_path(Path(r.metrics.artifact), "evaluation")] if r.metrics.artifact else []
 
 
 def finetune_samples(state: State, ctx: Context) -> int:

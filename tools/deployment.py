@@ -22,7 +22,7 @@ from tools import ops
 from tools.artifacts.io import load_compressed, load_module
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
-from tools.deploy.budget import judge_together, mixed_to_build, split_budget
+from tools.deploy.budget import mixed_to_build, split_budget
 from tools.deploy.choice import (
     ALTERNATIVE_MARGIN,
     DeployCandidate,
@@ -42,6 +42,7 @@ from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import AUTO, BACKENDS, FLOAT, ONE_COMMAND_BUILDS, available, runtime_and_precision
 from tools.evaluation.paired import predictions_path
+from tools.judging import judge_together
 from tools.models.base import example_input
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation

@@ -685,7 +685,7 @@ def test_the_note_says_why_the_unpruned_original_deploys() -> None:
 def test_the_budget_test_counts_every_candidate_tried() -> None:
     """Each candidate that ran is judged with the standard errors of the best of all tried: one that passed alone by
     a standard error is refused as one of twelve, and the choice says how many were tried."""
-    from tools.deploy.budget import judge_together
+    from tools.judging import judge_together
     from tools.stats import selection_z, within_budget
 
     paired = PairedAccuracy(

@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from agents.evaluation import round_files
 from agents.planning.selection import kept_round, passes_as_one_of
 from tests.helpers import round_result
-from tools.deploy.budget import judge_together
 from tools.deploy.choice import DeployCandidate
 from tools.evaluation.paired import ImagePredictions, predictions_path, save_predictions
-from tools.evaluation.simultaneous import budget_zs, round_files, stepdown_z
+from tools.evaluation.simultaneous import budget_zs, stepdown_z
+from tools.judging import judge_together
 from tools.reporting.paired_text import tries_text
 from tools.schemas import RoundResult
 from tools.stats import Budget, paired_accuracy, selection_z, within_budget

@@ -8,18 +8,14 @@ search does not choose a round that int8 then pushes over.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_FP32
-from tools.deploy.choice import DeployCandidate, DeployChoice, luck_removed
+from tools.deploy.choice import DeployCandidate, DeployChoice
 from tools.deploy.registry import BACKENDS, runtime_and_precision
-from tools.evaluation.paired import predictions_path
-from tools.evaluation.simultaneous import budget_zs
-from tools.schemas import AccuracyBudget, PairedAccuracy
-from tools.stats import Budget
+from tools.schemas import AccuracyBudget
 
-__all__ = ["INT8_MARGIN", "judge_together", "mixed_to_build", "not_faster_than_float", "split_budget"]
+__all__ = ["INT8_MARGIN", "mixed_to_build", "not_faster_than_float", "split_budget"]
 
 #: The original's int8 deployment is given a share of the accuracy budget only when it is at least this much faster
 #: than the original's fastest float runtime (on CPUs without VNNI int8 often is not).
@@ -162,34 +158,3 @@ def mixed_to_build(
                 DeployCandidate(backend=name, runtime=runtime, precision=precision, skipped=why, source=source)
             )
     return build, skipped
-
-
-def judge_together(
-    candidates: list[DeployCandidate],
-    within_budget: Callable[[float | None, PairedAccuracy | None, float], bool],
-    original_dir: Path,
-) -> int:
-    """Judge every candidate that ran by the budget test for all of them: the fastest of several that pass favours
-    those the evaluation images happened to be kind to, so each must pass with more standard errors than one, as the
-    kept round must (Timm's Swin, deployed at -1.14 points on unseen images against a 1-point budget, passed alone
-    as the fastest of 15): as many as the tries need together (:func:`tools.evaluation.simultaneous.budget_zs`; a
-    budget in changed answers: Bonferroni). Returns the count tried."""
-    tried = [c for c in candidates if c.ran and c.artifact is not None]
-    judged = [c for c in tried if c.paired is not None]
-
-    def passes(c: DeployCandidate, z: float) -> bool:
-        return within_budget(c.accuracy_drop_points, luck_removed(c.paired, c.half_luck_points or 0.0), z)
-
-    simultaneous = isinstance(within_budget, Budget) and within_budget.max_disagreement_pct is None
-    original = predictions_path(original_dir, "evaluation")
-    zs = budget_zs(
-        original,
-        [[c.predictions] if c.predictions else None for c in judged],
-        lambda i, z: passes(judged[i], z),
-        simultaneous=simultaneous,
-    )
-    for c, z in zip(judged, zs, strict=True):
-        c.within_budget, c.budget_z = passes(c, z), z
-    for c in (c for c in tried if c.paired is None):
-        c.within_budget = passes(c, 1.0)
-    return len(tried)

@@ -23,15 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.evaluation.paired import ImagePredictions, predictions_path
-from tools.run_data import part_label
-from tools.schemas import RoundResult
+from tools.evaluation.paired import ImagePredictions
 from tools.stats import ONE_SE_LEVEL, selection_z
 from tools.store.files import read_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RESAMPLES", "budget_zs", "per_image_drops", "round_files", "stepdown_z"]
+__all__ = ["RESAMPLES", "budget_zs", "per_image_drops", "stepdown_z"]
 
 #: Paired bootstrap resamples of the evaluation images (seeded: the same answers give the same test).
 RESAMPLES = 2000
@@ -142,13 +140,3 @@ def budget_zs(
         logger.info("budget test: per-image predictions missing or for other images: Bonferroni over the tries")
         return bonferroni
     return stepdown_z(*drops, passes)
-
-
-def round_files(r: RoundResult) -> list[Path]:
-    """The files of a round's per-image answers on the evaluation images: its model's, or a distilled round's
-    students', each on the half it was not distilled on; empty when the round kept no artifact."""
-    if r.cross_fit is not None:
-        return [
-            predictions_path(Path(s.artifact), part_label("evaluation", s.judged_on_half)) for s in r.cross_fit.students
-        ]
-    return [predictions_path(Path(r.metrics.artifact), "evaluation")] if r.metrics.artifact else []
