@@ -372,10 +372,10 @@ def _mixed_for(
     source: str | None = None,
 ) -> tuple[list[str], list[DeployCandidate]]:
     """:func:`~tools.deploy.budget.mixed_to_build` after judging every candidate so far as the final test will,
-    each try counted (:func:`_judged_together`): a full int8 that passes alone but not as one of the tries is over
-    the budget for this decision too, and its mixed precision is built. EfficientNet-Lite0 under the AVX2 cap: its
-    original's ONNX Runtime static int8 (-0.27 [-2.78, +2.24] on 375 images, 1.7x its FP32) passed alone, so its
-    mixed precision was "not needed", and was then refused as one of the tries: the FP32 build shipped."""
+    each try counted (:func:`tools.judging.judge_together`): a full int8 that passes alone but not as one of the
+    tries is over the budget for this decision too, and its mixed precision is built. EfficientNet-Lite0 under the
+    AVX2 cap: its original's ONNX Runtime static int8 (-0.27 [-2.78, +2.24] on 375 images, 1.7x its FP32) passed
+    alone, so its mixed precision was "not needed", and was then refused as one of the tries: FP32 shipped."""
     judge_together(candidates, within_budget, original_dir)
     return mixed_to_build(backends, candidates, control, always=always, source=source)
 
