@@ -116,7 +116,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     )
     first = result.students[0]
     half = spec.model_copy(update={"evaluation_half": first.judged_on_half})
-    measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}")
+    measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}", throughput=False)
     merged = {"accuracy": result.accuracy, "samples": result.samples, "paired": result.paired}
     metrics = measured.model_copy(update=merged)  # its cost as measured; its accuracy from both students
     if ctx.objective == "latency":

@@ -218,7 +218,8 @@ def spec_for(state: State, ctx: Context, artifact: Path, spec: ops.EvalSpec | No
 
 def _evaluate(state: State, ctx: Context, artifact: Path, desc: str, source: Path | None = None) -> Metrics:
     spec = spec_for(state, ctx, source or artifact)
-    return ops.evaluate(artifact, paths(state).original, shape_of(state), spec, desc)
+    # the batch throughput is the deployment table's (its candidates'), not the rounds' or the summary's
+    return ops.evaluate(artifact, paths(state).original, shape_of(state), spec, desc, throughput=False)
 
 
 def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, object]:
@@ -392,6 +393,8 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, obje
 
 
 def _slower_when_alone(unpruned: Path, pruned: Path, state: State, ctx: Context) -> tuple[float, float] | None:
+    from tools.deployment import RETIMING_SECONDS
+
     """(unpruned, pruned) latencies when the two deployed models, timed again alone with three times the repeats,
     still show the pruned one slower than :data:`SLOWER_FACTOR` allows; None when they do not. Sub-millisecond
     models move 15-20 % with what runs between two calls: a CIFAR ResNet-20 in OpenVINO bf16 timed 0.354 ms pruned
@@ -402,6 +405,7 @@ def _slower_when_alone(unpruned: Path, pruned: Path, state: State, ctx: Context)
         repeats=3 * ctx.latency_repeats,
         seed=ctx.seed,
         device=ctx.device,
+        max_seconds=RETIMING_SECONDS,
     )
     if times["unpruned"] >= SLOWER_FACTOR * times["pruned"]:
         return None

@@ -36,6 +36,7 @@ from tools.deploy.registry import FLOAT, float_reference_of
 from tools.deployment import (
     Judging,
     accuracy_control,
+    answers_of_copy,
     calibration_images,
     candidate_backends,
     deploy,
@@ -307,6 +308,14 @@ def adopt_original(state: State, runtime: Runtime[Context]) -> dict[str, object]
     return {"notes": [_original_note(choice, kept, paths(state).original, not_built)]}
 
 
+def _adopt_answers(report: dict[str, Any], artifact: Path, source: Path, state: State, ctx: Context) -> None:
+    """A deployed build copied from its deployment candidate answers as the candidate did (evaluated there, on the
+    images that judge ``source``): ``evaluate_quantized`` reads those answers instead of evaluating it again."""
+    if report.get("copied_from"):
+        spec = spec_for(state, ctx, source)
+        answers_of_copy(artifact, Path(report["copied_from"]), paths(state).original, shape_of(state), spec)
+
+
 def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """The chosen build of the model that ships into ``RUN/models/quantized``, the original in the same build beside
     it, and the original in that runtime at FP32 (the references of the speed-up's split)."""
@@ -356,6 +365,7 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
             )
         )
         quantized = deployed(run.quantized, source)
+        _adopt_answers(built[-1], run.quantized, source, state, ctx)
         if source.resolve() == run.original.resolve():
             quantized_original = quantized
         else:
@@ -372,6 +382,7 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
                     reuse=[run.root / "models" / "deploy-original" / choice.chosen],
                 )
             )
+            _adopt_answers(built[-1], run.quantized_original, run.original, state, ctx)
             quantized_original = deployed(run.quantized_original, run.original)
     # the original in the deployed runtime at FP32: the reference that separates the runtime's gain from int8's
     fp32_backend = float_reference_of(choice.chosen)

@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Judging",
     "accuracy_control",
+    "answers_of_copy",
     "attempt_marker",
     "calibration_images",
     "candidate_backends",
@@ -105,6 +106,9 @@ FLOAT_TOLERANCE = 1e-3
 #: Seconds a candidate's timing takes at most over the run's repeats: a slower one (a 224-260 px model in PyTorch FP32)
 #: takes part in fewer interleaved repetitions, at least three (``tools.evaluation.cost.compare_latencies``).
 TIMING_SECONDS = 2.0
+#: The same for the timings again of close candidates (runoff, alternatives, never slower), at three times the repeats:
+#: the three 25-ms builds of EfficientNet-Lite2's original in a runoff took 28 s, all of them 300 calls.
+RETIMING_SECONDS = 4.0
 
 #: Seconds of calls at least behind a round's latency in the build the original deploys in (``latency_in_build``):
 #: the rounds of ``--objective latency`` differ by a few per cent, and 20 repetitions of a sub-millisecond model
@@ -237,7 +241,7 @@ def _measure(
             )
             candidate.float_layers = dict(built.get("float_layers") or {})
             if built.get("copied_from"):
-                _answers_of_copy(artifact, Path(built["copied_from"]), original_dir, shape, spec)
+                answers_of_copy(artifact, Path(built["copied_from"]), original_dir, shape, spec)
             elif precision == PRECISION_FP32:
                 candidate.answers_of = _float_twin(artifact, source_dir, original_dir, shape, spec)
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
@@ -267,10 +271,10 @@ def _measure(
         marker.unlink(missing_ok=True)
 
 
-def _answers_of_copy(artifact: Path, built: Path, original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> None:
-    """A candidate copied from a build of the same recipe (the original's, built by the int8 profile) answers as that
-    build did: its predictions on the evaluation images are taken as the copy's instead of evaluated again (at 260 px,
-    six seconds a build)."""
+def answers_of_copy(artifact: Path, built: Path, original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> None:
+    """A candidate copied from a build of the same recipe (the original's, built by the int8 profile; the deployed
+    model, copied from its candidate) answers as that build did: its predictions on the evaluation images are taken as
+    the copy's instead of evaluated again (at 260 px, six seconds a build)."""
     from tools.evaluation.paired import adopt_predictions
 
     source = ops.predictions_on(built, original_dir, shape, spec, "evaluation", desc=f"deploy {built.name}")
@@ -443,6 +447,9 @@ def deploy(
     def judged_by(model_dir: Path) -> Judging:
         return judged_on.get(Path(model_dir).resolve(), Judging(spec=spec))
 
+    def retime(close: dict[str, Path]) -> dict[str, float]:
+        return ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed, max_seconds=RETIMING_SECONDS)
+
     candidates = [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in full if b not in left_out]
     candidates += pointless
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
@@ -490,9 +497,7 @@ def deploy(
         order = [own, *(s for s in sources if s != own)]  # the best model's, then the alternatives in order
         pool = eligible(candidates, original_dir, own)
         chosen, why = choose(pool, original_latency)
-        doubt = unconfirmed_alternative(
-            pool, chosen, lambda pair: ops.compare_latency(pair, shape, repeats=3 * repeats, seed=spec.seed), own
-        )
+        doubt = unconfirmed_alternative(pool, chosen, retime, own)
         if doubt:  # the margin was timing noise: the best model deploys
             pool = [c for c in candidates if c.source == own]
             chosen, why = choose(pool, original_latency)
@@ -500,12 +505,7 @@ def deploy(
     picked: DeployCandidate | None = None  # the runoff's winner, when there was one
     if not forced:
         chosen, why, picked = runoff(
-            pool,
-            chosen,
-            why,
-            lambda close: ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed),
-            other_source_margin=ALTERNATIVE_MARGIN,
-            preference=order,
+            pool, chosen, why, retime, other_source_margin=ALTERNATIVE_MARGIN, preference=order
         )
     refused: str | None = None
     if forced and backends[-1] != chosen:
@@ -530,13 +530,7 @@ def deploy(
     elif usable and not forced:
         source = preferred(usable, {c.key: c.latency_s or 0.0 for c in usable}, order, ALTERNATIVE_MARGIN).source
     if not forced:
-        rival, slower = never_slower(
-            candidates,
-            chosen,
-            source,
-            original_dir,
-            lambda pair: ops.compare_latency(pair, shape, repeats=3 * repeats, seed=spec.seed),
-        )
+        rival, slower = never_slower(candidates, chosen, source, original_dir, retime)
         if rival is not None:
             chosen, source, why = rival.backend, rival.source, f"{slower}; {why}"
     logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)

@@ -140,11 +140,19 @@ def evaluate_accuracy_on(
 
 
 def evaluate(
-    artifact_dir: Path, original_dir: Path, shape: InputShape, spec: EvalSpec, desc: str = "evaluate"
+    artifact_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: EvalSpec,
+    desc: str = "evaluate",
+    *,
+    throughput: bool = True,
 ) -> Metrics:
-    """Accuracy on the seeded subset (paired with the original's), latency at batch 1, throughput, memory, MACs."""
-    from tools.compression.sensitivity import SENSITIVITY_MACS_PER_SECOND
-    from tools.evaluation.cost import file_size_mb, measure_latency, measure_throughput
+    """Accuracy on the seeded subset (paired with the original's), latency at batch 1, throughput, memory, MACs.
+
+    ``throughput=False`` leaves the batch throughput out (None): the deployment table shows it, nothing shows a
+    round's, and at 260 px its batch costs EfficientNet-Lite2 about two seconds a round in PyTorch."""
+    from tools.evaluation.cost import file_size_mb, measure_latency
 
     meta = read_json(artifact_dir / "artifact.json")
     quantized = meta["kind"] == "quantized"
@@ -158,23 +166,31 @@ def evaluate(
     macs = _macs(float_model.cpu(), shape)
     single = example_input(shape, device=run_device, seed=spec.seed)
     latency = measure_latency(model, single, warmup=3, repeats=10)
-    # one timed call at the evaluation batch size (a large model's: what takes about a second at the assumed rate);
-    # the batch-1 runs above already warmed the model up
-    fits = max(1, int(THROUGHPUT_SECONDS * SENSITIVITY_MACS_PER_SECOND / (macs or 1)))
-    size = min(spec.batch_size, spec.samples, fits)
-    batch = example_input(shape, batch=size, device=run_device, seed=spec.seed)
-    throughput = measure_throughput(model, batch, warmup=1, repeats=1)  # a first call may compile (OpenVINO)
+    images_per_s = _throughput(model, macs, shape, spec, run_device) if throughput else None
     return Metrics(
         accuracy=measured.accuracy if measured else None,
         params=sum(p.numel() for p in float_model.parameters()),
         macs=macs,
         latency_s=latency,
-        throughput_ips=throughput,
+        throughput_ips=images_per_s,
         memory_mb=round(sum(file_size_mb(f) for f in deployed_files(artifact_dir)), 4),
         artifact=str(artifact_dir),
         samples=measured.samples if measured else 0,
         paired=measured.paired if measured else None,
     )
+
+
+def _throughput(model: Any, macs: int | None, shape: InputShape, spec: EvalSpec, device: str) -> float:
+    """Images a second at the evaluation batch size, one timed call after the batch-1 ones warmed ``model`` up."""
+    from tools.compression.sensitivity import SENSITIVITY_MACS_PER_SECOND
+    from tools.evaluation.cost import measure_throughput
+
+    # one timed call at the evaluation batch size (a large model's: what takes about a second at the assumed rate);
+    # the batch-1 runs above already warmed the model up
+    fits = max(1, int(THROUGHPUT_SECONDS * SENSITIVITY_MACS_PER_SECOND / (macs or 1)))
+    size = min(spec.batch_size, spec.samples, fits)
+    batch = example_input(shape, batch=size, device=device, seed=spec.seed)
+    return measure_throughput(model, batch, warmup=1, repeats=1)  # a first call may compile (OpenVINO)
 
 
 #: The seconds a throughput measurement's batch takes at most, at the one-thread rate the sensitivity profile assumes.

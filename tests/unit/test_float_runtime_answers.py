@@ -60,7 +60,7 @@ def test_a_build_copied_from_one_of_the_same_recipe_takes_its_answers(monkeypatc
         adopted: list[Any] = []
         monkeypatch.setattr(deployment.ops, "predictions_on", lambda *a, **k: source)  # noqa: B023
         monkeypatch.setattr("tools.evaluation.paired.adopt_predictions", lambda *a: adopted.append(a))  # noqa: B023
-        deployment._answers_of_copy(Path("copy"), Path("built"), Path("original"), None, _Spec())  # type: ignore[arg-type]
+        deployment.answers_of_copy(Path("copy"), Path("built"), Path("original"), None, _Spec())  # type: ignore[arg-type]
         assert len(adopted) == wanted
         assert not adopted or (adopted[0][0] == Path("copy") and adopted[0][4] is source and "built" in adopted[0][5])
 
