@@ -136,6 +136,25 @@ def test_removable_blocks_are_the_residual_blocks_whose_shape_holds() -> None:
         assert pruned(x).shape == model(x).shape
 
 
+def test_removable_blocks_are_found_once_per_structure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools.compression.kinds import blocks as blocks_module
+
+    searched: list[nn.Module] = []
+    find = blocks_module._find_blocks
+    monkeypatch.setattr(blocks_module, "_FOUND", {})
+    monkeypatch.setattr(blocks_module, "_find_blocks", lambda m, x: searched.append(m) or find(m, x))
+    model = resnet20().eval()
+    found = removable_blocks(model, torch.randn(1, 3, 32, 32))
+    found.pop("layer1.0")  # the caller's copy: a block removed from it stays found for the next model
+    copied = copy.deepcopy(model)  # what each sensitivity probe prunes: the same structure, found again for free
+    assert "layer1.0" in removable_blocks(copied, torch.randn(1, 3, 32, 32)) and len(searched) == 1
+    pruned = copy.deepcopy(model)
+    rec = PruningRecommendation(layer=r"^layer1\.1$", pruning_type="block", pruning_ratio=1.0, justification="test")
+    apply_pruning(pruned, [rec], torch.randn(1, 3, 32, 32))
+    assert "layer1.1" not in removable_blocks(pruned, torch.randn(1, 3, 32, 32))  # another structure: searched
+    assert len(searched) == 2
+
+
 def test_a_removed_block_is_saved_and_rebuilt(tmp_path: Path) -> None:
     from tools.artifacts.structure import apply_structure, describe_structure
 
