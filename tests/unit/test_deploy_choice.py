@@ -340,7 +340,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
             c.latency_s = latency_ms.get((c.source, c.backend), 5.0) / 1e3
         return 6e-3
 
-    def again(artifacts: dict[str, Path], shape: Any, repeats: int = 20, seed: int = 0) -> dict[str, float]:
+    def again(artifacts: dict[str, Path], shape: Any, repeats: int = 20, seed: int = 0, **_: Any) -> dict[str, float]:
         return {"alternative": 0.98e-3, "best": 1.00e-3}
 
     monkeypatch.setattr(deployment_module, "_measure", measure)
