@@ -46,13 +46,14 @@ from tools.deployment import (
 from tools.run_data import EvalSpec
 from tools.schemas import (
     DeployedBuild,
+    Int8Sensitivity,
     PrunedEntry,
     QuantizationRecommendation,
     RoundResult,
     RuntimeReference,
 )
 from tools.stats import Budget
-from tools.store.files import StagingDir
+from tools.store.files import StagingDir, read_json
 
 
 def _artifact(r: RoundResult) -> Path | None:
@@ -265,7 +266,9 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         alternatives=alternatives,
         prebuilt=[run.root / "models" / "deploy-original"],
         int8_cpu=ctx.int8_cpu,
-        control=functools.partial(accuracy_control, run.original, shape, spec, budget.max_drop_points),
+        control=functools.partial(
+            accuracy_control, run.original, shape, spec, budget.max_drop_points, _int8_ranking(state)
+        ),
         judging=judging,
         allow_over_budget=ctx.allow_over_budget,
     )
@@ -306,6 +309,14 @@ def adopt_original(state: State, runtime: Runtime[Context]) -> dict[str, object]
     not_built = settings(runtime).quant_backend == "auto" and _kept_cannot_outrun(state)
     not_built = not_built and _headroom_round(state, kept) is None
     return {"notes": [_original_note(choice, kept, paths(state).original, not_built)]}
+
+
+def _int8_ranking(state: State) -> Int8Sensitivity | None:
+    """The original's per-block int8 damage, as the int8 profile measured it (None where it did not)."""
+    summary = state.int8_profile
+    if summary is None or not Path(summary.path).is_file():
+        return None
+    return Int8Sensitivity.model_validate(read_json(Path(summary.path)))
 
 
 def _adopt_answers(report: dict[str, Any], artifact: Path, source: Path, state: State, ctx: Context) -> None:
@@ -349,7 +360,8 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
         mixed = is_mixed(choice.chosen)
         chosen_recs = recs if mixed else full_int8(recs)
-        controlled = accuracy_control(run.original, shape, spec, budget_points(state, ctx)) if mixed else None
+        ranking = _int8_ranking(state)
+        controlled = accuracy_control(run.original, shape, spec, budget_points(state, ctx), ranking) if mixed else None
         candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
         built.append(
             ops.quantize(

@@ -45,7 +45,7 @@ from tools.evaluation.paired import predictions_path
 from tools.judging import judge_together
 from tools.models.base import example_input
 from tools.profiling.static import mac_shares
-from tools.schemas import InputShape, PairedAccuracy, QuantizationRecommendation
+from tools.schemas import InputShape, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
 from tools.stats import drop_points
 from tools.store.files import boot_id, left_by_an_earlier_boot
 from tools.text import first_line
@@ -145,12 +145,17 @@ def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec
 
 
 def accuracy_control(
-    original_dir: Path, shape: InputShape, spec: ops.EvalSpec, budget_points: float
+    original_dir: Path,
+    shape: InputShape,
+    spec: ops.EvalSpec,
+    budget_points: float,
+    int8_ranking: Int8Sensitivity | None = None,
 ) -> AccuracyControl | None:
     """What the mixed-precision candidates are tuned on: the calibration images with their classes, the original's
     answers on them, and the accuracy budget (None without a labelled dataset, or for an untrained model). Not the
     evaluation images: the budget test then judges the tuned build on them, which a build tuned until it passed there
-    would pass by construction."""
+    would pass by construction. ``int8_ranking``: the original's per-block int8 damage, where the run measured it
+    (:class:`~tools.deploy.accuracy.AccuracyControl`)."""
     from tools.evaluation.labels import LabelMatch
 
     evaluation = ops.calibration_batch(original_dir, shape, spec, part="calibration")
@@ -172,6 +177,7 @@ def accuracy_control(
         reference_correct=reference.correct,
         max_drop_points=budget_points,
         same_class=dict(LabelMatch.model_validate(spec.label_match).same_class),
+        int8_ranking=int8_ranking,
     )
 
 

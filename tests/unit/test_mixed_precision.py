@@ -129,6 +129,43 @@ def test_accuracy_control_keeps_blocks_float_until_the_budget_holds(vit: Path, t
     assert model(_images(2, 3)).shape == (2, 10)
 
 
+def test_accuracy_control_ranks_blocks_by_the_originals_int8_profile(
+    vit: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from tools.deploy.cpu import int8_settings
+    from tools.deploy.onnxruntime import mixed
+
+    build = StaticInt8Build(load_module(vit), _images(1, 0), _images(32, 1), tmp_path / "profile")
+    groups = list(build.groups)
+    first = groups[-1]  # measured, the last block would not come first: the given ranking says it does
+    given = Int8Sensitivity(
+        backend="onnxruntime-static",
+        int8=int8_settings().model_dump(),
+        images=32,
+        full_kl=1.0,
+        full_flips_pct=10.0,
+        groups=[
+            Int8GroupDamage(group=g, layers=build.groups[g], kl=1.0 if g == first else 0.0, flips_pct=0.0)
+            for g in [first, *groups[:-1]]
+        ],
+        seconds=0.0,
+    )
+    measured: list[int] = []
+    measure = mixed.measure_int8_sensitivity
+    monkeypatch.setattr(mixed, "measure_int8_sensitivity", lambda b, x: measured.append(1) or measure(b, x))
+    strict = dataclasses.replace(_control(vit, -1.0), int8_ranking=given)
+    done = _mixed_build(vit, tmp_path / "given", "onnxruntime-static-mixed", strict)
+    assert not measured, "the blocks were not measured again"
+    assert set(build.groups[first]) <= set(done["float_layers"]), "the given ranking's first block went float"
+    assert any("ranked by the original's" in note for note in done["notes"])
+    # measured with other int8 settings (7-bit weights or not): this model's blocks are measured
+    other = given.model_copy(update={"int8": {**given.int8, "reduce_range": not given.int8["reduce_range"]}})
+    _mixed_build(vit, tmp_path / "other", "onnxruntime-static-mixed", dataclasses.replace(strict, int8_ranking=other))
+    assert measured == [1]
+
+
 def test_openvino_accuracy_control_runs_nncf(vit: Path, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     pytest.importorskip("nncf")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tools.schemas import PairedAccuracy
+from tools.schemas import Int8Sensitivity, PairedAccuracy
 from tools.stats import budget_drop_points, paired_accuracy, standard_error_points, within_budget
 
 __all__ = ["AccuracyControl", "predict_classes"]
@@ -46,7 +46,10 @@ class AccuracyControl:
     model's answers on the same images (the budget is against the original, not the model being quantized).
     ``max_float_share``: at most this share of the quantizable layers is kept in float before giving up (a model
     mostly in float is slower than the float deployments it competes with). ``macs_per_image``: the model's MACs
-    per image (0: unknown), which a backend plans the cost of its control with.
+    per image (0: unknown), which a backend plans the cost of its control with. ``int8_ranking``: the original's
+    per-block int8 damage (the int8 profile's), which ONNX Runtime's control ranks its blocks by instead of measuring
+    each block of the model it builds again (a pruned round keeps its blocks' names; at 260 px the measurement is a
+    minute a build).
     """
 
     images: torch.Tensor
@@ -57,6 +60,7 @@ class AccuracyControl:
     same_class: dict[int, int] = field(default_factory=dict)
     max_float_share: float = 0.5
     macs_per_image: int = 0
+    int8_ranking: Int8Sensitivity | None = None
 
     def __post_init__(self) -> None:
         n = len(self.images)

@@ -185,6 +185,20 @@ def measure_int8_sensitivity(build: StaticInt8Build, images: torch.Tensor) -> In
     )
 
 
+def _ranking_for(
+    build: StaticInt8Build, given: Int8Sensitivity | None, settings: Int8Settings
+) -> Int8Sensitivity | None:
+    """``given`` (the original's per-block int8 damage) where it ranks this build's blocks: measured in ONNX Runtime
+    with the same int8 settings, on blocks of the same names (a pruned round of the original keeps them; a removed
+    block is no longer a group and drops out); None where it does not, and the blocks are measured on this model."""
+    if given is None or given.backend != "onnxruntime-static" or given.int8 != settings.model_dump():
+        return None
+    groups = [g for g in given.groups if g.group in build.groups]
+    if not groups or any(group not in {g.group for g in groups} for group in build.groups):
+        return None
+    return given.model_copy(update={"groups": groups})
+
+
 class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
     """``onnxruntime-static`` with accuracy control: while the int8 model is over the accuracy budget on the
     validation images (:class:`AccuracyControl`), the blocks whose int8 costs the most (measured here:
@@ -218,9 +232,12 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
         with tempfile.TemporaryDirectory(prefix=".onnx-mixed-", dir=out_dir) as work:
             build = StaticInt8Build(float_model, example, calibration, Path(work), settings)
             planned = [name for name in build.nodes if name not in report.layers]  # the plan's float32 layers
-            macs = sum(weight_layer_macs(float_model, example[:1]).values())
-            count = int8_samples(macs, len(build.groups), len(calibration))
-            ranking = measure_int8_sensitivity(build, calibration[:count])
+            ranking = _ranking_for(build, accuracy_control.int8_ranking, settings)
+            ranked_on = "the original's (the int8 profile's)" if ranking is not None else "this model's"
+            if ranking is None:
+                macs = sum(weight_layer_macs(float_model, example[:1]).values())
+                count = int8_samples(macs, len(build.groups), len(calibration))
+                ranking = measure_int8_sensitivity(build, calibration[:count])
             kept, trail = self._control(build, accuracy_control, planned, [g.group for g in ranking.groups], target)
         why = dict.fromkeys(planned, "the plan keeps it in float")
         damage = {layer: g for g in ranking.groups for layer in g.layers}
@@ -234,7 +251,8 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
         extra = [
             *build.notes,
             f"{self.name}: accuracy control ({len(accuracy_control.images)} validation images, budget "
-            f"{accuracy_control.max_drop_points:g} points with one standard error): " + "; ".join(trail),
+            f"{accuracy_control.max_drop_points:g} points with one standard error), blocks ranked by "
+            f"{ranked_on} int8 damage: " + "; ".join(trail),
         ]
         return self._carried_out(report, target, build.nodes, why, settings, len(build.calibration), extra)
 
