@@ -360,8 +360,11 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
         mixed = is_mixed(choice.chosen)
         chosen_recs = recs if mixed else full_int8(recs)
-        ranking = _int8_ranking(state)
-        controlled = accuracy_control(run.original, shape, spec, budget_points(state, ctx), ranking) if mixed else None
+        controlled = (
+            accuracy_control(run.original, shape, spec, budget_points(state, ctx), _int8_ranking(state))
+            if mixed
+            else None
+        )
         candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
         built.append(
             ops.quantize(

@@ -194,7 +194,7 @@ def _ranking_for(
     if given is None or given.backend != "onnxruntime-static" or given.int8 != settings.model_dump():
         return None
     groups = [g for g in given.groups if g.group in build.groups]
-    if not groups or any(group not in {g.group for g in groups} for group in build.groups):
+    if not groups or set(build.groups) - {g.group for g in groups}:
         return None
     return given.model_copy(update={"groups": groups})
 
