@@ -399,7 +399,7 @@ def prune(
     )
     consumers = report.consumers()
     if reference is not None:
-        repaired = repair_(model, reference, consumers, recovery)
+        repaired = repair_(model, reference, consumers, recovery, report.kept_outputs())
     else:
         repaired = recover_(model, original, None, consumers, recovery)
     tuned: dict[str, Any] | None = None

@@ -136,6 +136,14 @@ def test_removable_blocks_are_the_residual_blocks_whose_shape_holds() -> None:
         assert pruned(x).shape == model(x).shape
 
 
+def test_an_inverted_residual_is_removed_whole_not_its_squeeze_excitation() -> None:
+    from tests.helpers_torch import tiny_mobilenet
+
+    blocks = removable_blocks(tiny_mobilenet().eval(), torch.randn(1, 3, 32, 32))
+    # the residual blocks whole; where the shape changes (no skip) the squeeze-excitation alone; never a stage
+    assert sorted(blocks) == ["features.1.0", "features.1.1", "features.2.0.block.2", "features.2.1"]
+
+
 def test_removable_blocks_are_found_once_per_structure(monkeypatch: pytest.MonkeyPatch) -> None:
     from tools.compression.kinds import blocks as blocks_module
 

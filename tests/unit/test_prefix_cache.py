@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from tests.helpers import tiny_resnet, tiny_vit
+from tests.helpers_torch import tiny_mobilenet
 from tools.compression.forward import forward_logits
 from tools.compression.prefix import PrefixCache
 from tools.compression.pruning import apply_pruning
@@ -38,7 +39,8 @@ def _calls(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def _probe(original: nn.Module, images: torch.Tensor, layer: str, kind: str, cache: PrefixCache | None) -> nn.Module:
     model = copy.deepcopy(original)
-    rec = PruningRecommendation(layer=layer, pruning_type=kind, pruning_ratio=0.5, justification="test")  # type: ignore[arg-type]
+    ratio = 1.0 if kind == "block" else 0.5
+    rec = PruningRecommendation(layer=layer, pruning_type=kind, pruning_ratio=ratio, justification="test")  # type: ignore[arg-type]
     report = apply_pruning(model, [rec], images[:1])
     assert report.applied
     stats = batchnorm_input_stats(original, images)
@@ -59,6 +61,7 @@ def _probe(original: nn.Module, images: torch.Tensor, layer: str, kind: str, cac
         (tiny_resnet, r"^resnet\.encoder\.stages\.1\.layers\.0\.layer\.0\.convolution$", "structured", 32),
         (tiny_vit, r"^vit\.layers\.1\.attention$", "head", 16),
         (tiny_vit, r"^vit\.layers\.1\.mlp\.fc1$", "structured", 16),
+        (tiny_mobilenet, r"^features\.2\.0\.block\.2$", "block", 32),
     ],
 )
 def test_a_replayed_probe_is_the_full_probe(build: object, layer: str, kind: str, size: int) -> None:
@@ -69,7 +72,9 @@ def test_a_replayed_probe_is_the_full_probe(build: object, layer: str, kind: str
             m.running_mean.uniform_(-0.2, 0.2)
             m.running_var.uniform_(0.5, 1.5)
     images = torch.randn(12, 3, size, size)
-    cache, logits = PrefixCache.build(original, images, [layer.strip("^$").replace("\\", "")])
+    # every module a unit's start: the cache holds every output that can be replayed (the pooling that opens a
+    # squeeze-excitation too, which a removed one takes with it)
+    cache, logits = PrefixCache.build(original, images, [name for name, _ in original.named_modules()])
     torch.testing.assert_close(logits, forward_logits(original, images).float(), rtol=1e-4, atol=1e-5)
     full = _probe(original, images, layer, kind, None)
     replayed = _probe(original, images, layer, kind, cache)

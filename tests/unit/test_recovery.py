@@ -71,6 +71,42 @@ def test_reconstruction_reduces_error_of_a_pruned_conv_block() -> None:
     assert _error(original, repaired, held_out) < 0.7 * _error(original, plain, held_out)
 
 
+class Chain(nn.Module):
+    """fc1 -> ReLU -> fc2 -> ReLU -> fc3: fc2 consumes fc1's channels and has channels of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def test_a_consumer_whose_own_outputs_were_pruned_too_is_fit_to_the_outputs_it_kept() -> None:
+    torch.manual_seed(0)
+    original = Chain().eval()
+    calib, held_out = torch.randn(256, 8), torch.randn(128, 8)
+    plain = copy.deepcopy(original)
+    config = PruningConfig(importance="l2")
+    report = apply_pruning(plain, [rec(r"^fc1$", 0.5), rec(r"^fc2$", 0.5)], calib[:1], config)
+    assert set(report.consumers()) == {"fc2", "fc3"} and sum(report.kept_outputs()["fc2"]) == 8
+    unknown = copy.deepcopy(plain)  # which outputs it kept not given: it stays as pruned and says why
+    result = recover_(unknown, original, calib, report.consumers(), RecoveryConfig())
+    assert result.reconstructed == ["fc3"]
+    assert "its own outputs were pruned too (8 of 16 kept)" in result.skipped["fc2"]
+    repaired = copy.deepcopy(plain)
+    result = recover_(
+        repaired, original, calib, report.consumers(), RecoveryConfig(), kept_outputs=report.kept_outputs()
+    )
+    assert set(result.reconstructed) == {"fc2", "fc3"} and "fc2" not in result.skipped
+    mask = torch.tensor(report.kept_outputs()["fc2"])
+    with torch.no_grad():
+        wanted = original.fc2(torch.relu(original.fc1(held_out)))[:, mask]
+        before = (plain.fc2(torch.relu(plain.fc1(held_out))) - wanted).pow(2).mean()
+        after = (repaired.fc2(torch.relu(repaired.fc1(held_out))) - wanted).pow(2).mean()
+    assert after < 0.8 * before
+
+
 def test_conv_rows_match_the_convolution() -> None:
     """Unfolded input rows times the weight give the conv's output rows: what the fit relies on."""
     torch.manual_seed(0)

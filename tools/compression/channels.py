@@ -307,6 +307,17 @@ def prunable_names(ctx: PruningContext) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _group_kept_outputs(ctx: PruningContext, group: Any) -> dict[str, list[bool]]:
+    """Which of its output channels each Conv2d/Linear layer of ``group`` keeps (a mask over those it had)."""
+    kept: dict[str, list[bool]] = {}
+    for dep, idxs in group:
+        layer = dep.target.module
+        if isinstance(layer, _PRUNABLE_TYPES) and layer in ctx.names and ctx.dg.is_out_channel_pruning_fn(dep.handler):
+            gone = {int(i) for i in idxs}
+            kept[ctx.names[layer]] = [i not in gone for i in range(_out_channels(layer))]
+    return kept
+
+
 def _group_consumers(ctx: PruningContext, group: Any) -> list[str]:
     """Conv2d/Linear layers of ``group`` whose input channels it prunes."""
     return [
@@ -362,8 +373,9 @@ def _least_important(scores: torch.Tensor, n_prune: int, blocks: int) -> list[in
 
 def _prune_one(
     ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any
-) -> tuple[int, int, set[nn.Module], list[str]] | str:
-    """Prune ``ratio`` of ``module``'s output channels with its group; (before, after, group, consumers)."""
+) -> tuple[int, int, set[nn.Module], list[str], dict[str, list[bool]]] | str:
+    """Prune ``ratio`` of ``module``'s output channels with its group; (before, after, group, consumers, the output
+    channels each layer of the group keeps)."""
     issue = _static_issue(ctx, module)
     if issue:
         return issue
@@ -391,9 +403,10 @@ def _prune_one(
         return "would remove every channel of a coupled layer"
     members = _group_out_modules(ctx, pruning_group)
     consumers = _group_consumers(ctx, pruning_group)
+    kept = _group_kept_outputs(ctx, pruning_group)
     with torch.no_grad():
         pruning_group.prune()
-    return n, _out_channels(module), members, consumers
+    return n, _out_channels(module), members, consumers, kept
 
 
 def apply_structured(
@@ -413,6 +426,7 @@ def apply_structured(
     skipped: list[SkippedPruning] = []
     modules: list[str] = []
     consumers: list[str] = []
+    kept_outputs: dict[str, list[bool]] = {}
     before = after = 0
     for name in [n for n in prunable_names(ctx) if regex.search(n)]:
         module = ctx.model.get_submodule(name)
@@ -436,8 +450,9 @@ def apply_structured(
             logger.info("structured %r: skip %s (%s)", rec.layer, name, result)
             skipped.append(SkippedPruning(target=name, reason=result))
             continue
-        n_before, n_after, members, used_by = result
+        n_before, n_after, members, used_by, kept = result
         consumers.extend(used_by)
+        kept_outputs.update(kept)
         for member in members:
             claimed.setdefault(member, f"the group of {name} ({rec.layer!r})")
         modules.append(name)
@@ -454,6 +469,7 @@ def apply_structured(
         before=before,
         after=after,
         consumers=list(dict.fromkeys(consumers)),
+        kept_outputs=kept_outputs,
     )
     return applied, skipped
 

@@ -8,9 +8,10 @@ outputs instead of running, so a probe's passes cost only the part of the networ
 average over the units of a network that is about half of each pass.
 
 What counts as changed is measured, not assumed: every parameter and buffer of the probe is compared with the
-original's (:meth:`PrefixCache.first_change`), so a unit that also touches an earlier module (a shared embedding, a
-class token) skips less, never wrongly. Only modules called once per forward pass whose outputs are tensors (or
-tuples of tensors) are cached, within :data:`MAX_CACHE_BYTES`; a call on another batch than the cached one runs the
+original's, and a module gone counts as a change of the one that held it (a removed block:
+:meth:`PrefixCache.first_change`), so a unit that also touches an earlier module (a shared embedding, a class token)
+skips less, never wrongly. Only modules called once per forward pass whose outputs are tensors (or tuples of
+tensors) are cached, within :data:`MAX_CACHE_BYTES`; a call on another batch than the cached one runs the
 module as usual. The modules stay untouched outside :meth:`PrefixCache.skip`.
 """
 
@@ -83,6 +84,7 @@ class PrefixCache:
         self.outputs = outputs
         self.batch = batch
         self._state = {k: v.detach() for k, v in model.state_dict(keep_vars=True).items()}
+        self._modules = {name for name, _ in model.named_modules()}
 
     @staticmethod
     def call_order(
@@ -159,6 +161,9 @@ class PrefixCache:
         """The event at which the first module whose parameters or buffers differ from the original's starts."""
         state = model.state_dict(keep_vars=True)
         changed = {_owner(k) for k in self._state.keys() ^ state.keys()}
+        # modules gone (a removed block): their parameter-free first steps (the pooling that opens a
+        # squeeze-excitation) are gone too, so the change starts where the module that held them does
+        changed |= {_owner(name) for name in self._modules - {name for name, _ in model.named_modules()}}
         for key, value in state.items():
             before = self._state.get(key)
             if before is not None and (before.shape != value.shape or not torch.equal(before, value.detach())):

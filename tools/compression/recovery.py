@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -321,6 +321,8 @@ def _refit(
     w0 = weight.detach().reshape(out, -1)
     if x.shape[1] != w0.shape[1]:
         raise ValueError(f"input rows have {x.shape[1]} columns, the weight {w0.shape[1]}")
+    if y_rows.shape[1] != out:  # which of the original's outputs it kept is not known here
+        raise ValueError(f"its own outputs were pruned too ({out} of {y_rows.shape[1]} kept), so it stays as pruned")
     new_w, new_b, record = cross_validated_fit(
         name,
         x,
@@ -338,6 +340,13 @@ def _refit(
     if bias is not None and new_b is not None:
         module.bias = nn.Parameter(new_b.to(bias.dtype), requires_grad=bias.requires_grad)
     return record
+
+
+def _kept(targets: torch.Tensor, mask: Sequence[bool] | None) -> torch.Tensor:
+    """The columns of the original's output rows ``targets`` that a layer whose outputs were pruned kept."""
+    if mask is None or len(mask) != targets.shape[1]:
+        return targets
+    return targets[:, torch.tensor(list(mask), dtype=torch.bool, device=targets.device)]
 
 
 def _reconstructable(module: nn.Module) -> str | None:
@@ -367,6 +376,7 @@ def reconstruct_(
     reference_stats: BatchNormStats | None = None,
     batchnorm_out: list[str] | None = None,
     layers_out: list[LayerFit] | None = None,
+    kept_outputs: Mapping[str, Sequence[bool]] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Refit each of ``consumers`` in ``pruned`` (IN PLACE) to reproduce ``original``'s outputs; see module doc.
 
@@ -377,7 +387,9 @@ def reconstruct_(
     of ``original`` on the fit images), each tracking BatchNorm is corrected in the same pass, just before it runs, by
     the change of its input statistics on the fit images (what the refitted and corrected layers before it now give
     it); ``batchnorm_out`` receives the names of those corrected, ``layers_out`` each refit's :class:`LayerFit`.
-    ``logits_out`` receives the logits of the pass. Returns (layers refitted, {layer: why not}).
+    ``logits_out`` receives the logits of the pass. ``kept_outputs``: which of its outputs each layer whose own
+    output channels were pruned kept (:meth:`PruneReport.kept_outputs`), so that a consumer pruned that way too is
+    fit to the original's outputs it kept. Returns (layers refitted, {layer: why not}).
     """
     fit = batch.shape[0] if fit is None else max(1, min(fit, batch.shape[0]))
     skipped: dict[str, str] = {}
@@ -409,7 +421,8 @@ def reconstruct_(
             rows, images = _fit_rows(module, args[0], batch.shape[0], fit, max_rows)
             if rows.shape[0] != targets[name].shape[0]:
                 raise ValueError(f"{rows.shape[0]} input rows against {targets[name].shape[0]} output rows")
-            record = _refit(name, module, rows, images, targets[name], ridge, folds)
+            wanted = _kept(targets[name], (kept_outputs or {}).get(name))
+            record = _refit(name, module, rows, images, wanted, ridge, folds)
             done.append(name)
             if layers_out is not None:
                 layers_out.append(record)
@@ -457,6 +470,7 @@ def recover_(
     reference_stats: BatchNormStats | None = None,
     logits_out: list[torch.Tensor] | None = None,
     fit: int | None = None,
+    kept_outputs: Mapping[str, Sequence[bool]] | None = None,
 ) -> RecoveryReport:
     """Repair ``pruned`` IN PLACE with ``config.method`` on the calibration ``batch`` (see module doc).
 
@@ -465,6 +479,7 @@ def recover_(
     :func:`reconstruct_` takes them); ``reference_stats``: :func:`batchnorm_input_stats` of ``original`` on the fit
     images, for a caller repairing many copies of one model. ``logits_out`` receives the repaired model's logits on
     ``batch`` where recovery ran it anyway (``reconstruct``); on the images after ``fit`` they are out of sample.
+    ``kept_outputs``: as :func:`reconstruct_` takes them.
     """
     config = config or RecoveryConfig()
     report = RecoveryReport(method=config.method)
@@ -496,6 +511,7 @@ def recover_(
             reference_stats=reference_stats,
             batchnorm_out=corrected,
             layers_out=report.layers,
+            kept_outputs=kept_outputs,
         )
         report.batchnorm_layers = len(corrected)
     else:  # alone, BatchNorm is re-estimated outright

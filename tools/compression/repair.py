@@ -15,7 +15,7 @@ tried with its held-out KL and agreement (:class:`~tools.compression.recovery.Ju
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,11 @@ def _has_batchnorm(model: nn.Module) -> bool:
 
 
 def _recover(
-    model: nn.Module, passes: ReferencePasses, consumers: Sequence[str], config: RecoveryConfig
+    model: nn.Module,
+    passes: ReferencePasses,
+    consumers: Sequence[str],
+    config: RecoveryConfig,
+    kept_outputs: Mapping[str, Sequence[bool]] | None = None,
 ) -> tuple[RecoveryReport, torch.Tensor]:
     """``config``'s recovery of ``model`` fit on the passes' fit images; its logits on the held-out ones."""
     rows, stats = None, None
@@ -68,14 +72,27 @@ def _recover(
         rows, stats = passes.outputs(consumers, config.max_rows), passes.batchnorm_stats()
     logits: list[torch.Tensor] = []
     report = recover_(
-        model, passes.original, passes.all_images, consumers, config, rows, stats, logits_out=logits, fit=passes.fit
+        model,
+        passes.original,
+        passes.all_images,
+        consumers,
+        config,
+        rows,
+        stats,
+        logits_out=logits,
+        fit=passes.fit,
+        kept_outputs=kept_outputs,
     )
     held = logits[0][passes.fit :] if logits else _logits(model, passes.held_images, passes.batch_size)
     return report, held
 
 
 def repair_(
-    pruned: nn.Module, passes: ReferencePasses, consumers: Sequence[str], config: RecoveryConfig
+    pruned: nn.Module,
+    passes: ReferencePasses,
+    consumers: Sequence[str],
+    config: RecoveryConfig,
+    kept_outputs: Mapping[str, Sequence[bool]] | None = None,
 ) -> RecoveryReport:
     """Repair ``pruned`` IN PLACE: ``config``'s recovery where it is closer to the original than the alternatives on
     the held-out calibration images, else the closest of them (see module doc). Without held-out images (or with
@@ -84,17 +101,18 @@ def repair_(
         rows, stats = None, None
         if config.method == "reconstruct":
             rows, stats = passes.outputs(consumers, config.max_rows), passes.batchnorm_stats()
-        return recover_(pruned, passes.original, passes.images, consumers, config, rows, stats)
+        images = passes.images
+        return recover_(pruned, passes.original, images, consumers, config, rows, stats, kept_outputs=kept_outputs)
     reference = passes.held_logits()
     unrepaired = clone_module(pruned)
-    report, held = _recover(pruned, passes, consumers, config)
+    report, held = _recover(pruned, passes, consumers, config, kept_outputs)
     tried = [(JudgedRecovery(method=config.method, **_judge(reference, held)), pruned)]
     plain = JudgedRecovery(method="none", **_judge(reference, _logits(unrepaired, passes.held_images, 64)))
     if plain.kl < tried[0][0].kl:
         tried.append((plain, unrepaired))
         if config.method == "reconstruct" and _has_batchnorm(unrepaired):
             bn_model = clone_module(unrepaired)
-            _, bn_held = _recover(bn_model, passes, consumers, config.model_copy(update={"method": "bn"}))
+            _, bn_held = _recover(bn_model, passes, consumers, config.model_copy(update={"method": "bn"}), kept_outputs)
             tried.append((JudgedRecovery(method="bn", **_judge(reference, bn_held)), bn_model))
     else:
         tried.append((plain, unrepaired))

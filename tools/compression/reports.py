@@ -22,6 +22,11 @@ class AppliedPruning(BaseModel):
         default_factory=list,
         description="Conv2d/Linear layers whose input channels were pruned with them (what recovery refits).",
     )
+    kept_outputs: dict[str, list[bool]] = Field(
+        default_factory=dict,
+        exclude=True,  # for recovery in the same process, not for the record
+        description="Conv2d/Linear layer -> which of the output channels it had it kept (a mask).",
+    )
 
 
 class SkippedPruning(BaseModel):
@@ -40,6 +45,11 @@ class PruneReport(BaseModel):
     def consumers(self) -> list[str]:
         """Every layer whose input channels were pruned, each once, in the order pruned."""
         return list(dict.fromkeys(c for a in self.applied for c in a.consumers))
+
+    def kept_outputs(self) -> dict[str, list[bool]]:
+        """Each layer whose output channels were pruned -> which it kept (a layer's outputs are pruned once in a
+        prune), for refitting a consumer whose own outputs were pruned too."""
+        return {name: kept for a in self.applied for name, kept in a.kept_outputs.items()}
 
 
 class PrunableLayers(BaseModel):

@@ -154,6 +154,10 @@ def cross_validated_fit(
     """The refit weight (out, k) and bias of one layer from rows ``x`` (n, k) and targets ``y`` (n, out), ``images``
     the image each row came from; ``w0``/``b0`` the layer as pruned. ``folds`` under 2 (or fewer than
     :data:`MIN_CV_IMAGES` images): no cross-validation, the plain refit at ``fixed_ridge``. See the module doc."""
+    if y.shape[1] != w0.shape[0] or x.shape[1] != w0.shape[1] or x.shape[0] != y.shape[0]:
+        raise ValueError(  # a layer whose own outputs were pruned too: its targets are the original's outputs
+            f"rows {tuple(x.shape)} and targets {tuple(y.shape)} do not fit the weight {tuple(w0.shape)}"
+        )
     x, y = x.double(), y.double().to(x.device)
     w0 = w0.double().to(x.device)
     has_bias = b0 is not None

@@ -196,7 +196,12 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor | None) -> float | Non
 
 
 def _probe(
-    model: nn.Module, passes: ReferencePasses, consumers: list[str], recovery: RecoveryConfig, batch_size: int
+    model: nn.Module,
+    passes: ReferencePasses,
+    consumers: list[str],
+    recovery: RecoveryConfig,
+    batch_size: int,
+    kept_outputs: dict[str, list[bool]] | None = None,
 ) -> torch.Tensor:
     """Repair the pruned ``model`` with ``recovery`` on the passes' fit images; its logits on the held-out ones."""
     rows, stats = None, None
@@ -204,7 +209,18 @@ def _probe(
         rows, stats = passes.outputs(consumers, recovery.max_rows), passes.batchnorm_stats()
     images = passes.all_images
     repaired: list[torch.Tensor] = []  # reconstruction's pass gives the repaired model's logits
-    recover_(model, passes.original, images, consumers, recovery, rows, stats, logits_out=repaired, fit=passes.fit)
+    recover_(
+        model,
+        passes.original,
+        images,
+        consumers,
+        recovery,
+        rows,
+        stats,
+        logits_out=repaired,
+        fit=passes.fit,
+        kept_outputs=kept_outputs,
+    )
     if not repaired:
         repaired.append(_logits(model, images, images.shape[0] if recovery.method != "bn" else batch_size))
     logits = repaired[0].cpu()
@@ -344,7 +360,7 @@ def _measure(
                         first = prefix.first_change(model)
                         replay.enter_context(prefix.skip(model, first))
                         replay.enter_context(prefix.skip(original, first))
-                    logits = _probe(model, passes, consumers, recovery, batch_size)
+                    logits = _probe(model, passes, consumers, recovery, batch_size, report.kept_outputs())
                 kl, agreement = kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = kind.involved(unit, list(by_layer), consumers)

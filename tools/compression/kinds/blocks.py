@@ -6,10 +6,12 @@ original (``benchmarks/block_removal.py``) where channel pruning reached parity.
 
 A *removable block* is a child of an ``nn.Sequential`` or ``nn.ModuleList``, called once per forward pass, whose
 output has its first input's shape (a tensor, or a tuple whose first element is that tensor and whose others are
-``None``), that holds at least two weight layers and no other such block, and without which the model still runs
+``None``), that holds at least two weight layers, and without which the model still runs
 (checked once): a residual block with an identity shortcut (torchvision's, timm's, Hugging Face's and plain-PyTorch
 ResNets), an inverted residual with a skip, a transformer encoder layer (Hugging Face ViT and DeiT, Swin within a
-stage, ``nn.TransformerEncoderLayer``). Removing it replaces it by a
+stage, ``nn.TransformerEncoderLayer``). Of nested ones, a stage (holding two or more such blocks) gives way to its
+blocks, and a block is removed whole, not a part of it (the squeeze-excitation that
+torchvision's inverted residual holds in its ``Sequential``). Removing it replaces it by a
 :class:`SkippedBlock`, which returns a copy of its input in the block's output layout; the saved structure records the
 replacement (:mod:`tools.artifacts.structure`), so a reloaded, exported or served model is rebuilt the same. A block is
 removed whole (ratio 1) or not at all; its sensitivity is measured removed alone, like any other unit's, and a plan may
@@ -122,8 +124,15 @@ def _find_blocks(model: nn.Module, example: Any) -> dict[str, int]:
     # a block, not one (Hugging Face's ResNet keeps a block's convolutions in a Sequential of its own), and
     # parameter-free children (activations, pooling) save nothing
     same = {n: layout for n, layout in same.items() if _weight_layers(candidates[n]) >= 2}
-    inner = {n: layout for n, layout in same.items() if not any(o.startswith(n + ".") for o in same)}
-    return {n: layout for n, layout in inner.items() if _still_runs(model, n, layout, example)}
+    # nested ones: a stage (holding two or more such blocks) gives way to its blocks, and a block to nothing inside
+    # it (torchvision's inverted residual holds its squeeze-excitation in a Sequential: a part of the block)
+    stages = {n for n in same if sum(o.startswith(n + ".") for o in same) >= 2}
+    blocks = {
+        n: layout
+        for n, layout in same.items()
+        if n not in stages and not any(n.startswith(o + ".") for o in same if o not in stages)
+    }
+    return {n: layout for n, layout in blocks.items() if _still_runs(model, n, layout, example)}
 
 
 def _weight_layers(module: nn.Module) -> int:
