@@ -42,6 +42,22 @@ def test_blocks_are_names_up_to_their_last_number() -> None:
     layers = [f"s.{i}.b.{j}.conv" for i in range(3) for j in range(4)]
     assert len(layer_groups(layers)) == 12
     assert list(layer_groups(layers, limit=3)) == ["s.0", "s.1", "s.2"], "coarser blocks when there are too many"
+    # a layer numbered itself (torchvision's Sequential-held layers) is cut back like any other
+    assert (
+        layer_group("features.1.0.block.0", 1) == "features.1.0"
+        and layer_group("features.1.0.block.0", 2) == "features.1"
+    )
+    torchvision_like = [f"features.{i}.{j}.block.{k}" for i in range(1, 8) for j in range(3) for k in (0, 3, 5)]
+    assert list(layer_groups(torchvision_like, limit=21))[:2] == ["features.1.0", "features.1.1"]
+    # names without numbers (torchvision's DenseNet): the modules holding them
+    dense = ["features.conv0"]
+    dense += [f"features.denseblock{b}.denselayer{i}.conv{c}" for b in (1, 2) for i in range(1, 25) for c in (1, 2)]
+    assert list(layer_groups([*dense, "classifier"])) == [
+        "features.conv0",
+        "features.denseblock1",
+        "features.denseblock2",
+        "classifier",
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -56,24 +57,35 @@ _STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 def layer_group(module: str, level: int = 0) -> str:
     """The block a layer belongs to: its name up to the last numbered part (``vit.layers.3.mlp.fc1`` ->
     ``vit.layers.3``, ``layer1.2.conv1`` -> ``layer1.2``); ``level`` more numbered parts cut back (coarser blocks:
-    ``stages.0.layers.1.layer.0`` -> ``stages.0.layers.1`` at level 1). A layer outside numbered blocks (a stem, a
-    classifier) is a group of its own."""
+    ``stages.0.layers.1.layer.0`` -> ``stages.0.layers.1`` at level 1; torchvision's ``features.1.0.block.0``, a
+    layer numbered itself, -> ``features.1.0``). A layer outside numbered blocks (a stem, a classifier) is a group of
+    its own."""
     name = module
-    for _ in range(level + 1):
-        match = _NUMBERED.match(name[: name.rfind(".")] if name != module else name)
+    for step in range(level + 1):
+        match = _NUMBERED.match(name if step == 0 else name[: name.rfind(".")])
         if match is None:
             return name
         name = match.group(1)
     return name
 
 
+def _parent(module: str, depth: int) -> str:
+    """The first ``depth`` parts of a layer's name (the layer itself where it has no more)."""
+    return ".".join(module.split(".")[:depth])
+
+
 def layer_groups(layers: list[str], limit: int = MAX_GROUPS) -> dict[str, list[str]]:
-    """``layers`` (in graph order) by block, at the finest level that gives at most ``limit`` blocks."""
+    """``layers`` (in graph order) by block, at the finest level that gives at most ``limit`` blocks: numbered
+    blocks (:func:`layer_group`), then, for names without numbers (torchvision's DenseNet:
+    ``features.denseblock1.denselayer3.conv1``), the modules holding them, ever fewer parts deep."""
+    keys: list[Callable[[str], str]] = [functools.partial(layer_group, level=level) for level in range(8)]
+    depth = max((name.count(".") for name in layers), default=0)
+    keys += [functools.partial(_parent, depth=d) for d in range(depth, 0, -1)]
     groups: dict[str, list[str]] = {}
-    for level in range(8):
+    for key in keys:
         groups = {}
         for name in layers:
-            groups.setdefault(layer_group(name, level), []).append(name)
+            groups.setdefault(key(name), []).append(name)
         if len(groups) <= limit:
             break
     return groups
