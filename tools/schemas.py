@@ -205,6 +205,11 @@ class SensitivityProfile(BaseModel):
     )
     units: list[SensitivityUnit] = Field(default_factory=list)
     skipped: dict[str, str] = Field(default_factory=dict)
+    fixed_ridge: dict[str, int] = Field(
+        default_factory=dict,
+        description="Units whose probes refit their many consumers (how many) at a fixed ridge strength, not one "
+        "cross-validated: the cross-validation would have cost over MAX_PROBE_REFIT_SECONDS a probe.",
+    )
 
 
 class Int8GroupDamage(BaseModel):

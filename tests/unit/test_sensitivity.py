@@ -63,6 +63,26 @@ def test_units_and_measurements_on_a_tiny_vit() -> None:
         torch.testing.assert_close(value, before[key])
 
 
+def test_a_probe_whose_refits_would_cost_too_much_refits_at_a_fixed_strength(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools.compression import sensitivity
+    from tools.reporting.sensitivity_view import summary_text
+    from tools.zoo.cifar_resnet import resnet20
+
+    torch.manual_seed(0)
+    model = resnet20().eval()
+    images = torch.randn(16, 3, 32, 32)
+    unit = next(
+        u for u in prunable_units(prunable_layers(model, images[:1]).model_dump()) if u.pruning_type == "structured"
+    )
+    cheap = measure_sensitivity(model, images, [unit], ratios=(0.5,))
+    assert not cheap.fixed_ridge and "fixed ridge" not in summary_text(cheap)
+    monkeypatch.setattr(sensitivity, "MAX_PROBE_REFIT_SECONDS", 0.0)  # every refit too costly
+    monkeypatch.setattr(sensitivity, "PROBE_FIXED_RIDGE", 1e3)  # a strength the cross-validation does not offer
+    fixed = measure_sensitivity(model, images, [unit], ratios=(0.5,))
+    assert fixed.fixed_ridge == {unit.pattern: 1} and "at a fixed ridge strength" in summary_text(fixed)
+    assert fixed.units[0].points[0].kl != cheap.units[0].points[0].kl  # refit at the fixed strength
+
+
 def _unit(name: str, kind: str, damage: list[float], saved: int) -> SensitivityUnit:
     return SensitivityUnit(
         pattern=f"^{name}$",

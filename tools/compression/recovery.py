@@ -46,7 +46,7 @@ from tools.compression.calibration import (
     run_with_pre_hooks,
 )
 from tools.compression.forward import forward_logits
-from tools.compression.ridge import DEFAULT_FOLDS, RIDGE_GRID, LayerFit, cross_validated_fit
+from tools.compression.ridge import DEFAULT_FOLDS, RIDGE_GRID, LayerFit, cross_validated_fit, fit_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ __all__ = [
     "recalibrate_batchnorm_",
     "reconstruct_",
     "recover_",
+    "refit_seconds",
 ]
 
 RecoveryMethod = Literal["none", "bn", "reconstruct"]
@@ -347,6 +348,22 @@ def _kept(targets: torch.Tensor, mask: Sequence[bool] | None) -> torch.Tensor:
     if mask is None or len(mask) != targets.shape[1]:
         return targets
     return targets[:, torch.tensor(list(mask), dtype=torch.bool, device=targets.device)]
+
+
+def refit_seconds(model: nn.Module, consumers: Sequence[str], config: RecoveryConfig) -> float:
+    """About how long ``config``'s reconstruction of ``model``'s ``consumers`` spends in its fits (shapes only)."""
+    if config.method != "reconstruct":
+        return 0.0
+    total = 0.0
+    for name in dict.fromkeys(consumers):
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            continue
+        if isinstance(module, nn.Conv2d | nn.Linear) and _reconstructable(module) is None:
+            inputs, outputs = module.weight[0].numel(), module.weight.shape[0]
+            total += fit_seconds(inputs, outputs, cross_validated=config.ridge is None, folds=config.folds)
+    return total
 
 
 def _reconstructable(module: nn.Module) -> str | None:

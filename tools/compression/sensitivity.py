@@ -40,6 +40,7 @@ from tools.compression.recipes import PruningConfig
 from tools.compression.recovery import (
     RecoveryConfig,
     recover_,
+    refit_seconds,
 )
 from tools.compression.reference import ReferencePasses
 from tools.compression.repair import held_out_count, kl_agreement
@@ -71,6 +72,13 @@ PROBE_HOLDOUT = 0.5
 
 #: Disagreement with the original past which a unit's larger ratios are not probed.
 STOP_DAMAGE = 0.5
+
+#: A probe whose consumers' cross-validated refits would take longer than this (estimated from their shapes) refits
+#: them at :data:`PROBE_FIXED_RIDGE` instead (one solve a layer, not one per option and fold): in DenseNet a channel
+#: of an early layer feeds every later layer of its block, and cross-validating those refits took 90 % of a
+#: 12-minute profile. Rounds keep the cross-validated refit.
+MAX_PROBE_REFIT_SECONDS = 10.0
+PROBE_FIXED_RIDGE = 1e-2
 
 
 #: Time the automatic sample count aims the whole sensitivity profile at, and its floor in images.
@@ -355,12 +363,16 @@ def _measure(
                     why_not = "; ".join(dict.fromkeys(sk.reason for sk in report.skipped)) or why_not
                     continue
                 consumers = report.consumers()
+                repair = recovery
+                if recovery.ridge is None and refit_seconds(model, consumers, recovery) > MAX_PROBE_REFIT_SECONDS:
+                    repair = recovery.model_copy(update={"ridge": PROBE_FIXED_RIDGE})
+                    result.fixed_ridge[unit.pattern] = len(consumers)
                 with contextlib.ExitStack() as replay:
                     if prefix is not None:  # the probe and the original run only what follows the first change
                         first = prefix.first_change(model)
                         replay.enter_context(prefix.skip(model, first))
                         replay.enter_context(prefix.skip(original, first))
-                    logits = _probe(model, passes, consumers, recovery, batch_size, report.kept_outputs())
+                    logits = _probe(model, passes, consumers, repair, batch_size, report.kept_outputs())
                 kl, agreement = kl_agreement(reference, logits)
                 accuracy = _accuracy(logits, targets)
                 involved = kind.involved(unit, list(by_layer), consumers)

@@ -101,7 +101,17 @@ def summary_text(profile: SensitivityProfile) -> str:
         f"{len(profile.units)} units, each pruned alone at {ratios} with importance `{profile.importance}`, "
         f"then repaired with recovery `{profile.recovery}`, and compared with the original on "
         f"{profile.samples} calibration images (disjoint from the evaluation images); measured in "
-        f"{profile.seconds:.1f} s."
+        f"{profile.seconds:.1f} s." + _fixed_ridge_text(profile)
+    )
+
+
+def _fixed_ridge_text(profile: SensitivityProfile) -> str:
+    if not profile.fixed_ridge:
+        return ""
+    most = max(profile.fixed_ridge.values())
+    return (
+        f" {len(profile.fixed_ridge)} units feed up to {most} layers each, whose refits were made at a fixed ridge "
+        "strength instead of a cross-validated one (too costly for a probe; rounds cross-validate)."
     )
 
 
