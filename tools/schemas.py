@@ -207,8 +207,8 @@ class SensitivityProfile(BaseModel):
     skipped: dict[str, str] = Field(default_factory=dict)
     fixed_ridge: dict[str, int] = Field(
         default_factory=dict,
-        description="Units whose probes refit their many consumers (how many) at a fixed ridge strength, not one "
-        "cross-validated: the cross-validation would have cost over MAX_PROBE_REFIT_SECONDS a probe.",
+        description="Units whose probes refit their consumers (how many) at a fixed ridge strength, not one "
+        "cross-validated: too costly for a probe, or past the profile's time for cross-validated refits.",
     )
 
 

@@ -81,6 +81,9 @@ def test_a_probe_whose_refits_would_cost_too_much_refits_at_a_fixed_strength(mon
     fixed = measure_sensitivity(model, images, [unit], ratios=(0.5,))
     assert fixed.fixed_ridge == {unit.pattern: 1} and "at a fixed ridge strength" in summary_text(fixed)
     assert fixed.units[0].points[0].kl != cheap.units[0].points[0].kl  # refit at the fixed strength
+    monkeypatch.setattr(sensitivity, "MAX_PROBE_REFIT_SECONDS", 1e9)
+    monkeypatch.setattr(sensitivity, "MAX_PROFILE_REFIT_SECONDS", 0.0)  # the profile's time for them spent
+    assert measure_sensitivity(model, images, [unit], ratios=(0.5,)).fixed_ridge == {unit.pattern: 1}
 
 
 def _unit(name: str, kind: str, damage: list[float], saved: int) -> SensitivityUnit:

@@ -84,7 +84,7 @@ class PrefixCache:
         self.outputs = outputs
         self.batch = batch
         self._state = {k: v.detach() for k, v in model.state_dict(keep_vars=True).items()}
-        self._modules = {name for name, _ in model.named_modules()}
+        self._module_names = {name for name, _ in model.named_modules()}
 
     @staticmethod
     def call_order(
@@ -163,7 +163,7 @@ class PrefixCache:
         changed = {_owner(k) for k in self._state.keys() ^ state.keys()}
         # modules gone (a removed block): their parameter-free first steps (the pooling that opens a
         # squeeze-excitation) are gone too, so the change starts where the module that held them does
-        changed |= {_owner(name) for name in self._modules - {name for name, _ in model.named_modules()}}
+        changed |= {_owner(name) for name in self._module_names - {name for name, _ in model.named_modules()}}
         for key, value in state.items():
             before = self._state.get(key)
             if before is not None and (before.shape != value.shape or not torch.equal(before, value.detach())):

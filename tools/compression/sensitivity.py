@@ -73,11 +73,13 @@ PROBE_HOLDOUT = 0.5
 #: Disagreement with the original past which a unit's larger ratios are not probed.
 STOP_DAMAGE = 0.5
 
-#: A probe whose consumers' cross-validated refits would take longer than this (estimated from their shapes) refits
-#: them at :data:`PROBE_FIXED_RIDGE` instead (one solve a layer, not one per option and fold): in DenseNet a channel
-#: of an early layer feeds every later layer of its block, and cross-validating those refits took 90 % of a
-#: 12-minute profile. Rounds keep the cross-validated refit.
+#: A probe whose consumers' cross-validated refits would take longer than the first figure (estimated from their
+#: shapes), or take the profile's cross-validated refits past the second, refits them at :data:`PROBE_FIXED_RIDGE`
+#: instead (one solve a layer, not one per option and fold): in DenseNet a channel of an early layer feeds every later
+#: layer of its block, and cross-validating those refits took 90 % of a 12-minute profile (EfficientNet-Lite2's
+#: probes take about a minute in all). Rounds keep the cross-validated refit.
 MAX_PROBE_REFIT_SECONDS = 10.0
+MAX_PROFILE_REFIT_SECONDS = 120.0
 PROBE_FIXED_RIDGE = 1e-2
 
 
@@ -334,6 +336,7 @@ def _measure(
         seconds=0.0,
     )
     steps, done = len(units) * len(ratios), 0
+    refit_spent = 0.0  # estimated seconds of the cross-validated refits so far
     for unit in units:
         measured = unit.model_copy(deep=True)
         kind = unit_kind(unit)
@@ -363,10 +366,13 @@ def _measure(
                     why_not = "; ".join(dict.fromkeys(sk.reason for sk in report.skipped)) or why_not
                     continue
                 consumers = report.consumers()
-                repair = recovery
-                if recovery.ridge is None and refit_seconds(model, consumers, recovery) > MAX_PROBE_REFIT_SECONDS:
-                    repair = recovery.model_copy(update={"ridge": PROBE_FIXED_RIDGE})
-                    result.fixed_ridge[unit.pattern] = len(consumers)
+                repair, refits = recovery, refit_seconds(model, consumers, recovery)
+                if recovery.ridge is None and refits > 0.0:
+                    if refits > MAX_PROBE_REFIT_SECONDS or refit_spent + refits > MAX_PROFILE_REFIT_SECONDS:
+                        repair = recovery.model_copy(update={"ridge": PROBE_FIXED_RIDGE})
+                        result.fixed_ridge[unit.pattern] = len(consumers)
+                    else:
+                        refit_spent += refits
                 with contextlib.ExitStack() as replay:
                     if prefix is not None:  # the probe and the original run only what follows the first change
                         first = prefix.first_change(model)

@@ -110,8 +110,9 @@ def _fixed_ridge_text(profile: SensitivityProfile) -> str:
         return ""
     most = max(profile.fixed_ridge.values())
     return (
-        f" {len(profile.fixed_ridge)} units feed up to {most} layers each, whose refits were made at a fixed ridge "
-        "strength instead of a cross-validated one (too costly for a probe; rounds cross-validate)."
+        f" The probes of {len(profile.fixed_ridge)} units refit their consumers (up to {most} each) at a fixed ridge "
+        "strength, not a cross-validated one: cross-validating them would have taken the profile far past its time "
+        "(rounds cross-validate)."
     )
 
 
