@@ -137,7 +137,7 @@ def test_removable_blocks_are_the_residual_blocks_whose_shape_holds() -> None:
 
 
 def test_an_inverted_residual_is_removed_whole_not_its_squeeze_excitation() -> None:
-    from tests.helpers_torch import tiny_mobilenet
+    from tests.helpers_mobilenet import tiny_mobilenet
 
     blocks = removable_blocks(tiny_mobilenet().eval(), torch.randn(1, 3, 32, 32))
     # the residual blocks whole; where the shape changes (no skip) the squeeze-excitation alone; never a stage

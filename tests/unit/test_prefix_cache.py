@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tests.helpers import tiny_resnet, tiny_vit
-from tests.helpers_torch import tiny_mobilenet
+from tests.helpers_mobilenet import tiny_mobilenet
 from tools.compression.forward import forward_logits
 from tools.compression.prefix import PrefixCache
 from tools.compression.pruning import apply_pruning
