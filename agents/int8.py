@@ -1,11 +1,11 @@
 """Int8 profiling agent: what int8 does to this model on this CPU, measured before pruning starts.
 
-* the per-block int8 sensitivity (ONNX Runtime static int8 of one block at a time, on calibration images, with the
-  int8 settings of the CPU kind: ``tools.ops.int8_sensitivity``), into the profile, for the planners' per-layer
-  quantization decisions;
 * the original through every runtime and precision available (``tools.deployment.deploy``): the int8 damage of the
   deployment that would be chosen, which the pruning search keeps in reserve (``accuracy_budget``): pruning rounds
-  are held to ``--max-accuracy-drop`` less that, so that int8 does not push the best pruned round over the budget.
+  are held to ``--max-accuracy-drop`` less that, so that int8 does not push the best pruned round over the budget;
+* the per-block int8 sensitivity (ONNX Runtime static int8 of one block at a time, on calibration images, with the
+  int8 settings of the CPU kind: ``tools.ops.int8_sensitivity``), into the profile, for the planners' per-layer
+  quantization decisions, where the original's full int8 is over the budget (else the profile says why not).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.state import State
 from tools import deployment, ops
+from tools.deploy.choice import DeployChoice
 from tools.schemas import Int8ProfileSummary, QuantizationRecommendation
 from tools.stats import Budget
 from tools.text import first_line
@@ -26,21 +27,47 @@ ALL_INT8 = [QuantizationRecommendation(layer="all", dtype="qint8", justification
 
 
 def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
-    """Measure int8's damage per block and for the whole original; split the accuracy budget between pruning and
-    int8 (state ``accuracy_budget``); the original's runtime table is ``original_deployment``."""
+    """Build, judge and time the original in every runtime and precision; split the accuracy budget between pruning
+    and int8 (state ``accuracy_budget``; the original's runtime table is ``original_deployment``); measure int8's
+    damage per block where it decides something (:func:`_blocks_needless`)."""
     ctx = settings(runtime)
     if not ctx.quantize:
         return {}
     run, shape, spec = paths(state), shape_of(state), eval_spec(state, ctx)
     update: dict[str, object] = {}
     notes: list[str] = []
+    baseline = baseline_accuracy(state)
+    if ctx.prune and baseline is not None and ctx.quant_backend != "torch":
+        backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
+        budget = Budget(max_drop_points=budget_points(state, ctx), max_disagreement_pct=disagreement_budget(state, ctx))
+        choice = deployment.deploy(
+            run.original,
+            run.original,
+            ALL_INT8,
+            run.root / "models" / "deploy-original",
+            shape,
+            spec,
+            backends=backends,
+            within_budget=budget,
+            baseline_accuracy=baseline,
+            repeats=ctx.latency_repeats,
+            int8_cpu=ctx.int8_cpu,
+        )
+        split = deployment.split_budget(choice, budget_points(state, ctx))
+        notes.append(f"accuracy budget: {split.why}")
+        update |= {"original_deployment": choice, "accuracy_budget": split}
+        if (needless := _blocks_needless(choice, ctx.quant_backend)) is not None:
+            ops.record_int8_not_measured(run.profile, needless)
+            return {**update, "notes": [*notes, f"int8 sensitivity per block not measured: {needless}"]}
     # a model ONNX cannot export (Dinov2 with registers: bicubic resizing with antialiasing; MobileViTV2: col2im)
     # must not end the run: its other runtimes may take it, and the deployment table says which
     try:
         sensitivity = ops.int8_sensitivity(run.original, shape, run.profile, spec, int8_cpu=ctx.int8_cpu)
     except (RuntimeError, ValueError) as exc:
         sensitivity = None
-        notes.append(f"int8 sensitivity not measured: {first_line(exc)}; the plan's int8 decisions are not per block")
+        why = first_line(exc)
+        ops.record_int8_not_measured(run.profile, why)
+        notes.append(f"int8 sensitivity not measured: {why}; the plan's int8 decisions are not per block")
     if sensitivity is not None:
         target = sensitivity.int8.get("target")
         update["int8_profile"] = Int8ProfileSummary(
@@ -50,30 +77,21 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
             seconds=sensitivity.seconds,
             int8_target=None if target is None else str(target),
         )
-    baseline = baseline_accuracy(state)
-    if not ctx.prune or baseline is None or ctx.quant_backend == "torch":
-        return {**update, "notes": notes} if notes else update
-    backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
+    return {**update, "notes": notes} if notes else update
 
-    budget = Budget(max_drop_points=budget_points(state, ctx), max_disagreement_pct=disagreement_budget(state, ctx))
-    choice = deployment.deploy(
-        run.original,
-        run.original,
-        ALL_INT8,
-        run.root / "models" / "deploy-original",
-        shape,
-        spec,
-        backends=backends,
-        within_budget=budget,
-        baseline_accuracy=baseline,
-        repeats=ctx.latency_repeats,
-        int8_cpu=ctx.int8_cpu,
+
+def _blocks_needless(choice: DeployChoice, quant_backend: str) -> str | None:
+    """Why int8's damage per block decides nothing, or None where it may: a full static int8 build of the original
+    is within the accuracy budget (judged with every try counted), so every layer goes int8 and no block needs float;
+    a mixed-precision build of a pruned round, where one is built later, ranks its own blocks. Measured anyway when
+    ``--deploy`` names a mixed-precision backend. At 260 px the table costs EfficientNet-Lite2 87 s of its run."""
+    if deployment.is_mixed(quant_backend):
+        return None
+    within = [c for c in choice.candidates if c.ran and c.within_budget and c.precision.startswith("int8 static")]
+    if not within:
+        return None
+    names = ", ".join(c.backend for c in within)
+    return (
+        f"the original's full static int8 ({names}) is within the accuracy budget, so every layer goes int8 and no "
+        "block needs to stay in float (a mixed-precision build, where one is needed later, ranks its own blocks)"
     )
-    split = deployment.split_budget(choice, budget_points(state, ctx))
-    notes.append(f"accuracy budget: {split.why}")
-    return {
-        **update,
-        "original_deployment": choice,
-        "accuracy_budget": split,
-        "notes": notes,
-    }

@@ -27,20 +27,22 @@ from tools.deploy.choice import (
     ALTERNATIVE_MARGIN,
     DeployCandidate,
     DeployChoice,
-    available_backends,
+    candidate_backends,
     choose,
     eligible,
     faster_over_budget,
+    is_mixed,
     luck_removed,
     never_slower,
     own_source,
     preferred,
     runoff,
+    slower_than_the_original,
     unconfirmed_alternative,
 )
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
-from tools.deploy.registry import AUTO, BACKENDS, FLOAT, ONE_COMMAND_BUILDS, available, runtime_and_precision
+from tools.deploy.registry import BACKENDS, FLOAT, ONE_COMMAND_BUILDS, runtime_and_precision
 from tools.evaluation.paired import predictions_path
 from tools.judging import judge_together
 from tools.models.base import example_input
@@ -106,10 +108,9 @@ FLOAT_TOLERANCE = 1e-3
 #: Seconds a candidate's timing takes at most over the run's repeats: a slower one (a 224-260 px model in PyTorch FP32)
 #: takes part in fewer interleaved repetitions, at least three (``tools.evaluation.cost.compare_latencies``).
 TIMING_SECONDS = 2.0
-#: The same for the timings again of close candidates (runoff, alternatives, never slower), at three times the repeats:
-#: the three 25-ms builds of EfficientNet-Lite2's original in a runoff took 28 s, all of them 300 calls.
+#: The same for the timings again of close candidates (runoff, alternatives, never slower, mixed or not), at three
+#: times the repeats: the three 25-ms builds of EfficientNet-Lite2's original in a runoff took 28 s, 300 calls in all.
 RETIMING_SECONDS = 4.0
-
 #: Seconds of calls at least behind a round's latency in the build the original deploys in (``latency_in_build``):
 #: the rounds of ``--objective latency`` differ by a few per cent, and 20 repetitions of a sub-millisecond model
 #: measure its ratio to the original to about 2 % (CIFAR ResNet-20's 2.9 %-MACs round timed 1.078x under load, 0.985x
@@ -117,19 +118,6 @@ RETIMING_SECONDS = 4.0
 ROUND_TIMING_SECONDS = 1.0
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
-
-
-def candidate_backends(choice: str) -> list[str]:
-    """The backends ``--deploy choice`` measures: all available for ``auto``, else ``torch`` and that one."""
-    if choice != AUTO:
-        full = BACKENDS[choice].mixed_of if choice in BACKENDS else None
-        return [FLOAT] if choice == FLOAT else [FLOAT, *([full] if full else []), choice]
-    return available_backends(list(BACKENDS), available)
-
-
-def is_mixed(backend: str) -> bool:
-    """Whether ``backend`` is a mixed-precision (accuracy-controlled) one."""
-    return backend in BACKENDS and BACKENDS[backend].mixed_of is not None
 
 
 def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
@@ -380,14 +368,18 @@ def _mixed_for(
     original_dir: Path,
     always: bool = False,
     source: str | None = None,
+    rivals: Sequence[DeployCandidate] = (),
+    time_alone: Callable[[dict[str, Path]], dict[str, float]] | None = None,
 ) -> tuple[list[str], list[DeployCandidate]]:
-    """:func:`~tools.deploy.budget.mixed_to_build` after judging every candidate so far as the final test will,
-    each try counted (:func:`tools.judging.judge_together`): a full int8 that passes alone but not as one of the
-    tries is over the budget for this decision too, and its mixed precision is built. EfficientNet-Lite0 under the
-    AVX2 cap: its original's ONNX Runtime static int8 (-0.27 [-2.78, +2.24] on 375 images, 1.7x its FP32) passed
-    alone, so its mixed precision was "not needed", and was then refused as one of the tries: FP32 shipped."""
-    judge_together(candidates, within_budget, original_dir)
-    return mixed_to_build(backends, candidates, control, always=always, source=source)
+    """``mixed_to_build`` after judging the candidates and ``rivals`` (the original's one-command builds) as the final
+    test will, each try counted: a full int8 passing alone, not as one of the tries, gets its mixed precision (Lite0's
+    original's ORT static int8 under the AVX2 cap was refused so); none where that full int8, timed alone beside the
+    fastest of ``rivals``, cannot outrun it (``slower_than_the_original``)."""
+    judge_together([*candidates, *rivals], within_budget, original_dir)
+    fulls = {BACKENDS[b].mixed_of for b in backends if b in BACKENDS}
+    over = [c for c in candidates if c.source == source and c.backend in fulls and c.ran and not c.within_budget]
+    slower = slower_than_the_original(over, rivals, original_dir, time_alone) if time_alone and not always else {}
+    return mixed_to_build(backends, candidates, control, always=always, source=source, slower=slower)
 
 
 def deploy(
@@ -425,8 +417,8 @@ def deploy(
     is the same (the original's deployment table).
 
     int8 is built for ``int8_cpu`` (:mod:`tools.deploy.cpu`). A mixed-precision backend (``*-mixed``) is built only
-    when its full-int8 backend ran over the budget, judged by ``control`` (:func:`accuracy_control`, or a function
-    that makes it, called only then); its row says why it was not built otherwise.
+    when its full-int8 backend ran over the budget and faster than the original's builds, judged by ``control``
+    (:func:`accuracy_control`, or a function that makes it, called only then); its row says why it was not otherwise.
 
     ``judging[model_dir]``: how a model's candidates are judged (:class:`Judging`; default ``spec``, no luck).
     """
@@ -459,10 +451,23 @@ def deploy(
     candidates = [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in full if b not in left_out]
     candidates += pointless
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
+    one_command = [b for b in ONE_COMMAND_BUILDS if b in full and b not in left_out]
+    at = next((i for i, a in enumerate(alternatives) if Path(a).resolve() == Path(original_dir).resolve()), None)
+    rivals: list[DeployCandidate] = []  # the original's one-command builds: a mixed build must be able to outrun them
+    if timed and at is not None:  # copies of the int8 profile's builds, so cheap; the loop below takes them as built
+        original = functools.partial(measure, source_dir=original_dir, judged=judged_by(original_dir))
+        rivals = [original(b, artifact_dir=out_root / f"alt-{at}" / b, source=str(original_dir)) for b in one_command]
     if timed:
-        original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
+        original_latency = _time([*candidates, *rivals], original_dir, shape, repeats, spec.seed)
     mixed, skipped = _mixed_for(
-        mixed_backends, candidates, judge, within_budget, original_dir=original_dir, always=forced
+        mixed_backends,
+        candidates,
+        judge,
+        within_budget,
+        original_dir=original_dir,
+        always=forced,
+        rivals=rivals,
+        time_alone=retime,
     )
     candidates += [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in mixed] + skipped
     if mixed or not timed:  # timed again only when mixed candidates joined
@@ -476,17 +481,16 @@ def deploy(
         faster = faster_over_budget(candidates, chosen)
         retry = list(dict.fromkeys([*faster, *([chosen] if chosen != FLOAT else [])]))
         for i, other in enumerate(alternatives):
-            # the original's builds are copied (prebuilt) and take part in the timing; a round with more headroom
-            # (fewer parameters removed) is built only where the best model's faster builds were over the budget
-            # the original in every one-command build, too: the last timing holds the deployed model against them
-            is_the_original = Path(other).resolve() == Path(original_dir).resolve()
-            one_command = [b for b in ONE_COMMAND_BUILDS if b in full and b not in left_out]
+            # a round with more headroom is built only where the best model's faster builds were over the budget; the
+            # original (copies of its prebuilt builds) in every one-command build too: the last timing holds them all
+            is_the_original = i == at
             rebuilt = list(dict.fromkeys([*retry, *one_command])) if is_the_original else faster
             if not rebuilt:
                 continue
             logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
             build = functools.partial(measure, source_dir=other, source=str(other), judged=judged_by(other))
-            rows = [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in rebuilt if not is_mixed(b)]
+            done = {c.backend: c for c in rivals} if is_the_original else {}
+            rows = [done.get(b) or build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in rebuilt if not is_mixed(b)]
             mixed, skipped = _mixed_for(
                 [b for b in rebuilt if is_mixed(b)],
                 [*candidates, *rows],
@@ -494,6 +498,8 @@ def deploy(
                 within_budget,
                 original_dir=original_dir,
                 source=str(other),
+                rivals=[] if is_the_original else rivals,
+                time_alone=retime,
             )
             candidates += rows + [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in mixed] + skipped
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)

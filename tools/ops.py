@@ -92,6 +92,7 @@ __all__ = [  # the run's data operations (tools.run_data) and evaluations (tools
     "prunable",
     "prune",
     "quantize",
+    "record_int8_not_measured",
     "resolve_input_shape",
     "sensitivity",
     "set_threads",
@@ -281,6 +282,15 @@ def int8_sensitivity(
         profile = ModelProfile.model_validate(read_json(profile_file))
         atomic_write_json(profile_file, profile.model_copy(update={"int8_sensitivity": result}).model_dump())
     return result
+
+
+def record_int8_not_measured(out_dir: Path, why: str) -> None:
+    """Say in ``profile.json`` why the run measured no per-block int8 sensitivity (``int8_not_measured``), for the
+    planners and the report."""
+    profile_file = out_dir / "profile.json"
+    if profile_file.is_file():
+        profile = ModelProfile.model_validate(read_json(profile_file))
+        atomic_write_json(profile_file, profile.model_copy(update={"int8_not_measured": why}).model_dump())
 
 
 # --- pruning and quantization -----------------------------------------------------------------------

@@ -256,6 +256,9 @@ class ModelProfile(BaseModel):
     )
     sensitivity: SensitivityProfile | None = None
     int8_sensitivity: Int8Sensitivity | None = None
+    int8_not_measured: str | None = Field(
+        default=None, description="Why no per-block int8 sensitivity was measured, when the run said (no table)."
+    )
 
 
 class AccuracyBudget(BaseModel):

@@ -16,10 +16,11 @@ MAX_BLOCKS = 8
 
 
 def int8_lines(ctx: PlanningContext, max_blocks: int = MAX_BLOCKS) -> list[str]:
-    """The int8 sensitivity table (nothing when none was measured)."""
+    """The int8 sensitivity table (when none was measured, why, where the run said)."""
     sens = ctx.profile.int8_sensitivity
     if sens is None:
-        return []
+        why = ctx.profile.int8_not_measured
+        return [f"Int8 sensitivity per block: not measured ({why}): every layer int8."] if why else []
     target = sens.int8.get("target", "?")
     lines = [
         f"Measured int8 sensitivity ({sens.backend}, static int8 built for {target} CPUs, on {sens.images} "

@@ -59,8 +59,9 @@ def quantization_plan(profile: ModelProfile, int8_budget_points: float) -> list[
     if sensitivity is None:
         linear = [g for g in profile.groups if g.type == "Linear"]
         params, macs = sum(g.params_share for g in linear), sum(g.macs_share for g in linear)
+        not_measured = profile.int8_not_measured or "no calibration images"
         why = (
-            f"no int8 sensitivity was measured (no calibration images): every layer int8. nn.Linear layers hold "
+            f"no int8 sensitivity per block was measured ({not_measured}): every layer int8. nn.Linear layers hold "
             f"{_pct(params)} of parameters and {_pct(macs)} of MACs (dynamic int8 quantizes those); static int8 "
             "quantizes the convolutions too."
         )

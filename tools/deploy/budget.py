@@ -7,7 +7,7 @@ search does not choose a round that int8 then pushes over.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_FP32
@@ -127,10 +127,12 @@ def mixed_to_build(
     control: Callable[[], AccuracyControl | None],
     always: bool = False,
     source: str | None = None,
+    slower: Mapping[str, str] | None = None,
 ) -> tuple[list[str], list[DeployCandidate]]:
     """The mixed-precision backends to build from ``source`` (None: the best model; its full-int8 backend ran over
     the budget, or ``always``, and there is a labelled dataset to control accuracy with), and a skipped row for each
-    of the others, saying why."""
+    of the others, saying why: among them those whose full int8 is ``slower[full]`` (why it cannot outrun the
+    original's builds, as a build of another model must to ship: keeping layers of it in float only slows it)."""
     build: list[str] = []
     skipped: list[DeployCandidate] = []
     own = [c for c in candidates if c.source == source]
@@ -148,6 +150,8 @@ def mixed_to_build(
             why = f"not needed: full int8 ({full}) is within the accuracy budget"
         elif (slow := not_faster_than_float(row, own)) is not None:
             why = slow
+        elif slower and full in slower:
+            why = f"{slower[full]}, so no mixed precision of it can ship"
         if why is None and control() is None:
             why = "needs a labelled dataset to control accuracy"
         if why is None:

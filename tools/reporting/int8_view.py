@@ -78,6 +78,8 @@ def markdown_lines(report: RunReport) -> list[str]:
         )
         lines += ["", "| block | layers | KL (int8 alone) | top-1 flips |", "|---|---|---|---|"]
         lines += [f"| `{b}` | {n} | {kl} | {flips} |" for b, n, kl, flips in _sensitivity_rows(sensitivity)]
+    elif (why := report.profile.get("int8_not_measured")) is not None:
+        lines.append(f"- int8 sensitivity per block: not measured: {why}")
     rows = float_layer_rows(report)
     if rows:
         lines += ["", "| candidate | layer kept in float | why | its block's int8 alone |", "|---|---|---|---|"]
@@ -104,6 +106,8 @@ def html_section(report: RunReport) -> str:
         )
         headers = [("block", False), ("layers", True), ("KL (int8 alone)", True), ("top-1 flips", True)]
         body += table(headers, [("", [esc(cell) for cell in row]) for row in _sensitivity_rows(sensitivity)])
+    elif (why := report.profile.get("int8_not_measured")) is not None:
+        body += f'<p class="small">Int8 sensitivity per block: not measured: {esc(str(why))}.</p>'
     rows = float_layer_rows(report)
     if rows:
         headers = [("candidate", False), ("layer kept in float", False), ("why", False), ("block's int8 alone", False)]

@@ -158,7 +158,8 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
 
 
 def _sensitivity(profile_path: str | None) -> dict[str, Any]:
-    """``{"sensitivity": ..., "int8_sensitivity": ...}`` from the run's ``profile.json``, those it holds."""
+    """``{"sensitivity": ..., "int8_sensitivity": ..., "int8_not_measured": ...}`` from the run's ``profile.json``,
+    those it holds."""
     from tools.store.files import read_json
 
     if not profile_path or not Path(profile_path).is_file():
@@ -169,6 +170,8 @@ def _sensitivity(profile_path: str | None) -> dict[str, Any]:
         found["sensitivity"] = SensitivityProfile.model_validate(profile["sensitivity"]).model_dump(mode="json")
     if profile.get("int8_sensitivity") is not None:
         found["int8_sensitivity"] = Int8Sensitivity.model_validate(profile["int8_sensitivity"]).model_dump(mode="json")
+    if profile.get("int8_not_measured"):
+        found["int8_not_measured"] = str(profile["int8_not_measured"])
     return found
 
 
