@@ -277,20 +277,22 @@ def int8_sensitivity(
         count = samples or int8_samples(macs, len(build.groups), int(calibration.images.shape[0]))
         result = measure_int8_sensitivity(build, calibration.images[:count])
     atomic_write_json(target, result.model_dump())
-    profile_file = out_dir / "profile.json"
-    if profile_file.is_file():
-        profile = ModelProfile.model_validate(read_json(profile_file))
-        atomic_write_json(profile_file, profile.model_copy(update={"int8_sensitivity": result}).model_dump())
+    _update_profile(out_dir, int8_sensitivity=result)
     return result
 
 
 def record_int8_not_measured(out_dir: Path, why: str) -> None:
     """Say in ``profile.json`` why the run measured no per-block int8 sensitivity (``int8_not_measured``), for the
     planners and the report."""
+    _update_profile(out_dir, int8_not_measured=why)
+
+
+def _update_profile(out_dir: Path, **fields: object) -> None:
+    """``out_dir / profile.json`` with ``fields`` set (nothing where the run wrote no profile)."""
     profile_file = out_dir / "profile.json"
     if profile_file.is_file():
         profile = ModelProfile.model_validate(read_json(profile_file))
-        atomic_write_json(profile_file, profile.model_copy(update={"int8_not_measured": why}).model_dump())
+        atomic_write_json(profile_file, profile.model_copy(update=fields).model_dump())
 
 
 # --- pruning and quantization -----------------------------------------------------------------------
