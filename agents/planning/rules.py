@@ -40,7 +40,7 @@ from agents.planning.base import PlanningContext, PlanResult, RoundRecord
 from agents.planning.damage import DamageModel
 from agents.planning.depth import DEPTH_KEY, Spent, depth_step
 from agents.planning.quantization import quantization_plan
-from agents.planning.recovery import AT_TARGET, damage_for_drop
+from agents.planning.recovery import AT_TARGET, damage_for_drop, undershot
 from tools.compression.units import UNIT_KINDS, unit_kind, unit_pattern
 from tools.profiling.profile import name_pattern
 from tools.schemas import (
@@ -460,7 +460,9 @@ class RulesPlanner:
             f"about {target:.2f} points before distillation (what the recovery measured so far brings back), at a "
             f"damage budget of {planned:.4f}."
         )
-        return [(planned * k, note) for k in (1.0, 0.9, 0.8)]
+        last = next((r for r in reversed(ctx.history) if r.distilled_from is None), None)
+        short = last is not None and AT_TARGET in last.planner_state and undershot(last.accuracy_drop_points, target)
+        return [(planned * k, note) for k in ((1.0, 1.1, 1.2) if short else (1.0, 0.9, 0.8))]
 
     def _step_toward_target(self, ctx: PlanningContext, seen: Spent) -> PlanResult | None:
         """When the damage budgets at the distillation target only give tried allocations (the units' ratios are

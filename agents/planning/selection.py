@@ -7,7 +7,14 @@ from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any, Protocol
 
-from agents.planning.recovery import AT_TARGET, DEPTH_KEY, TARGET_SLACK, recoverable_drop, recoveries_of
+from agents.planning.recovery import (
+    AT_TARGET,
+    DEPTH_KEY,
+    TARGET_SLACK,
+    recoverable_drop,
+    recoveries_of,
+    undershot,
+)
 from graph.context import Selection
 from tools.compression.units import kind_of, sheds_layers
 from tools.deploy.choice import TIE_MARGIN
@@ -311,6 +318,9 @@ def round_to_distill(
     target = distillation_target(rounds, budget)
     if target is None or (search_goes_on and not planned):
         return None
+    tries_left = search_goes_on and not targets_done and bool(planned)
+    if tries_left and AT_TARGET in planned[-1].planner_state and undershot(planned[-1].accuracy_drop_points, target):
+        return None  # the search plans again past it before a distillation is spent on a smaller round
     fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
     if not fits and targets_done and objective == "latency":
         fits = rescuable
