@@ -437,7 +437,8 @@ class RulesPlanner:
         :attr:`PlanningContext.distillation_target_points` before distillation (the drop the next distillation
         can be expected to bring back), from the pruned rounds' predicted damage and measured drop
         (:func:`~agents.planning.recovery.damage_for_drop`, from the most damaged source of a round that came back),
-        at most twice that source's damage. Empty without a target or a fit."""
+        at most twice that source's damage, then 0.9x and 0.8x where that allocation was tried (1.1x and 1.2x after a
+        round at the target fell short of it: ``recovery.undershot``). Empty without a target or a fit."""
         target = ctx.distillation_target_points
         if target is None:
             return []

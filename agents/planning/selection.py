@@ -256,8 +256,9 @@ def round_to_distill(
     Until a distilled round came back within budget, the one nearest the budget first (smallest drop + one
     standard error), as the likeliest to come back. After, what came back sets a target (:func:`distillation_target`):
     the search first plans a round at it (None until it has, unless ``search_goes_on`` is False: ``--no-iterate``
-    plans none), then the most pruned round whose drop before distillation is within
-    :data:`~agents.planning.recovery.TARGET_SLACK` of the target is taken. A round planned at the target
+    plans none; None again while a round planned at it fell short by more than the slack and tries are left, so that
+    the search plans past it: ``recovery.undershot``), then the most pruned round whose drop before distillation is
+    within :data:`~agents.planning.recovery.TARGET_SLACK` of the target is taken. A round planned at the target
     (``recovery.AT_TARGET``) is taken even when it passed the budget alone and is kept: it was planned to be
     distilled, and its distilled version's cross-fitted estimate is the one to keep it by (CIFAR ResNet-56's passed
     alone at -0.20 points in the run and lost 1.60 on unseen images).
