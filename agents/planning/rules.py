@@ -461,8 +461,13 @@ class RulesPlanner:
             f"about {target:.2f} points before distillation (what the recovery measured so far brings back), at a "
             f"damage budget of {planned:.4f}."
         )
-        last = next((r for r in reversed(ctx.history) if r.distilled_from is None), None)
-        short = last is not None and AT_TARGET in last.planner_state and undershot(last.accuracy_drop_points, target)
+        last = ctx.history[-1] if ctx.history else None  # a try after one that fell short follows it directly
+        short = (
+            last is not None
+            and last.distilled_from is None
+            and AT_TARGET in last.planner_state
+            and undershot(last.accuracy_drop_points, target)
+        )
         return [(planned * k, note) for k in ((1.0, 1.1, 1.2) if short else (1.0, 0.9, 0.8))]
 
     def _step_toward_target(self, ctx: PlanningContext, seen: Spent) -> PlanResult | None:

@@ -510,3 +510,8 @@ def test_a_round_that_fell_short_of_the_target_is_planned_again_before_a_distill
     ctx = dataclasses.replace(ctx, history=[RoundRecord.of(r) for r in [*rounds, near]])
     again = RulesPlanner._distillation_budgets(ctx)  # within the slack: smaller ones, as after one that overshot
     assert [b / again[0][0] for b, _ in again] == pytest.approx([1.0, 0.9, 0.8])
+    # once the short round came back distilled, the next target's first round falls back the usual way
+    back = _round(13, -0.05, 735, True, 0.0393, source=12)
+    ctx = dataclasses.replace(ctx, history=[RoundRecord.of(r) for r in [*rounds, short, back]])
+    later = RulesPlanner._distillation_budgets(ctx)
+    assert [b / later[0][0] for b, _ in later] == pytest.approx([1.0, 0.9, 0.8])
