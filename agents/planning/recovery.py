@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tools.schemas import RoundResult
 from tools.stats import standard_error_points
@@ -75,6 +76,16 @@ COMPLETE_RECOVERY_STEP = 1.25
 #: +0.21, +0.04, +0.15 and +0.08; five distillations, the run's cap, took it from 10.2 % to 13.5 % of the parameters.
 #: With 1.6x: 18.4 % in two runs (rounds losing 1.31, 2.13, 2.11 and 2.56 came back), −0.60 points on unseen images.
 WHOLE_RECOVERY_STEP = 1.6
+
+
+class _AtTarget(Protocol):
+    """What :func:`undershot` reads of a round (a ``RoundResult`` or the planners' ``RoundRecord``)."""
+
+    @property
+    def planner_state(self) -> dict[str, Any]: ...
+
+    @property
+    def accuracy_drop_points(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -143,12 +154,13 @@ def recoverable_drop(recoveries: list[Recovery], budget: float, z: float) -> flo
     return None
 
 
-def undershot(drop_points: float | None, target: float) -> bool:
-    """Whether a round planned at the distillation ``target`` lost less than the target over :data:`TARGET_SLACK`
-    before distillation: distilled, it would spend a distillation on a smaller round than the target allows (CIFAR
-    ResNet-56's default run: a round planned to lose 2.09 points lost 1.33, 11.7 % fewer parameters where 21 % lost
-    3.10; it was distilled and the run ended at 13.8 %), so the search plans again past it."""
-    return float(drop_points or 0.0) < target / TARGET_SLACK
+def undershot(r: _AtTarget, target: float) -> bool:
+    """Whether round ``r`` was planned at the distillation ``target`` (:data:`AT_TARGET`) and lost less than the
+    target over :data:`TARGET_SLACK` before distillation: distilled, it would spend a distillation on a smaller
+    round than the target allows (CIFAR ResNet-56's default run: a round planned to lose 2.09 points lost 1.33,
+    11.7 % fewer parameters where 21 % lost 3.10; it was distilled and the run ended at 13.8 %), so the search plans
+    again past it."""
+    return AT_TARGET in r.planner_state and float(r.accuracy_drop_points or 0.0) < target / TARGET_SLACK
 
 
 def damage_for_drop(points: list[tuple[float, float]], anchor: tuple[float, float], drop: float) -> float | None:

@@ -462,12 +462,7 @@ class RulesPlanner:
             f"damage budget of {planned:.4f}."
         )
         last = ctx.history[-1] if ctx.history else None  # a try after one that fell short follows it directly
-        short = (
-            last is not None
-            and last.distilled_from is None
-            and AT_TARGET in last.planner_state
-            and undershot(last.accuracy_drop_points, target)
-        )
+        short = last is not None and last.distilled_from is None and undershot(last, target)
         return [(planned * k, note) for k in ((1.0, 1.1, 1.2) if short else (1.0, 0.9, 0.8))]
 
     def _step_toward_target(self, ctx: PlanningContext, seen: Spent) -> PlanResult | None:

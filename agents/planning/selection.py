@@ -320,7 +320,7 @@ def round_to_distill(
     if target is None or (search_goes_on and not planned):
         return None
     tries_left = search_goes_on and not targets_done and bool(planned)
-    if tries_left and AT_TARGET in planned[-1].planner_state and undershot(planned[-1].accuracy_drop_points, target):
+    if tries_left and undershot(planned[-1], target):
         return None  # the search plans again past it before a distillation is spent on a smaller round
     fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
     if not fits and targets_done and objective == "latency":
