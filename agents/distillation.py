@@ -15,21 +15,33 @@ from pathlib import Path
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
-from agents.evaluation import eval_spec, rescue_config, rescues_wanted, round_zs, with_deploy_latency
+from agents.evaluation import (
+    MIN_CROSS_FIT_IMAGES,
+    data_parts,
+    eval_spec,
+    rescue_config,
+    rescues_wanted,
+    round_zs,
+    total_macs,
+    with_deploy_latency,
+)
 from agents.planning.base import RoundRecord
 from agents.planning.recovery import AT_TARGET
 from agents.planning.selection import (
     accuracy_drop_points,
     distillation_target,
+    kept_round,
     ladder_step_wanted,
     planned_since_recovery,
     round_to_distill,
     within_budget,
 )
-from graph.context import Context
+from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
+from tools.compression.distill import AUTO_DISTILL_SECONDS, auto_distill_floor_seconds
 from tools.cross_fit import cross_fit_distill
+from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import CrossFit, RoundResult
 from tools.store.files import atomic_write_json
 
@@ -175,3 +187,54 @@ def _note(record: RoundResult, source: RoundResult, budget: float) -> str:
         f"{paired.ci95_high_points:+.2f}] on {paired.samples:,} images: {verdict} the budget. The first student is "
         f"the round's model; it and its int8 builds are judged on half {cross_fit.judged_on_half} only"
     )
+
+
+def distillation_summary(state: State, ctx: Context, zs: dict[int, float] | None = None) -> str | None:
+    """One line for the run's notes on distillation after the search: why it was off, or how many rounds it
+    distilled of how many the run allowed and why it stopped. None where the settings turned it off
+    (``--distill-rescues 0``, rounds distilled already, no pruning or no dataset) or the original is at chance
+    level (said at the run's start). A run that distilled nothing said nothing of it: CIFAR Swin-tiny with
+    ``--objective latency`` ended at 700 s where no round ran 3 % faster than the kept one, and a 260-px
+    EfficientNet-Lite2 run never said that automatic distillation was off for a model of its size."""
+    if not (ctx.prune and state.dataset) or ctx.distill_rescues == 0 or ctx.finetune_steps != 0:
+        return None
+    if state.baseline is None or state.baseline.at_chance:
+        return None
+    head = "distillation after the search"
+    if rescue_config(state, ctx) is None:
+        parts, macs = data_parts(state), total_macs(state) or 0
+        if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
+            return (
+                f"{head}: off: its students need calibration images and at least {MIN_CROSS_FIT_IMAGES} evaluation "
+                f"images to be judged on (this run: {int(parts.get('calibration') or 0)} and "
+                f"{int(parts.get('evaluation') or 0)})"
+            )
+        return (
+            f"{head}: off: {macs / 1e6:,.0f} M MACs per image make its fewest steps take about "
+            f"{auto_distill_floor_seconds(macs):,.0f} s at one core's planned rate, over the "
+            f"{AUTO_DISTILL_SECONDS[1]:.0f} s a round may take"
+        )
+    done, wanted = sum(1 for r in state.rounds if r.cross_fit is not None), rescues_wanted(state, ctx)
+    made = f"{head}: {done} distillation(s) made of at most {wanted}"
+    if done >= wanted:
+        return made + (
+            " (as many as --distill-rescues auto's time allows)" if ctx.distill_rescues == AUTO_STEPS else ""
+        )
+    budget = pruning_budget(state, ctx)
+    if planned_since_recovery(state.rounds) is not None and distillation_target(state.rounds, budget) is None:
+        return f"{made}: what the distilled rounds gave back leaves no room for a larger round within the budget"
+    kept, _ = kept_round(state.rounds, ctx.selection, budget, ctx.objective, zs)
+    if ctx.objective == "latency":
+        than = "the original"
+        if kept is not None:
+            speedup, where = kept.metrics.deploy_speedup, kept.metrics.deploy_backend
+            timed = f" ({float(speedup):.2f}x the original in {where})" if speedup and where else ""
+            than = f"round {kept.round}, the kept one{timed}"
+        return (
+            f"{made}: no round left worth one: none not distilled yet ran more than {TIE_MARGIN * 100:g} % faster than "
+            f"{than}, within what distillation may bring back"
+        )
+    than = (
+        f"round {kept.round}, the kept one ({kept.metrics.params:,} parameters)" if kept is not None else "the original"
+    )
+    return f"{made}: no round left worth one: none not distilled yet is smaller than {than}"

@@ -9,6 +9,7 @@ from langgraph.runtime import Runtime
 
 from agents.analysis import new_notes, planner_for, planning_context
 from agents.common import disagreement_budget, need, paths, pruning_budget, settings, shape_of
+from agents.distillation import distillation_summary
 from agents.evaluation import eval_spec, round_zs
 from agents.planning.selection import kept_round, within_budget
 from graph.context import Context
@@ -69,7 +70,8 @@ def select_best_model(state: State, runtime: Runtime[Context]) -> dict[str, obje
             break
         notes.append(failed)
         rounds = [r for r in rounds if r.round != best.round]
-    return {"pruned": pruned, "notes": notes}
+    summary = distillation_summary(state, ctx, zs)
+    return {"pruned": pruned, "notes": [*notes, summary] if summary else notes}
 
 
 def _holdout_failure(pruned: PrunedEntry, budget: float, disagreement: float | None = None) -> str | None:

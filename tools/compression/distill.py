@@ -43,6 +43,7 @@ __all__ = [
     "Precision",
     "augment_batch",
     "auto_distill_config",
+    "auto_distill_floor_seconds",
     "auto_distill_steps",
     "auto_rescue_config",
     "auto_rescue_plan",
@@ -170,6 +171,13 @@ AUTO_FEATURE_WEIGHT = 1.0
 
 def _seconds_per_step(macs: int) -> float:
     return 4 * macs * AUTO_DISTILL_BATCH / TRAINING_MACS_PER_SECOND
+
+
+def auto_distill_floor_seconds(macs: int) -> float:
+    """Seconds the fewest steps of automatic distillation (:data:`AUTO_DISTILL_STEPS`) take for a model of ``macs``
+    per image at the planned rate (:data:`TRAINING_MACS_PER_SECOND`): over the limit of :data:`AUTO_DISTILL_SECONDS`,
+    automatic distillation is off."""
+    return AUTO_DISTILL_STEPS[0] * _seconds_per_step(macs)
 
 
 def auto_rescue_plan(macs: int | None) -> tuple[int, int]:
