@@ -209,6 +209,8 @@ def distillation_summary(state: State, ctx: Context, zs: dict[int, float] | None
                 f"images to be judged on (this run: {int(parts.get('calibration') or 0)} and "
                 f"{int(parts.get('evaluation') or 0)})"
             )
+        if macs <= 0:
+            return f"{head}: off: the model's MACs were not counted, so its cost cannot be planned"
         return (
             f"{head}: off: {macs / 1e6:,.0f} M MACs per image make its fewest steps take about "
             f"{auto_distill_floor_seconds(macs):,.0f} s at one core's planned rate, over the "

@@ -52,6 +52,8 @@ def test_a_model_too_large_for_automatic_distillation_is_told_so() -> None:
     """EfficientNet-Lite2 at 260 px: 898 M MACs per image."""
     line = distillation_summary(_state(macs=8.98e8), Context())
     assert line is not None and line.startswith("distillation after the search: off: 898 M MACs per image")
+    uncounted = distillation_summary(_state(macs=0), Context())
+    assert uncounted is not None and "MACs were not counted" in uncounted
     few = distillation_summary(_state(data_parts={"calibration": 64, "evaluation": 50}), Context())
     assert few is not None and "at least 100 evaluation images" in few and "64 and 50" in few
 
