@@ -131,8 +131,6 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}", throughput=False)
     merged = {"accuracy": result.accuracy, "samples": result.samples, "paired": result.paired}
     metrics = measured.model_copy(update=merged)  # its cost as measured; its accuracy from both students
-    if ctx.objective == "latency":
-        metrics = with_deploy_latency(state, ctx, metrics, Path(first.artifact))
     drop = accuracy_drop_points(baseline_accuracy(state), result.accuracy)
     budget = pruning_budget(state, ctx)
     record = RoundResult(
@@ -154,6 +152,8 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
             students=result.students,
         ),
     )
+    timed = with_deploy_latency(state, ctx, record) if ctx.objective == "latency" else [record]
+    record = timed[0]
     notes = [_note(record, source, budget)]
     before = source.metrics.paired
     after = result.paired
@@ -166,7 +166,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
             f"points before): where both are within the budget, round {source.round}'s own model is kept"
         )
     atomic_write_json(folder / "round.json", record.model_dump())
-    return {"rounds": [record], "notes": notes}
+    return {"rounds": timed, "notes": notes}
 
 
 def _note(record: RoundResult, source: RoundResult, budget: float) -> str:
