@@ -153,7 +153,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         ),
     )
     timed = with_deploy_latency(state, ctx, record) if ctx.objective == "latency" else [record]
-    record = timed[0]
+    record = timed[-1]
     notes = [_note(record, source, budget)]
     before = source.metrics.paired
     after = result.paired

@@ -267,7 +267,7 @@ def evaluate_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         within_budget=within_budget(drop, pruning_budget(state, ctx), metrics.paired, disagreement_budget(state, ctx)),
     )
     timed = with_deploy_latency(state, ctx, record) if ctx.objective == "latency" else [record]
-    atomic_write_json(paths(state).round(record.round) / "round.json", timed[0].model_dump())  # its evaluation log
+    atomic_write_json(paths(state).round(record.round) / "round.json", timed[-1].model_dump())  # its evaluation log
     return {"rounds": timed, "pending_round": None}
 
 
@@ -277,7 +277,7 @@ def with_deploy_latency(state: State, ctx: Context, record: RoundResult) -> list
     ratios that rank the rounds come from the same moment (CIFAR Swin-tiny's depth round and kept round, timed
     minutes apart with another job on the machine, ran 1.086x the original each; together on an idle machine 1.13x
     and 1.03x). ``[record]`` as it was where the original's deployment is not known (no int8 profile), with only
-    the backend where the build fails; earlier rounds come after it, each with its round.json written again."""
+    the backend where the build fails; the earlier rounds come before it, each with its round.json written again."""
     from tools.deployment import latency_in_build
 
     choice = state.original_deployment
@@ -317,7 +317,7 @@ def with_deploy_latency(state: State, ctx: Context, record: RoundResult) -> list
     again = [timed(r, times[str(r.round)]) for r in state.rounds if str(r.round) in times]
     for r in again:
         atomic_write_json(paths(state).round(r.round) / "round.json", r.model_dump())
-    return [timed(record, times["model"]), *again]
+    return [*again, timed(record, times["model"])]
 
 
 def evaluate_quantized(state: State, runtime: Runtime[Context]) -> dict[str, object]:

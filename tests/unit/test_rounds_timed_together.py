@@ -74,7 +74,7 @@ def test_a_round_is_timed_with_the_earlier_rounds_and_they_take_the_new_timing(
     )
     new = RoundResult.model_validate(_round(4, tmp_path, None, backend=None))
     timed = with_deploy_latency(state, Context(objective="latency"), new)
-    assert [r.round for r in timed] == [4, 0, 1]
+    assert [r.round for r in timed] == [0, 1, 4]  # the new round last: the CLI's progress line shows it
     assert calls[0]["source"] == Path(tmp_path / "rounds" / "round-04" / "model")
     assert set(calls[0]["earlier"]) == {"0", "1"}
     speedups = {r.round: r.metrics.deploy_speedup for r in timed}
