@@ -290,8 +290,10 @@ def with_deploy_latency(state: State, ctx: Context, record: RoundResult) -> list
     earlier = {
         str(r.round): Path(r.metrics.artifact)
         for r in state.rounds
-        if r.round != record.round and r.metrics.artifact and r.metrics.deploy_backend == backend
-        if r.metrics.deploy_speedup
+        if r.round != record.round
+        and r.metrics.artifact
+        and r.metrics.deploy_backend == backend
+        and r.metrics.deploy_speedup
     }
     try:
         times = latency_in_build(
