@@ -40,6 +40,7 @@ from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
 from tools.compression.distill import AUTO_DISTILL_SECONDS, auto_distill_floor_seconds
+from tools.compression.units import sheds_layers
 from tools.cross_fit import cross_fit_distill
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import CrossFit, RoundResult
@@ -77,8 +78,9 @@ def distillations_left(state: State, ctx: Context) -> bool:
     """Whether distillation after the search is on, affordable and has distillations left (``--distill-rescues``),
     and, once a distilled round came back within budget, whether what it recovered leaves room for a larger one
     (``selection.distillation_target``) or, with the latency objective, the depth ladder has its next step to take
-    (``selection.ladder_step_wanted``: twice the blocks of a round within budget; CIFAR ResNet-56's three blocks came
-    back at -0.13 points and the run ended there, at 1.12x, where nine come back within a point at 1.49x)."""
+    (``selection.ladder_step_wanted``: half as many again as the blocks of a round within budget; CIFAR
+    ResNet-56's three blocks came back at -0.13 points and the run ended there, at 1.12x, where nine come back
+    within a point at 1.49x)."""
     rounds = state.rounds
     if sum(1 for r in rounds if r.cross_fit is not None) >= rescues_wanted(state, ctx):
         return False
@@ -112,7 +114,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     the first student as a new round judged by both students' answers on the halves they did not see."""
     ctx = settings(runtime)
     source = next_round_to_distill(state, ctx)
-    config = rescue_config(state, ctx)
+    config = rescue_config(state, ctx, sheds_layers=source is not None and sheds_layers(source.plan))
     if source is None or config is None:
         return {}
     index, run, shape = len(state.rounds), paths(state), shape_of(state)

@@ -96,11 +96,12 @@ def distill_config(state: State, ctx: Context) -> DistillConfig | None:
     return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed, precision=precision)
 
 
-def rescue_config(state: State, ctx: Context) -> DistillConfig | None:
+def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> DistillConfig | None:
     """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
     were not distilled already (``--finetune-steps 0``), the run has a dataset, calibration images and at least
     :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_rescue_config``);
-    with ``auto``, not for an original at chance level (untrained, or labels that do not match). None otherwise."""
+    with ``auto``, not for an original at chance level (untrained, or labels that do not match). None otherwise.
+    ``sheds_layers``: for a round that removes whole layers (more steps: ``DEPTH_STEPS_FACTOR``)."""
     from tools.compression.distill import auto_rescue_config
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.dataset:
@@ -111,7 +112,9 @@ def rescue_config(state: State, ctx: Context) -> DistillConfig | None:
     if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
         return None
     precision = distill_precision(ctx)
-    return auto_rescue_config(total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision)
+    return auto_rescue_config(
+        total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision, sheds_layers=sheds_layers
+    )
 
 
 def rescues_wanted(state: State, ctx: Context) -> int:
@@ -124,12 +127,10 @@ def rescues_wanted(state: State, ctx: Context) -> int:
         return 0
     if ctx.distill_rescues != AUTO_STEPS:
         return ctx.distill_rescues
-    pairs = [
-        sum(float(s.distilled.get("seconds") or 0.0) for s in r.cross_fit.students)
-        for r in state.rounds
-        if r.cross_fit is not None
-    ]
-    return auto_rescues(total_macs(state), pairs)
+    fitted = [r.cross_fit for r in state.rounds if r.cross_fit is not None]
+    seconds = [sum(float(s.distilled.get("seconds") or 0.0) for s in f.students) for f in fitted]
+    steps = [max((int(s.distilled.get("steps") or 0) for s in f.students), default=0) for f in fitted]
+    return auto_rescues(total_macs(state), seconds, steps)
 
 
 def round_zs(state: State, ctx: Context) -> dict[int, float]:

@@ -66,11 +66,12 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
     """The next depth round's allocation, predicted damage (share of answers changed) and note; None where it is not
     the latency objective, distillation does not follow, blocks are not allowed or the ladder's step was planned.
 
-    The ladder: the fewest blocks that save :data:`DEPTH_FIRST_MACS_SHARE` of the MACs first, then twice as many as
-    the most a round within budget removes (training-free or distilled), each step once (a depth round with that
-    many was planned), the blocks that save the most MACs per unit of damage first (not their probes' timed savings:
-    a removed block always saves its layers' calls, and a probe's few per cent drown in timing noise on a loaded
-    machine, where 23 of CIFAR ResNet-56's 25 blocks timed slower removed)."""
+    The ladder: the fewest blocks that save :data:`DEPTH_FIRST_MACS_SHARE` of the MACs first, then
+    :data:`~agents.planning.selection.LADDER_GROWTH` times the most a round within budget removes (training-free or
+    distilled), each step once (a depth round with that many was planned), the blocks that save the most MACs per
+    unit of damage first (not their probes' timed savings: a removed block always saves its layers' calls, and a
+    probe's few per cent drown in timing noise on a loaded machine, where 23 of CIFAR ResNet-56's 25 blocks timed
+    slower removed)."""
     sens = ctx.profile.sensitivity
     if ctx.objective != "latency" or not ctx.distills or sens is None:
         return None
@@ -88,7 +89,7 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
         key=lambda u: (-worth(u), u.pattern),
     )
     step = ladder_step_wanted(ctx.history)
-    held = (step or 0) // 2
+    held = max((r.layers_removed for r in ctx.history if r.within_budget), default=0)
     if step is not None:
         wanted = step
     else:
@@ -108,7 +109,7 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
     names = ", ".join(u.modules[0] for u in chosen)
     note = (
         f"Depth round: {wanted} block(s) ({names}), the most MACs saved per unit of damage, "
-        + (f"twice as many as a round within budget removes ({held})" if held else "the fewest that save 10 % of MACs")
+        + (f"more than a round within budget removes ({held})" if step else "the fewest that save 10 % of MACs")
         + ": at batch 1 speed comes from whole blocks, which distillation after the search brings back."
     )
     return allocation, predicted, note

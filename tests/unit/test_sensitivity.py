@@ -368,13 +368,13 @@ def test_with_the_latency_objective_and_distillation_blocks_are_removed_on_a_lad
     # once a round removed a block, the search goes on as before; nor without distillation or the latency objective
     after = [*history, _record(1, depth.planner_state, False, 2800).model_copy(update={"plan": depth.plan})]
     assert "Depth round" not in planner.next_plan(dataclasses.replace(ctx, history=after)).plan.model_dump_json()
-    # a round within budget removes one block (passed alone, or here distilled back): the ladder doubles
+    # a round within budget removes one block (passed alone, or here distilled back): the ladder grows
     back = _record(2, depth.planner_state, True, 2800).model_copy(
         update={"plan": depth.plan, "distilled_from": 1, "layers_removed": 1}
     )
     deeper = planner.next_plan(dataclasses.replace(ctx, history=[*after, back]))
     assert deeper.planner_state["allocation"] == {"^layer1.0$": 1.0, "^layer3.2$": 1.0}
-    assert "twice as many" in deeper.plan.pruning_recommendations[0].justification
+    assert "more than a round within budget removes (1)" in deeper.plan.pruning_recommendations[0].justification
     for other in (dataclasses.replace(ctx, distills=False), dataclasses.replace(ctx, objective="params")):
         assert planner.next_plan(dataclasses.replace(other, history=history)).planner_state["allocation"] != {
             "^layer1.0$": 1.0

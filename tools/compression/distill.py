@@ -36,6 +36,7 @@ __all__ = [
     "AUTO_DISTILL_STEPS",
     "AUTO_FEATURE_WEIGHT",
     "AUTO_RESCUE_SECONDS",
+    "DEPTH_STEPS_FACTOR",
     "DISTILL_TEMPERATURE",
     "TRAINING_MACS_PER_SECOND",
     "DistillConfig",
@@ -163,6 +164,15 @@ def auto_distill_steps(macs: int | None) -> int:
 #: CIFAR ResNet-32 and -44 stopped at 13.7 % and 15.4 % with time left.
 AUTO_RESCUE_SECONDS = (1200.0, 5)
 
+#: The steps of each student of distillation after the search for a round that removes whole layers (blocks), as a
+#: multiple of :func:`auto_rescue_plan`'s: a removed block's function is learnt anew by the layers around it, which
+#: the plan's steps, enough for width, are not. Measured (``benchmarks/block_removal.py``, one Xeon core, bf16,
+#: 1-point budget; unseen = the other half of CIFAR-10's test split): CIFAR ResNet-20's three cheapest blocks
+#: (10.3 % fewer parameters, 57 points lost training-free, 1.35x OpenVINO int8 of the original) came back at
+#: -1.28 / -2.06 unseen with students of 1,000 steps (-2.34 cross-fitted in the run) and at -0.40 / -0.68 with 3,000
+#: (-0.04 in the run). A pair takes that many times longer; :func:`auto_rescues` counts it per step.
+DEPTH_STEPS_FACTOR = 3
+
 #: Weight of matching the teacher's block outputs in automatic distillation (:attr:`DistillConfig.feature_weight`):
 #: ViT-tiny's students, 1,000 steps, agreed with the original on 96.5-96.6 % of unseen images with it and 95.8 %
 #: without; Swin-tiny's (300 steps) lost -0.72/-1.02 instead of -0.92/-1.02.
@@ -193,17 +203,23 @@ def auto_rescue_plan(macs: int | None) -> tuple[int, int]:
     return max(1, min(most, int(seconds / (2 * steps * _seconds_per_step(macs))))), steps
 
 
-def auto_rescues(macs: int | None, pair_seconds: Sequence[float] = ()) -> int:
+def auto_rescues(macs: int | None, pair_seconds: Sequence[float] = (), pair_steps: Sequence[int] = ()) -> int:
     """Cross-fitted distillations after the search for a model of ``macs`` per image (:func:`auto_rescue_plan`),
     or, once pairs were distilled (``pair_seconds``: each pair's measured training time), as many as fit
     :data:`AUTO_RESCUE_SECONDS` at the slowest pair's time, if more (at most its cap): the plan assumes one AVX2
     core's rate, which the CPUs measured beat 2-6x (one Xeon core: a pair of ViT-tiny's 1,000-step students took
-    158 s, of CIFAR ResNet-44's 300-step ones 220 s, where the plan assumed 1,200 s and over 600 s)."""
-    planned = auto_rescue_plan(macs)[0]
+    158 s, of CIFAR ResNet-44's 300-step ones 220 s, where the plan assumed 1,200 s and over 600 s). ``pair_steps``
+    (each pair's steps per student, where known): each pair counts at the plan's steps, at its own time per step, so
+    a depth round's longer pair (:data:`DEPTH_STEPS_FACTOR`) takes its extra time outside the budget and does not
+    count as the time of every pair after it: CIFAR ResNet-56's pairs of 900 steps took 725-768 s on one Xeon core
+    beside another run, and two of them spent the budget before the depth ladder reached the blocks that pay."""
+    planned, steps = auto_rescue_plan(macs)
     if planned == 0 or not pair_seconds or min(pair_seconds) <= 0:  # none measured yet
         return planned
     seconds, most = AUTO_RESCUE_SECONDS
-    fits = len(pair_seconds) + int((seconds - sum(pair_seconds)) / max(pair_seconds))
+    per_pair = [t * steps / n if n > 0 else t for t, n in zip(pair_seconds, pair_steps, strict=False)]
+    per_pair += list(pair_seconds[len(per_pair) :])
+    fits = len(pair_seconds) + int((seconds - sum(per_pair)) / max(per_pair))
     return max(planned, min(most, fits))
 
 
@@ -226,16 +242,24 @@ def auto_distill_config(
 
 
 def auto_rescue_config(
-    macs: int | None, *, device: str = "cpu", seed: int = 0, precision: Precision = "fp32"
+    macs: int | None,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    precision: Precision = "fp32",
+    sheds_layers: bool = False,
 ) -> DistillConfig | None:
     """The :class:`DistillConfig` of each student of distillation after the search (:func:`auto_rescue_plan`'s
     steps; None: off). The steps do not grow with the measured time: where the plan gives 300, the time a pair of
     1,000 would take buys more pairs instead, which count more (CIFAR ResNet-44: a second pair of 1,000 steps left no
-    time for a third distillation, 11.8 % fewer parameters kept, against 16.1 % with three pairs of 300)."""
+    time for a third distillation, 11.8 % fewer parameters kept, against 16.1 % with three pairs of 300).
+    ``sheds_layers``: the round removes whole layers, and its students take :data:`DEPTH_STEPS_FACTOR` times the
+    steps."""
     config = auto_distill_config(macs, device=device, seed=seed, precision=precision)
     if config is None:
         return None
-    return config.model_copy(update={"steps": auto_rescue_plan(macs)[1]})
+    steps = auto_rescue_plan(macs)[1] * (DEPTH_STEPS_FACTOR if sheds_layers else 1)
+    return config.model_copy(update={"steps": steps})
 
 
 def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
