@@ -217,8 +217,8 @@ def auto_rescues(macs: int | None, pair_seconds: Sequence[float] = (), pair_step
     if planned == 0 or not pair_seconds or min(pair_seconds) <= 0:  # none measured yet
         return planned
     seconds, most = AUTO_RESCUE_SECONDS
-    per_pair = [t * steps / n if n > 0 else t for t, n in zip(pair_seconds, pair_steps, strict=False)]
-    per_pair += list(pair_seconds[len(per_pair) :])
+    counts = [*pair_steps, *[0] * (len(pair_seconds) - len(pair_steps))]  # 0: not known, taken as the plan's
+    per_pair = [t * steps / n if n > 0 else t for t, n in zip(pair_seconds, counts, strict=False)]
     fits = len(pair_seconds) + int((seconds - sum(per_pair)) / max(per_pair))
     return max(planned, min(most, fits))
 
