@@ -456,6 +456,7 @@ def test_close_candidates_are_timed_again_alone_and_the_fastest_there_deploys() 
     assert set(timed[-1]) == {"onnxruntime", "openvino", "openvino (round-00)"}, "each backend's and source's fastest"
     assert "openvino 1.18 ms" in why and "openvino (round-00) 1.18 ms" in why and "onnxruntime 1.44 ms" in why
     assert why.endswith("openvino (round-00) deploys"), "no preference given: every source counts the same"
+    assert [r.alone_latency_s for r in pool[:4]] == [1.44e-3, 1.18e-3, 1.18e-3, None], "the rows keep the runoff's"
     clear = [row("onnxruntime", 1.0), row("openvino", 1.6)]
     assert runoff(clear, "onnxruntime", "fastest", again) == ("onnxruntime", "fastest", None)
     assert len(timed) == 1, "a clear winner is not timed again"

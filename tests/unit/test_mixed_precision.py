@@ -325,6 +325,15 @@ def test_the_budget_keeps_what_the_originals_int8_loses() -> None:
     slower = [*as_fast[:2], _row("onnxruntime-static", "int8 static (QDQ)", -0.25, True, latency_s=0.0039)]
     split = split_budget(DeployChoice(chosen="openvino-int8", why="", candidates=slower), 1.0)
     assert split.int8_reserve_points == 0.36, "an int8 more than 10 % slower does not set the reserve"
+    int8, bf16 = (
+        _row("openvino-int8", "int8 static (NNCF)", 0.43, True, latency_s=0.00108),
+        _row("openvino-bf16", "bf16", 0.0, True, latency_s=0.00119),
+    )
+    table = DeployChoice(chosen="openvino-int8", why="", candidates=[as_fast[0], int8, bf16])
+    assert split_budget(table, 1.0).int8_reserve_points == 0.43, "bf16 10.2 % slower in the table"
+    int8.alone_latency_s, bf16.alone_latency_s = 0.00100, 0.00107  # the runoff timed the two alone
+    split = split_budget(table, 1.0)
+    assert split.int8_reserve_points == 0.0 and split.measured_with == "openvino-bf16", "the runoff's times decide"
 
 
 def test_the_rules_plan_keeps_dominant_blocks_float() -> None:

@@ -78,6 +78,11 @@ class DeployCandidate(BaseModel):
     accuracy_drop_points: float | None = None
     within_budget: bool = False
     latency_s: float | None = Field(default=None, description="Batch 1, interleaved with every candidate.")
+    alone_latency_s: float | None = Field(
+        default=None,
+        description="Batch 1, timed again alone with its closest rivals before one deploys (:func:`runoff`); None "
+        "when it was not among them.",
+    )
     throughput_ips: float | None = Field(default=None, description="Images per second at the evaluation batch.")
     memory_mb: float | None = None
     error: str | None = Field(default=None, description="Why this candidate could not be built or run.")
@@ -295,9 +300,9 @@ def runoff(
 ) -> tuple[str, str, DeployCandidate | None]:
     """The backend to deploy, why, and the row that won, after the candidates within :data:`RUNOFF_MARGIN` of
     ``chosen`` (the fastest row of each runtime backend and source, within budget) are timed again alone
-    (``time_alone``: artifact by name -> seconds, interleaved): the fastest there deploys, as :func:`preferred` ranks
-    the sources (``preference``, ``other_source_margin``). ``chosen`` and ``why`` unchanged, and no row, when it has
-    no close rival (or is the float model)."""
+    (``time_alone``: artifact by name -> seconds, interleaved, recorded as their ``alone_latency_s``): the fastest
+    there deploys, as :func:`preferred` ranks the sources (``preference``, ``other_source_margin``). ``chosen`` and
+    ``why`` unchanged, and no row, when it has no close rival (or is the float model)."""
     usable = sorted(
         (c for c in pool if c.ran and c.within_budget and c.latency_s and c.artifact and c.backend != FLOAT),
         key=lambda c: c.latency_s or 0.0,
@@ -312,6 +317,8 @@ def runoff(
     if len(close) < 2:
         return chosen, why, None
     times = time_alone({c.key: Path(str(c.artifact)) for c in close})
+    for c in close:  # the rows keep what the runoff measured (``split_budget`` compares rivals by it)
+        c.alone_latency_s = times[c.key]
     winner = preferred(close, times, preference, other_source_margin)
     shown = ", ".join(f"{c.key} {1e3 * times[c.key]:.2f} ms" for c in sorted(close, key=lambda c: times[c.key]))
     note = f"the {len(close)} within {100 * RUNOFF_MARGIN:.0f} % of the fastest, timed again alone: {shown}"
