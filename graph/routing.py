@@ -61,15 +61,16 @@ def reached_target_speedup(state: State, ctx: Context) -> bool:
 def route_after_evaluate_model(
     state: State, runtime: Runtime[Context]
 ) -> Literal["iterate_pruning", "distill_over_budget_round", "select_best_model"]:
-    from agents.distillation import target_rounds_left
+    from agents.distillation import ladder_round_left, target_rounds_left
 
     ctx = context_of(runtime)
     if reached_target_speedup(state, ctx):
         return "select_best_model"
     if len(state.rounds) < rounds_wanted(ctx):
         return "iterate_pruning"
-    then = after_search(state, ctx)  # past the T rounds: a round at a distillation target may take more tries
-    return "iterate_pruning" if then == "select_best_model" and ctx.iterate and target_rounds_left(state, ctx) else then
+    then = after_search(state, ctx)  # past the T rounds: a round at a distillation target may take more tries,
+    more = target_rounds_left(state, ctx) or ladder_round_left(state, ctx, rounds_wanted(ctx))  # or the depth ladder
+    return "iterate_pruning" if then == "select_best_model" and ctx.iterate and more else then
 
 
 def route_after_distill_over_budget_round(

@@ -458,6 +458,46 @@ def test_with_the_latency_objective_the_depth_ladder_goes_on_after_a_depth_round
     assert round_to_distill(collapsed, "accuracy", 1.0, 4, 860, objective="latency") is None  # past 25 budgets
 
 
+def test_the_depth_ladder_goes_on_past_the_search_from_a_round_within_budget_training_free() -> None:
+    """CIFAR ResNet-56 with --objective latency, as measured: the search's last round removed three blocks within
+    budget training-free (0.54 points lost, 1.13x); no round was 3 % faster than the kept two blocks (1.10x), so
+    none was worth distilling, and the run ended with its distillation unspent. Past the T rounds the ladder's next
+    step (five blocks) is planned while distillations are left; past them, only while the last round was the
+    ladder's; with the parameter objective, or without distillation, not."""
+    from agents.planning.recovery import DEPTH_KEY
+
+    def depth(i: int, drop: float, ok: bool, speedup: float, n: int) -> RoundResult:
+        r = _round(i, drop, 850 - 10 * n, ok, 0.01 * n)
+        names = [f"layer1.{k}" for k in range(n)]
+        applied = {"pattern": "b", "pruning_type": "block", "ratio": 1.0, "modules": names, "before": n, "after": 0}
+        metrics = r.metrics.model_copy(update={"deploy_speedup": speedup, "deploy_latency_s": 1e-3 / speedup})
+        return r.model_copy(
+            update={"planner_state": {DEPTH_KEY: n}, "prune_report": {"applied": [applied]}, "metrics": metrics}
+        )
+
+    def state(rounds: list[RoundResult]) -> Any:
+        return typed_state(
+            {
+                "dataset": "cifar10",
+                "baseline": {"params": 853, "accuracy": 0.8, "data_parts": {"calibration": 256, "evaluation": 3909}},
+                "profile_summary": {"total_macs": 125_000_000},
+                "rounds": rounds,
+            }
+        )
+
+    searched = [depth(0, 0.20, True, 1.04, 1), depth(1, -0.05, True, 1.10, 2), depth(2, 0.54, True, 1.13, 3)]
+    latency = Runtime(context=Context(iterations=2, distill_rescues=1, objective="latency"))
+    assert route_after_evaluate_model(state(searched), latency) == "iterate_pruning"  # five blocks next
+    planned = [*searched, depth(3, 0.30, True, 1.20, 5)]  # the ladder's step, within budget alone: eight next
+    assert route_after_evaluate_model(state(planned), latency) == "iterate_pruning"
+    other = [*searched, _round(3, 0.3, 840, True, 0.01)]  # the planner planned something else: the ladder ends
+    assert route_after_evaluate_model(state(other), latency) == "select_best_model"
+    params = Runtime(context=Context(iterations=2, distill_rescues=1))
+    assert route_after_evaluate_model(state(searched), params) != "iterate_pruning"  # distils, or ends
+    none = Runtime(context=Context(iterations=2, distill_rescues=0, objective="latency"))
+    assert route_after_evaluate_model(state(searched), none) == "select_best_model"
+
+
 def test_a_round_that_fell_short_of_the_target_is_planned_again_before_a_distillation_is_spent() -> None:
     """CIFAR ResNet-56's default run, as measured: round 9 (1.30 points before) came back at -0.31, the target grew
     to 2.09, and the round planned at it lost 1.33 (11.7 % fewer parameters, where round 10's 21 % lost 3.10); it
