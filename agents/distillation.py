@@ -82,9 +82,9 @@ def distillations_left(state: State, ctx: Context) -> bool:
     ResNet-56's three blocks came back at -0.13 points and the run ended there, at 1.12x, where nine come back
     within a point at 1.49x)."""
     rounds = state.rounds
-    if sum(1 for r in rounds if r.cross_fit is not None) >= rescues_wanted(state, ctx):
+    if _rescues_spent(state, ctx):
         return False
-    if ctx.objective == "latency" and ladder_step_wanted([RoundRecord.of(r) for r in rounds]):
+    if _ladder_step_left(state, ctx):
         return True
     if planned_since_recovery(rounds) is not None:  # after one came back: while it can grow
         return distillation_target(rounds, pruning_budget(state, ctx)) is not None
@@ -100,13 +100,21 @@ def ladder_round_left(state: State, ctx: Context, searched: int) -> bool:
     3 % faster than the kept two blocks, 1.10x the original), and the run ended there with its distillation unspent,
     where the benchmark's nine blocks come back within a point at 1.49x."""
     rounds = state.rounds
-    if ctx.objective != "latency" or not ctx.iterate or len(rounds) < searched:
+    if not ctx.iterate or len(rounds) < searched:
         return False
     if len(rounds) > searched and DEPTH_KEY not in rounds[-1].planner_state:
         return False
-    if sum(1 for r in rounds if r.cross_fit is not None) >= rescues_wanted(state, ctx):
-        return False
-    return bool(ladder_step_wanted([RoundRecord.of(r) for r in rounds]))
+    return not _rescues_spent(state, ctx) and _ladder_step_left(state, ctx)
+
+
+def _rescues_spent(state: State, ctx: Context) -> bool:
+    """Whether the run made every distillation after the search it may (:func:`rescues_wanted`)."""
+    return sum(1 for r in state.rounds if r.cross_fit is not None) >= rescues_wanted(state, ctx)
+
+
+def _ladder_step_left(state: State, ctx: Context) -> bool:
+    """Whether the latency objective's depth ladder wants its next step (``selection.ladder_step_wanted``)."""
+    return ctx.objective == "latency" and bool(ladder_step_wanted([RoundRecord.of(r) for r in state.rounds]))
 
 
 def _target_tries_left(rounds: list[RoundResult]) -> bool:
