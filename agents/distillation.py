@@ -29,8 +29,10 @@ from agents.planning.base import RoundRecord
 from agents.planning.recovery import AT_TARGET, DEPTH_KEY
 from agents.planning.selection import (
     accuracy_drop_points,
+    blocks_removed,
     distillation_target,
     kept_round,
+    ladder_starts,
     ladder_step_wanted,
     planned_since_recovery,
     round_to_distill,
@@ -41,7 +43,7 @@ from graph.state import State
 from tools import ops
 from tools.compression.distill import AUTO_DISTILL_SECONDS, auto_distill_floor_seconds
 from tools.compression.units import sheds_layers
-from tools.cross_fit import cross_fit_distill
+from tools.cross_fit import cross_fit_distill, extends_by_blocks
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import CrossFit, RoundResult
 from tools.store.files import atomic_write_json
@@ -145,14 +147,17 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         return {}
     index, run, shape = len(state.rounds), paths(state), shape_of(state)
     folder, spec = run.round(index), eval_spec(state, ctx)
+    artifact = Path(need(source.metrics.artifact, f"round {source.round}'s artifact"))
+    start = _ladder_start(state.rounds, source, artifact)
     logger.info("round %d: distilling round %d twice, cross-fitted", index, source.round)
     result = cross_fit_distill(
-        Path(need(source.metrics.artifact, f"round {source.round}'s artifact")),
+        artifact,
         run.original,
         shape,
         spec,
         (folder / "model", folder / "model-second"),
         config,
+        None if start is None else _student_artifacts(start),
     )
     first = result.students[0]
     half = spec.model_copy(update={"evaluation_half": first.judged_on_half})
@@ -168,7 +173,11 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         planner_state=source.planner_state,  # the planner's search reads it as the level it tried
         prune_report={
             **(source.prune_report or {}),
-            "finetune": {**first.distilled, "cross_fitted_from_round": source.round},
+            "finetune": {
+                **first.distilled,
+                "cross_fitted_from_round": source.round,
+                **({"started_from_round": start.round} if start is not None else {}),
+            },
         },
         metrics=metrics,
         accuracy_drop_points=drop,
@@ -178,11 +187,12 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
             judged_on_half=first.judged_on_half,
             images_per_student=result.images_per_student,
             students=result.students,
+            started_from_round=None if start is None else start.round,
         ),
     )
     timed = with_deploy_latency(state, ctx, record) if ctx.objective == "latency" else [record]
     record = timed[-1]
-    notes = [_note(record, source, budget)]
+    notes = [_note(record, source, budget, start)]
     before = source.metrics.paired
     after = result.paired
     if before is not None and after is not None and after.delta_points < before.delta_points:
@@ -197,11 +207,32 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     return {"rounds": timed, "notes": notes}
 
 
-def _note(record: RoundResult, source: RoundResult, budget: float) -> str:
+def _ladder_start(rounds: list[RoundResult], source: RoundResult, artifact: Path) -> RoundResult | None:
+    """The distilled round whose students ``source``'s start from (``selection.ladder_starts``, the first whose
+    saved students ``source``'s model extends by blocks removed alone); None: they start from ``source``'s."""
+    for start in ladder_starts(rounds, source):
+        if all(Path(p).is_dir() and extends_by_blocks(artifact, Path(p)) for p in _student_artifacts(start)):
+            return start
+    return None
+
+
+def _student_artifacts(start: RoundResult) -> tuple[Path, Path]:
+    """A distilled round's students, in the order they were distilled (the first on half 0)."""
+    students = sorted(need(start.cross_fit, "cross_fit").students, key=lambda s: -s.judged_on_half)
+    return Path(students[0].artifact), Path(students[1].artifact)
+
+
+def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundResult | None = None) -> str:
     cross_fit = need(record.cross_fit, "cross_fit")
     paired = need(record.metrics.paired, "paired accuracy")
     steps = int(cross_fit.students[0].distilled.get("steps") or 0)
     verdict = "within" if record.within_budget else "still over"
+    begun = (
+        ""
+        if start is None
+        else f", each student starting from round {start.round}'s of the same half ({len(blocks_removed(start))} of "
+        f"its {len(blocks_removed(source))} blocks removed and distilled already)"
+    )
     why = (
         f"within the {budget:g}-point budget alone, refused as the best of several"
         if source.within_budget
@@ -209,7 +240,7 @@ def _note(record: RoundResult, source: RoundResult, budget: float) -> str:
     )
     return (
         f"round {record.round}: round {source.round} ({why}, drop "
-        f"{source.accuracy_drop_points or 0.0:.2f}) distilled from the original, {steps} steps, twice: each "
+        f"{source.accuracy_drop_points or 0.0:.2f}) distilled from the original, {steps} steps, twice{begun}: each "
         f"student on {cross_fit.images_per_student:,} images (calibration + one half of the evaluation images), "
         f"judged on the other half; together Δ {paired.delta_points:+.2f} [{paired.ci95_low_points:+.2f}, "
         f"{paired.ci95_high_points:+.2f}] on {paired.samples:,} images: {verdict} the budget. The first student is "

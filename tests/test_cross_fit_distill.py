@@ -243,3 +243,68 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
     typed = typed.model_copy(update={"pruned": adopted["pruned"]})
     built: Any = agents.quantization.build_deployed_model(typed, Runtime(context=ctx))
     assert Path(built["quantized"].source).resolve() == second.resolve()
+
+
+def test_a_ladder_step_s_student_starts_from_the_step_before_with_its_further_blocks_removed(tmp_path: Path) -> None:
+    """A round that removes blocks beyond a distilled round's starts its students from that round's (the depth
+    ladder): the saved student holds both rounds' blocks removed and the earlier student's weights, and a round that
+    changes anything else cannot start there."""
+    import torch
+
+    from tests.helpers import save_tiny, tiny_vit
+    from tools import load_compressed, ops
+    from tools.compression.distill import DistillConfig
+    from tools.compression.recipes import PruningConfig
+    from tools.cross_fit import distill_saved, extends_by_blocks
+    from tools.schemas import OptimizationPlan, PruningRecommendation
+
+    original = tmp_path / "original"
+    ops.acquire(str(save_tiny(tiny_vit(layers=3), tmp_path / "vit", 16)), original)
+    shape = ops.resolve_input_shape(original)
+
+    def pruned(name: str, *recs: tuple[str, str, float]) -> Path:
+        found = [PruningRecommendation(layer=layer, pruning_type=kind, pruning_ratio=r) for layer, kind, r in recs]
+        plan = OptimizationPlan(pruning_recommendations=found)
+        ops.prune(original, plan, shape, tmp_path / name, PruningConfig(importance="l1"))
+        return tmp_path / name
+
+    one = pruned("one", (r"^vit\.layers\.0$", "block", 1.0))
+    two = pruned("two", (r"^vit\.layers\.[01]$", "block", 1.0))
+    other = pruned("other", (r"^vit\.layers\.[01]$", "block", 1.0), (r"^vit\.layers\.2\.mlp\.fc1$", "structured", 0.5))
+    images = torch.randn(16, *shape.as_tuple())
+    distill_saved(one, original, tmp_path / "student-one", images, DistillConfig(steps=3, batch_size=8, lr=1e-2))
+    assert extends_by_blocks(two, tmp_path / "student-one") and not extends_by_blocks(other, tmp_path / "student-one")
+    assert not extends_by_blocks(one, tmp_path / "student-one")  # no block more
+
+    frozen = DistillConfig(steps=1, batch_size=8, lr=1e-12)
+    distill_saved(two, original, tmp_path / "from-one", images, frozen, start=tmp_path / "student-one")
+    meta = json.loads((tmp_path / "from-one" / "artifact.json").read_text())
+    assert meta["recipe"]["distilled"]["start"] == str(tmp_path / "student-one")
+    assert {n for n, e in meta["structure"].items() if e.get("replace", {}).get("type") == "SkippedBlock"} == {
+        "vit.layers.0",
+        "vit.layers.1",
+    }
+    student, earlier, fresh = (load_compressed(p) for p in (tmp_path / "from-one", tmp_path / "student-one", two))
+    weight = "vit.layers.2.mlp.fc1.weight"
+    assert torch.allclose(student.state_dict()[weight], earlier.state_dict()[weight])
+    assert not torch.allclose(student.state_dict()[weight], fresh.state_dict()[weight])
+    with pytest.raises(ValueError, match="cannot start there"):
+        distill_saved(other, original, tmp_path / "bad", images, frozen, start=tmp_path / "student-one")
+
+
+def test_a_ladder_step_starts_from_the_distilled_round_of_the_most_of_its_blocks() -> None:
+    from agents.planning.selection import ladder_starts
+
+    def blocks(index: int, names: list[str], within: bool = True, **extra: Any) -> RoundResult:
+        applied = [{"pattern": "x", "pruning_type": "block", "ratio": 1.0, "modules": names}]
+        return _round(index, 90 - len(names), 0.2, within, prune_report={"applied": applied}, **extra)
+
+    students = {"students": [{"artifact": "a", "judged_on_half": 1}, {"artifact": "b", "judged_on_half": 0}]}
+    two = blocks(1, ["l.1", "l.2"], cross_fit={"source_round": 0, **students})
+    three = blocks(3, ["l.1", "l.2", "l.4"], cross_fit={"source_round": 2, **students})
+    elsewhere = blocks(5, ["l.7", "l.8", "l.9"], cross_fit={"source_round": 4, **students})
+    undistilled = blocks(6, ["l.1", "l.2", "l.4", "l.5"])
+    step = blocks(7, ["l.1", "l.2", "l.4", "l.5", "l.6"], within=False)
+    rounds = [two, three, elsewhere, undistilled, step]
+    assert [r.round for r in ladder_starts(rounds, step)] == [3, 1]
+    assert ladder_starts(rounds, three) == [two] and ladder_starts(rounds, two) == []

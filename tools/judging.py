@@ -163,7 +163,7 @@ def evaluate(
     float_model = load_module(Path(meta["recipe"]["source"])) if quantized else model
     if not isinstance(float_model, nn.Module):
         raise TypeError(f"{artifact_dir} ({meta['kind']}) did not load as a torch module")
-    macs = _macs(float_model.cpu(), shape)
+    macs = _macs(float_model, shape)
     single = example_input(shape, device=run_device, seed=spec.seed)
     latency = measure_latency(model, single, warmup=3, repeats=10)
     images_per_s = _throughput(model, macs, shape, spec, run_device) if throughput else None
@@ -198,15 +198,19 @@ THROUGHPUT_SECONDS = 0.5
 
 
 def _macs(model: nn.Module, shape: InputShape) -> int | None:
-    """MACs of a float model by ptflops (a quantized model counts as the float model it came from)."""
+    """MACs of a float model by ptflops (a quantized model counts as the float model it came from), counted on the
+    CPU; the model goes back to its device (a GPU's model left on the CPU met its GPU input when timed next)."""
     from tools.profiling.static import static_profile
 
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
-        macs, _, _ = static_profile(model, shape.as_tuple())
+        macs, _, _ = static_profile(model.cpu(), shape.as_tuple())
         return int(macs)
     except Exception as exc:  # MACs are informative; never fail an evaluation over them
         logger.warning("MAC count failed: %s", exc)
         return None
+    finally:
+        model.to(device)
 
 
 def latency_device(artifact_dir: Path, device: str = "cpu") -> str:

@@ -479,6 +479,11 @@ class CrossFit(BaseModel):
     judged_on_half: int
     images_per_student: int
     students: list[CrossFitStudent]
+    started_from_round: int | None = Field(
+        default=None,
+        description="The distilled round whose students these started from, each from the one of the same half, "
+        "with the further blocks removed (a depth ladder's step); None: from source_round's model.",
+    )
 
 
 class RoundResult(BaseModel):

@@ -97,17 +97,19 @@ def prune_recipe_hash(
     )
 
 
-def distill_recipe_hash(source_dir: Path, config: DistillConfig, images: torch.Tensor) -> str:
+def distill_recipe_hash(
+    source_dir: Path, config: DistillConfig, images: torch.Tensor, start: Path | None = None
+) -> str:
     """The recipe hash of a model distilled from a saved one (``tools.cross_fit.distill_saved``): the source model's
-    identity, the distillation recipe and the images it ran on."""
-    return recipe_hash(
-        {
-            "kind": "distilled",
-            "source": artifact_identity(source_dir),
-            "finetune": config.model_dump(),
-            "finetune_images": tensor_digest(images),
-        }
-    )
+    identity, the distillation recipe, the images it ran on and, where the student started from another saved model
+    (``start``), that one's identity."""
+    recipe = {
+        "kind": "distilled",
+        "source": artifact_identity(source_dir),
+        "finetune": config.model_dump(),
+        "finetune_images": tensor_digest(images),
+    }
+    return recipe_hash(recipe if start is None else {**recipe, "start": artifact_identity(start)})
 
 
 def quantize_recipe_hash(

@@ -107,4 +107,23 @@ def apply_structure(model: nn.Module, structure: dict[str, dict[str, Any]]) -> N
                 module._buffers[key] = torch.zeros(shape, dtype=old_buf.dtype, device=old_buf.device)
 
 
-__all__ = ["REPLACEMENTS", "apply_structure", "describe_structure"]
+def blocks_added(structure: dict[str, dict[str, Any]], start: dict[str, dict[str, Any]]) -> dict[str, int] | None:
+    """The blocks ``structure`` removes whole (:class:`SkippedBlock`) beyond ``start`` (name -> output layout), where
+    it differs from ``start`` by those alone: every module ``start`` changed is changed alike in ``structure`` or lies
+    in a block it removes, and it changes nothing else; None otherwise, or where it removes no block more. A model of
+    ``start``'s structure becomes one of ``structure``'s by replacing those blocks (a depth ladder's step from the
+    step before it: ``tools.cross_fit``)."""
+
+    def skipped(entry: dict[str, Any]) -> bool:
+        return bool(entry.get("replace", {}).get("type") == "SkippedBlock")
+
+    added = {n: int(e["replace"].get("outputs", 0)) for n, e in structure.items() if skipped(e) and n not in start}
+    if not added:
+        return None
+    inside = tuple(f"{name}." for name in added)
+    if any(structure.get(n) != entry for n, entry in start.items() if n not in added and not n.startswith(inside)):
+        return None
+    return None if any(n not in start and n not in added for n in structure) else added
+
+
+__all__ = ["REPLACEMENTS", "apply_structure", "blocks_added", "describe_structure"]

@@ -144,5 +144,8 @@ def recovery_text(prune_report: dict[str, Any] | None) -> str:
             f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')}{bf16})"
         )
         if tuned.get("cross_fitted_from_round") is not None:  # agents.distillation: after the search, two students
-            text += f" after the search, of round {tuned['cross_fitted_from_round']}, cross-fitted (x2)"
+            text += f" after the search, of round {tuned['cross_fitted_from_round']}"
+            if tuned.get("started_from_round") is not None:
+                text += f" from round {tuned['started_from_round']}'s students"
+            text += ", cross-fitted (x2)"
     return text
