@@ -282,7 +282,12 @@ class RulesPlanner:
 
     def _next_budgets(self, ctx: PlanningContext) -> list[tuple[float, str]]:
         """Damage budgets to try next, best first: grow while within the accuracy budget (:meth:`_growth`), else
-        bisect."""
+        bisect between the largest budget that held and the smallest one above it that broke. A budget that broke
+        below one that held says nothing about where the line lies (its round was unlucky, or a larger budget's
+        allocation was a better one): bisecting under the held one only gives allocations tried before. CIFAR
+        ResNet-56 on an AMD EPYC: round 0 broke at 0.0113 (0.51 points lost, 0.9 % of answers changed), round 1 held
+        at 0.0151 (a smaller budget raised until a unit fitted), and rounds 2-5 moved one unit one step each, 3.7 %
+        fewer parameters in all, leaving distillation no larger round to take."""
         tried = [
             (float(r.planner_state["damage_budget"]), r.within_budget)
             for r in ctx.history
@@ -291,7 +296,7 @@ class RulesPlanner:
         if not tried:
             return [(self._initial_budget(ctx), "First allocation from the sensitivity profile.")]
         good = max((b for b, ok in tried if ok), default=0.0)
-        bad = min((b for b, ok in tried if not ok), default=None)
+        bad = min((b for b, ok in tried if not ok and b > good), default=None)
         if bad is None:
             first = self._growth(ctx, good)
             note = f"Damage budget {good:.4f} stayed within the accuracy budget: growing it {first:g}x."

@@ -176,6 +176,24 @@ def test_rules_planner_allocates_and_searches_the_damage_budget() -> None:
     )
 
 
+def test_a_budget_that_broke_below_one_that_held_does_not_bound_the_search() -> None:
+    # CIFAR ResNet-56 on an AMD EPYC: round 0 broke at a damage budget of 0.0113, round 1 held at 0.0151 (a smaller
+    # budget raised until a unit fitted); bisecting under the held budget only gave allocations tried before, and four
+    # rounds moved one unit one step each. The search grows from the largest budget that held instead.
+    planner = RulesPlanner()
+    first = planner.analyze(_ctx())
+    broke = _record(0, first.planner_state, False, 2000)
+    held_state = planner.next_plan(_ctx([_record(0, first.planner_state, True, 2000)])).planner_state
+    held = _record(1, held_state, True, 1500)
+    assert held_state["damage_budget"] > first.planner_state["damage_budget"]
+    after = planner.next_plan(_ctx([broke, held]))
+    assert after.planner_state["damage_budget"] > held_state["damage_budget"]
+    # a budget that broke above the held one still bounds it
+    over = _record(2, after.planner_state, False, 1000)
+    between = planner.next_plan(_ctx([broke, held, over]))
+    assert held_state["damage_budget"] < between.planner_state["damage_budget"] < after.planner_state["damage_budget"]
+
+
 @pytest.mark.parametrize(
     ("used_points", "growth"),
     [(None, 2), (0.9, 1.25), (0.7, 1.4286), (0.45, 2), (0.3, 3), (0.2, 4), (0.05, 4), (0.0, 4)],
