@@ -109,10 +109,18 @@ def test_rounds_that_gave_back_the_cap_grow_the_target_one_step_where_the_capped
     # ResNet-32's third: 1.56 -> 0.19 gave back 88 %, more than the cap but not all: one smaller step beyond it
     most = [*whole, Recovery(1.56, 0.19, 0.33, True)]
     assert recoverable_drop(most, 1.0, z) == pytest.approx(COMPLETE_RECOVERY_STEP * 1.56)
-    # one that gave back less than the cap ends the growth, within budget or not, as does one over the budget
-    assert recoverable_drop([*whole, Recovery(1.64, 0.50, 0.32, True)], 1.0, z) is None
+    # one that gave back less than the cap, beyond its standard error, ends the growth, within budget or not, as does
+    # one over the budget
+    assert recoverable_drop([*whole, Recovery(1.64, 0.70, 0.20, True)], 1.0, z) is None
     assert recoverable_drop([*whole, Recovery(1.64, 0.90, 0.32, False)], 1.0, z) is None
     assert recoverable_drop([*whole, Recovery(1.64, 0.30, 0.40, False)], 1.0, z) is None
+    # a share measured on a small drop is noisy: within one standard error of the cap, it grows one step (CIFAR
+    # ResNet-20 on an AMD EPYC: 0.91 -> 0.30, standard error 0.27, gave back 67 %; the run stopped at 5.8 %)
+    small = Recovery(0.91, 0.30, 0.27, True)
+    assert small.given_back < RECOVERY_CAP and small.gave_back(RECOVERY_CAP)
+    assert recoverable_drop([small], 0.89, selection_z(10)) == pytest.approx(COMPLETE_RECOVERY_STEP * 0.91)
+    assert not Recovery(0.91, 0.60, 0.27, True).gave_back(RECOVERY_CAP)
+    assert recoverable_drop([Recovery(0.91, 0.60, 0.27, True)], 0.89, selection_z(10)) is None
     # where the capped share leaves room, it still sets the target
     assert recoverable_drop(whole[:1], 1.0, z) == pytest.approx((1.0 - z * 0.29) / (1 - RECOVERY_CAP))
 
