@@ -30,7 +30,12 @@ from tools.deploy.base import Deployment, ModuleBackend, QuantizationBackend, Qu
 from tools.deploy.cpu import int8_settings
 from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeDynamicBackend, OnnxRuntimeFusedBackend
 from tools.deploy.onnxruntime.mixed import OnnxRuntimeMixedBackend
-from tools.deploy.openvino.backend import OpenVinoBackend, OpenVinoBf16Backend, OpenVinoMixedBackend
+from tools.deploy.openvino.backend import (
+    OpenVinoBackend,
+    OpenVinoBf16Backend,
+    OpenVinoFastBiasBackend,
+    OpenVinoMixedBackend,
+)
 from tools.deploy.pytorch import FLOAT, FloatModel, TorchAODynamicBackend
 from tools.schemas import QuantDType, QuantizationRecommendation
 
@@ -49,6 +54,7 @@ BACKENDS: dict[str, QuantizationBackend] = {
         OpenVinoBackend(int8=False),
         OpenVinoBf16Backend(),
         OpenVinoBackend(int8=True),
+        OpenVinoFastBiasBackend(),
         OpenVinoMixedBackend(),
     )
 }

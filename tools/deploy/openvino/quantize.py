@@ -78,6 +78,7 @@ def quantize_openvino(
     ignored: Sequence[str] = (),
     accuracy_control: AccuracyControl | None = None,
     bias_correction: bool = True,
+    fast_bias_correction: bool | None = None,
 ) -> Any:
     """NNCF post-training int8 quantization of ``ov_model`` calibrated on ``calibration`` (N x C x H x W).
 
@@ -87,9 +88,10 @@ def quantize_openvino(
     ``subset_size``: calibration images used, at most :data:`MAX_SUBSET` (default: all, up to it).
     ``overflow_fix``: NNCF's 7-bit weights on every layer (``enable``, what holds on CPUs without VNNI), the first
     one (NNCF's default) or none; default: what this CPU's kind needs (``Int8Settings.overflow_fix``).
-    Bias correction: NNCF's full one for models without attention, its fast one for attention models
-    (:meth:`tools.deploy.cpu.Int8Settings.nncf_fast_bias_correction`); none without ``bias_correction`` (a build
-    only timed: the kernels are the same, and full bias correction is most of NNCF's time on a CNN).
+    Bias correction: ``fast_bias_correction``, default NNCF's full one for models without attention, its fast one
+    for attention models (:meth:`tools.deploy.cpu.Int8Settings.nncf_fast_bias_correction`); none without
+    ``bias_correction`` (a build only timed: the kernels are the same, and full bias correction is most of NNCF's
+    time on a CNN).
     ``ignored``: op names left in float. Every other Conv/MatMul NNCF's patterns select is quantized; with
     ``accuracy_control``, :func:`nncf.quantize_with_accuracy_control` then keeps the quantizers that cost the most
     in float until the budget holds (:func:`_controlled`).
@@ -105,7 +107,11 @@ def quantize_openvino(
         "model_type": nncf.ModelType.TRANSFORMER if transformer else None,
         "preset": chosen_preset,
         "subset_size": subset,
-        "fast_bias_correction": int8_settings().nncf_fast_bias_correction(transformer),
+        "fast_bias_correction": (
+            int8_settings().nncf_fast_bias_correction(transformer)
+            if fast_bias_correction is None
+            else fast_bias_correction
+        ),
         "ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
     }
     try:
@@ -361,7 +367,7 @@ def deploy_openvino(
     accuracy_control: AccuracyControl | None = None,
 ) -> tuple[list[str], int]:
     """Convert ``float_model``, quantize it to int8 with NNCF when ``int8`` (calibrated on ``calibration``; the
-    transformer model type for attention models; ``settings``' overflow fix and preset, default
+    transformer model type for attention models; ``settings``' overflow fix, preset and bias correction, default
     :func:`int8_settings`; the layers ``keep_float`` names left in float; with ``accuracy_control``, NNCF's
     accuracy-controlled quantization keeps more in float until its drop is within), and save it as IR at
     ``xml_path``. Returns :func:`int8_weight_layers` of the saved model: the modules whose weights are int8, and
@@ -381,6 +387,7 @@ def deploy_openvino(
             transformer=transformer,
             overflow_fix=chosen.overflow_fix,
             preset=chosen.nncf_preset(transformer),
+            fast_bias_correction=chosen.nncf_fast_bias_correction(transformer),
             ignored=ignored,
             accuracy_control=accuracy_control,
         )
