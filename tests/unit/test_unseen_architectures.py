@@ -5,6 +5,7 @@ Each test is a failure a sweep over 20 families found: a crash, a hang or a wron
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 
@@ -84,14 +85,19 @@ def test_crop_size_counts_only_when_the_processor_crops() -> None:
     assert (289, 289) not in sizes and (224, 224) in sizes
 
 
-def test_an_untraceable_model_keeps_nothing_structured_and_says_why() -> None:
+def test_an_untraceable_model_keeps_nothing_structured_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = CvtForImageClassification(
         CvtConfig(embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=[1, 2, 3], num_labels=3)
     )
-    layers = prunable_layers(model.eval(), torch.randn(1, 3, 32, 32))
+    with caplog.at_level(logging.WARNING, logger="tools.compression.pruning"):
+        layers = prunable_layers(model.eval(), torch.randn(1, 3, 32, 32))
     assert not layers.structured and layers.blocked
     assert all("Torch-Pruning cannot trace CvtForImageClassification" in r for r in layers.blocked.values())
+    # where the tracer failed, and what is still pruned, on one line
+    (warning,) = [r.getMessage() for r in caplog.records if "no channel pruning" in r.getMessage()]
+    assert " in " in next(iter(layers.blocked.values())).rsplit(":", 1)[-1]
+    assert "keep their channels" in warning and f"{len(layers.blocks)} whole blocks" in warning
 
 
 def test_evaluating_and_timing_first_leave_beit_traceable_for_pruning() -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
 from collections.abc import Sequence
 
 import torch
@@ -104,8 +105,16 @@ def prunable_layers(model: nn.Module, example_inputs: ExampleInputs) -> Prunable
     try:
         ctx = new_context(model, example_inputs)
     except Exception as exc:  # Torch-Pruning cannot trace it (CvT: a split along tokens, then a cat)
-        reason = f"Torch-Pruning cannot trace {type(model).__name__}: {one_line(exc)}"
-        logger.warning("no structured pruning: %s", reason)
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" in {frames[-1].name}" if frames else ""  # ShuffleNetV2: in update_reshape_index_mapping
+        reason = f"Torch-Pruning cannot trace {type(model).__name__}: {one_line(exc)}{where}"
+        logger.warning(
+            "no channel pruning: %s; its convolutions and linear layers keep their channels (still units: %d whole "
+            "blocks, the heads of %d attention modules)",
+            reason,
+            len(result.blocks),
+            len(result.heads),
+        )
         result.blocked = {n: reason for n, m in model.named_modules() if isinstance(m, nn.Conv2d | nn.Linear)}
         return result
     for name in prunable_names(ctx):
