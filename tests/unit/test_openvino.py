@@ -88,11 +88,8 @@ def test_int8_quantizes_convolutions_and_matmuls_and_agrees_with_fp32(tmp_path: 
     assert torch.allclose(fp32, int8, atol=0.1 * float(fp32.abs().max()))
 
 
-def test_cnns_get_nncfs_full_bias_correction_and_attention_models_its_fast_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Full bias correction changed 25-58 % fewer top-1 answers than the fast one on nine CIFAR CNNs and nothing
-    measurable on ViT and Swin (``Int8Settings.fast_bias_correction_cnn``): what NNCF is asked for, by model kind."""
+def _spy_fast_bias_correction(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The ``fast_bias_correction`` of every ``nncf.quantize`` call from now on, in order."""
     import nncf
 
     asked: list[bool] = []
@@ -103,6 +100,15 @@ def test_cnns_get_nncfs_full_bias_correction_and_attention_models_its_fast_one(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(nncf, "quantize", spy)
+    return asked
+
+
+def test_cnns_get_nncfs_full_bias_correction_and_attention_models_its_fast_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Full bias correction changed 25-58 % fewer top-1 answers than the fast one on nine CIFAR CNNs and nothing
+    measurable on ViT and Swin (``Int8Settings.fast_bias_correction_cnn``): what NNCF is asked for, by model kind."""
+    asked = _spy_fast_bias_correction(monkeypatch)
     converted = convert_openvino(cnn(), images(1))
     for transformer in (False, True):
         quantize_openvino(converted, images(8, seed=7), transformer=transformer)
@@ -116,16 +122,7 @@ def test_the_fast_bias_backend_builds_a_cnn_with_nncfs_fast_bias_correction_and_
     """Which bias correction loses less is the model's (CIFAR ResNet-56 full -0.36 / -0.40, fast -0.06 / -0.16;
     ResNet-20 the other way): ``openvino-int8-fast-bias`` is the fast one beside ``openvino-int8``'s full one, so that
     the budget test judges both; an attention model's openvino-int8 is the fast one already."""
-    import nncf
-
-    asked: list[bool] = []
-    real = nncf.quantize
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        asked.append(kwargs["fast_bias_correction"])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(nncf, "quantize", spy)
+    asked = _spy_fast_bias_correction(monkeypatch)
     model = cnn()
     reports = {}
     for backend in ("openvino-int8", "openvino-int8-fast-bias"):
