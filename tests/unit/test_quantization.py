@@ -67,3 +67,26 @@ def test_nothing_selected_is_said_in_the_report_not_only_the_log() -> None:
     report = plan_quantization(tiny_vit(), recs)
     assert report.layers == {}
     assert any("no nn.Linear layer was selected for int8" in note for note in report.notes)
+
+
+class _ReadsItsChildsWeight(nn.Module):
+    """Attention as torchvision's Swin computes it: the parent calls ``F.linear`` on its child's weight itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 8)
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.nn.functional.linear(x, self.qkv.weight, self.qkv.bias).relu())
+
+
+def test_a_linear_whose_parent_reads_its_weight_stays_float_and_the_model_runs() -> None:
+    model = nn.Sequential(_ReadsItsChildsWeight(), nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 8)
+    qmodel, report = quantize(model, [QuantizationRecommendation(layer="all")])
+    assert sorted(report.layers) == ["0.proj", "1"]
+    assert "reads self.qkv.weight itself" in report.float_layers["0.qkv"]
+    with torch.inference_mode():  # swapped, qkv's weight would be a method: F.linear raised a TypeError
+        assert torch.allclose(qmodel(x), model(x), atol=0.05)
+    assert type(qmodel[0].qkv) is nn.Linear

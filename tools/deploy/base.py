@@ -124,6 +124,11 @@ class ModuleBackend(QuantizationBackend, Protocol):
 
     def quantize(self, model: nn.Module, targets: dict[str, QuantDType]) -> nn.Module: ...
 
+    def kept_float(self, model: nn.Module, targets: dict[str, QuantDType]) -> dict[str, str]:
+        """The layers of ``targets`` that must stay float in ``model`` (layer -> why): those swapping the module
+        would break."""
+        ...
+
 
 def importable(modules: Iterable[str]) -> bool:
     """Whether every one of ``modules`` can be imported here (found, not imported)."""

@@ -12,6 +12,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -40,6 +43,43 @@ class FloatModel:
     mixed_of: str | None = None
 
 
+#: ``self.<child>.weight`` (or ``.bias``) in a ``forward``'s source: a parent that reads a child's parameters itself.
+_CHILD_PARAMETER = re.compile(r"\bself\.([A-Za-z_]\w*)\.(?:weight|bias)\b")
+
+
+def _children_read_by_forward(cls: type[nn.Module]) -> frozenset[str]:
+    """The attribute names whose ``.weight`` or ``.bias`` ``cls.forward`` reads itself (empty where its source is
+    not available: a builtin, or code made at run time)."""
+    forward = getattr(cls, "forward", None)
+    return _names_read(forward) if callable(forward) else frozenset()
+
+
+@functools.lru_cache(maxsize=256)
+def _names_read(forward: Callable[..., Any]) -> frozenset[str]:
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return frozenset()
+    return frozenset(_CHILD_PARAMETER.findall(source))
+
+
+def linears_read_by_parent(model: nn.Module) -> dict[str, str]:
+    """The ``nn.Linear`` layers whose parent module's ``forward`` reads their weight or bias directly (layer ->
+    why): torchvision's Swin computes its attention as ``F.linear(x, self.qkv.weight, ...)``, where a dynamically
+    quantized Linear's ``weight`` is a method, so swapping such a layer breaks the model's forward."""
+    found: dict[str, str] = {}
+    for parent_name, parent in model.named_modules():
+        read = _children_read_by_forward(type(parent))
+        for child_name, child in parent.named_children():
+            if child_name in read and type(child) is nn.Linear:
+                name = f"{parent_name}.{child_name}" if parent_name else child_name
+                found[name] = (
+                    f"{type(parent).__name__}.forward reads self.{child_name}.weight itself (as F.linear does), "
+                    "which a dynamically quantized Linear does not hold as a tensor"
+                )
+    return found
+
+
 @contextlib.contextmanager
 def _quietly() -> Iterator[None]:
     """torch.ao.quantization warns about its deprecation on every call; the backend interface is the plan."""
@@ -66,6 +106,11 @@ class TorchAODynamicBackend:
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         return {name: dtype for name, dtype in targets.items() if dtype != "float32"}, []
+
+    def kept_float(self, model: nn.Module, targets: dict[str, QuantDType]) -> dict[str, str]:
+        """The targets whose parent reads their weight itself (:func:`linears_read_by_parent`): swapped for a
+        dynamically quantized Linear, the parent's forward would fail."""
+        return {name: why for name, why in linears_read_by_parent(model).items() if name in targets}
 
     def quantize(self, model: nn.Module, targets: dict[str, QuantDType]) -> nn.Module:
         from torch.ao.quantization import (
@@ -168,4 +213,4 @@ class TorchAODynamicBackend:
         return model.eval()
 
 
-__all__ = ["FLOAT", "FloatModel", "TorchAODynamicBackend"]
+__all__ = ["FLOAT", "FloatModel", "TorchAODynamicBackend", "linears_read_by_parent"]

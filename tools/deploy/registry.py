@@ -163,11 +163,20 @@ def plan_quantization(
         model, recommendations, impl.layer_kinds, subclasses=not isinstance(impl, ModuleBackend)
     )
     layers, notes = impl.supported(targets)
+    kept = impl.kept_float(model, layers) if isinstance(impl, ModuleBackend) else {}
+    if kept:
+        layers = {name: dtype for name, dtype in layers.items() if name not in kept}
+        logger.warning(
+            "%s keeps %d layer(s) in float: %s", impl.name, len(kept), "; ".join(f"{n}: {w}" for n, w in kept.items())
+        )
+        notes = [*notes, f"{len(kept)} layer(s) kept in float: their parent reads their weight itself"]
     if not targets:
         logger.warning("no nn.Linear selected for quantization; the model is left in float32")
         notes = [*notes, "no nn.Linear layer was selected for int8: this backend's model keeps float32 weights"]
     settings = int8_settings(int8_cpu) if impl.cpu_dependent_int8 else None
-    return QuantReport(backend=impl.name, layers=layers, unmatched=unmatched, notes=notes, int8=settings)
+    return QuantReport(
+        backend=impl.name, layers=layers, unmatched=unmatched, notes=notes, int8=settings, float_layers=kept
+    )
 
 
 def quantize(
