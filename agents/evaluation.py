@@ -121,14 +121,14 @@ def rescues_wanted(state: State, ctx: Context) -> int:
     """Cross-fitted distillations after the search the run makes at most: ``--distill-rescues N``, or with ``auto``
     what the model's MACs allow, or more where the pairs distilled so far took less time than that assumed
     (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
-    from tools.compression.distill import auto_rescues
+    from tools.compression.distill import auto_rescues, training_seconds
 
     if rescue_config(state, ctx) is None:
         return 0
     if ctx.distill_rescues != AUTO_STEPS:
         return ctx.distill_rescues
     fitted = [r.cross_fit for r in state.rounds if r.cross_fit is not None]
-    seconds = [sum(float(s.distilled.get("seconds") or 0.0) for s in f.students) for f in fitted]
+    seconds = [sum(training_seconds(s.distilled) for s in f.students) for f in fitted]
     steps = [max((int(s.distilled.get("steps") or 0) for s in f.students), default=0) for f in fitted]
     return auto_rescues(total_macs(state), seconds, steps)
 

@@ -171,7 +171,8 @@ class Context:
         "judged on the other) of rounds over the accuracy budget, when --finetune-steps is 0 and distillation is "
         "affordable (automatic steps): the round nearest the budget among those smaller than the kept one first, "
         "then, while distillations are left, rounds the search plans on from them; -1: automatic, as many as take "
-        "about 20 minutes at the measured training rate, at most 5; 0: none.",
+        "about 20 minutes at the measured training rate (on a CPU its CPU time, which other jobs do not lengthen), "
+        "at most 5; 0: none.",
         "DISTILL_RESCUES",
         AUTO_STEPS,
         parse_steps,

@@ -35,6 +35,7 @@ from tools.compression.distill import (
     auto_rescue_config,
     auto_rescue_plan,
     auto_rescues,
+    training_seconds,
 )
 from tools.schemas import CrossFitStudent, ModelProfile, OptimizationPlan, RoundResult
 
@@ -234,6 +235,18 @@ def test_distillations_follow_the_time_the_pairs_took() -> None:
     assert auto_rescues(macs, [256.0, 768.0], [300, 900]) == 2 + int((seconds - 512.0) / 256.0) == 4
     assert auto_rescues(macs, [600.0], [300]) == 2  # the same time at the plan's steps: one more fits
     assert auto_rescues(macs, [256.0, 600.0], [300]) == auto_rescues(macs, [256.0, 600.0])  # steps not known
+
+
+def test_a_pair_distilled_beside_other_jobs_counts_at_its_cpu_time() -> None:
+    macs = 127_881_866  # CIFAR ResNet-56: one pair of 300 steps planned
+    idle = {"seconds": 256.0, "cpu_seconds": 255.0}
+    loaded = {"seconds": 384.0, "cpu_seconds": 256.0}  # three jobs on two cores: two thirds of a core each
+    assert training_seconds(idle) == 255.0 and training_seconds(loaded) == 256.0
+    assert auto_rescues(macs, [2 * training_seconds(loaded)]) == auto_rescues(macs, [2 * training_seconds(idle)]) == 2
+    assert auto_rescues(macs, [2 * 384.0]) == 1  # counted at its wall time, the load would have cost a distillation
+    assert training_seconds({"seconds": 300.0}) == 300.0  # an older run's report, or another device: the wall time
+    assert training_seconds({"seconds": 300.0, "cpu_seconds": None}) == 300.0
+    assert training_seconds({"seconds": 300.0, "cpu_seconds": 450.0}) == 300.0  # never more than the wall time
 
 
 def test_a_round_that_removes_layers_gets_more_steps() -> None:

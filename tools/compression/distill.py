@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -53,6 +53,7 @@ __all__ = [
     "distill_loss",
     "feature_loss",
     "matched_blocks",
+    "training_seconds",
 ]
 
 #: Automatic distillation (``--finetune-steps auto``): as many steps as take about the first of these per round,
@@ -130,6 +131,11 @@ class DistillReport(BaseModel):
     steps: int = 0
     samples: int = 0
     seconds: float = 0.0
+    cpu_seconds: float | None = Field(
+        default=None,
+        description="On a CPU: the process's CPU time while training, over torch's threads, what the training takes "
+        "on an otherwise idle machine (None on another device, or from an older run).",
+    )
     device: str = "cpu"
     loss_first: float = 0.0
     loss_last: float = 0.0
@@ -203,16 +209,28 @@ def auto_rescue_plan(macs: int | None) -> tuple[int, int]:
     return max(1, min(most, int(seconds / (2 * steps * _seconds_per_step(macs))))), steps
 
 
+def training_seconds(report: Mapping[str, Any]) -> float:
+    """How long a distillation (a :class:`DistillReport` as saved) takes on an otherwise idle machine: its wall time,
+    or on a CPU its CPU time over its threads where less, so that another job on the machine does not shrink the
+    count :func:`auto_rescues` allows (CIFAR ViT-tiny's pairs of 1,000-step students took 380 and 420 s at 1 thread
+    beside one other job on a 2-core AMD EPYC, and that run made two distillations; beside two other jobs a pair took
+    726 s, and the run made one)."""
+    wall = float(report.get("seconds") or 0.0)
+    cpu = report.get("cpu_seconds")
+    return min(wall, float(cpu)) if cpu is not None and float(cpu) > 0 else wall
+
+
 def auto_rescues(macs: int | None, pair_seconds: Sequence[float] = (), pair_steps: Sequence[int] = ()) -> int:
-    """Cross-fitted distillations after the search for a model of ``macs`` per image (:func:`auto_rescue_plan`),
-    or, once pairs were distilled (``pair_seconds``: each pair's measured training time), as many as fit
-    :data:`AUTO_RESCUE_SECONDS` at the slowest pair's time, if more (at most its cap): the plan assumes one AVX2
-    core's rate, which the CPUs measured beat 2-6x (one Xeon core: a pair of ViT-tiny's 1,000-step students took
-    158 s, of CIFAR ResNet-44's 300-step ones 220 s, where the plan assumed 1,200 s and over 600 s). ``pair_steps``
-    (each pair's steps per student, where known): each pair counts at the plan's steps, at its own time per step, so
-    a depth round's longer pair (:data:`DEPTH_STEPS_FACTOR`) takes its extra time outside the budget and does not
-    count as the time of every pair after it: CIFAR ResNet-56's pairs of 900 steps took 725-768 s on one Xeon core
-    beside another run, and two of them spent the budget before the depth ladder reached the blocks that pay."""
+    """Cross-fitted distillations after the search for a model of ``macs`` per image (:func:`auto_rescue_plan`), or,
+    once pairs were distilled (``pair_seconds``: each pair's measured training time, :func:`training_seconds`), as
+    many as fit :data:`AUTO_RESCUE_SECONDS` at the slowest pair's time, if more (at most its cap): the plan assumes
+    one AVX2 core's rate, which the CPUs measured beat 2-6x (one Xeon core: a pair of ViT-tiny's 1,000-step students
+    took 158 s, of CIFAR ResNet-44's 300-step ones 220 s, where the plan assumed 1,200 s and over 600 s).
+    ``pair_steps`` (each pair's steps per student, where known): each pair counts at the plan's steps, at its own
+    time per step, so a depth round's longer pair (:data:`DEPTH_STEPS_FACTOR`) takes its extra time outside the
+    budget and does not count as the time of every pair after it: CIFAR ResNet-56's pairs of 900 steps took 725-768
+    s on one Xeon core beside another run, and two of them spent the budget before the depth ladder reached the
+    blocks that pay."""
     planned, steps = auto_rescue_plan(macs)
     if planned == 0 or not pair_seconds or min(pair_seconds) <= 0:  # none measured yet
         return planned
@@ -408,7 +426,7 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
         logger.info(
             "matching %d block outputs: %s", len(blocks), ", ".join(blocks[:4]) + (" ..." if len(blocks) > 4 else "")
         )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     logger.info("distilling %d steps on %d images (batch %d) on %s%s", steps, n, batch_size, device, " in bf16" * bf16)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -449,11 +467,13 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
         for name, p in student.named_parameters():
             p.requires_grad_(flags.get(name, p.requires_grad))
     seconds = time.perf_counter() - start
+    cpu_seconds = (time.process_time() - cpu_start) / max(1, torch.get_num_threads())
     tail = max(1, round(0.1 * len(losses)))
     return DistillReport(
         steps=len(losses),
         samples=n,
         seconds=round(seconds, 3),
+        cpu_seconds=round(cpu_seconds, 3) if device.type == "cpu" else None,
         device=str(device),
         loss_first=sum(losses[:tail]) / tail,
         loss_last=sum(losses[-tail:]) / tail,
