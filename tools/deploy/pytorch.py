@@ -47,15 +47,10 @@ class FloatModel:
 _CHILD_PARAMETER = re.compile(r"\bself\.([A-Za-z_]\w*)\.(?:weight|bias)\b")
 
 
-def _children_read_by_forward(cls: type[nn.Module]) -> frozenset[str]:
-    """The attribute names whose ``.weight`` or ``.bias`` ``cls.forward`` reads itself (empty where its source is
-    not available: a builtin, or code made at run time)."""
-    forward = getattr(cls, "forward", None)
-    return _names_read(forward) if callable(forward) else frozenset()
-
-
 @functools.lru_cache(maxsize=256)
-def _names_read(forward: Callable[..., Any]) -> frozenset[str]:
+def _children_read_by(forward: Callable[..., Any]) -> frozenset[str]:
+    """The attribute names whose ``.weight`` or ``.bias`` a module's ``forward`` reads itself (empty where its source
+    is not available: a builtin, or code made at run time)."""
     try:
         source = inspect.getsource(forward)
     except (OSError, TypeError):
@@ -69,7 +64,7 @@ def linears_read_by_parent(model: nn.Module) -> dict[str, str]:
     quantized Linear's ``weight`` is a method, so swapping such a layer breaks the model's forward."""
     found: dict[str, str] = {}
     for parent_name, parent in model.named_modules():
-        read = _children_read_by_forward(type(parent))
+        read = _children_read_by(type(parent).forward)
         for child_name, child in parent.named_children():
             if child_name in read and type(child) is nn.Linear:
                 name = f"{parent_name}.{child_name}" if parent_name else child_name
