@@ -321,16 +321,19 @@ def runoff(
         c.alone_latency_s = times[c.key]
     winner = preferred(close, times, preference, other_source_margin)
     shown = ", ".join(f"{c.key} {1e3 * times[c.key]:.2f} ms" for c in sorted(close, key=lambda c: times[c.key]))
-    note = f"the {len(close)} within {100 * RUNOFF_MARGIN:.0f} % of the fastest, timed again alone: {shown}"
+    runoff_text = f"the {len(close)} within {100 * RUNOFF_MARGIN:.0f} % of the fastest, timed again alone: {shown}"
     quicker = [c for c in close if c.source == winner.source and times[c.key] < times[winner.key]]
-    if winner.key != lead.key or quicker:
-        note += f": {winner.key} deploys"
-        if quicker:
-            note += (
-                f" (within {100 * TIE_MARGIN:.0f} % of {', '.join(c.key for c in quicker)}, and smaller: "
-                f"{winner.memory_mb or 0:.2f} MB against {', '.join(f'{c.memory_mb or 0:.2f}' for c in quicker)})"
-            )
-    return winner.backend, f"{why}; {note}", winner
+    if winner.key == lead.key and not quicker:
+        return winner.backend, f"{why}; {runoff_text}", winner
+    tie = ""
+    if quicker:
+        tie = (
+            f" (within {100 * TIE_MARGIN:.0f} % of {', '.join(c.key for c in quicker)}, and smaller: "
+            f"{winner.memory_mb or 0:.2f} MB against {', '.join(f'{c.memory_mb or 0:.2f}' for c in quicker)})"
+        )
+    # the decision first: the runoff overrules the interleaved table, which the rest of the text describes
+    decision = f"{winner.key} deploys{tie}, decided when {runoff_text}"
+    return winner.backend, f"{decision}; in the interleaved table, {why}", winner
 
 
 def as_rows(choice: DeployChoice) -> list[dict[str, Any]]:
