@@ -326,6 +326,28 @@ def test_a_converged_search_grows_the_unit_with_the_least_damage_per_saving_not_
     assert stepped.planner_state["allocation"] == {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4}
 
 
+def test_a_step_toward_the_target_skips_a_unit_whose_step_jumps_far_past_it() -> None:
+    """cifar10-vit-tiny with --objective latency: from the round under the distillation target, the step of least
+    damage per saving removed a whole encoder layer, predicted to change 24 % of the answers where the target's
+    budget was 10 % (5.0 points lost, never distilled). Capped, the step takes the next unit instead."""
+    sens = _sensitivity(
+        [
+            _unit("narrow.fc1", "structured", [0.001, 0.002, 0.003], 10),
+            _unit("wide.fc1", "structured", [0.003, 0.3, 0.6], 100000),  # least damage per saving, a huge step
+        ]
+    )
+    ctx = dataclasses.replace(_ctx(), profile=_ctx().profile.model_copy(update={"sensitivity": sens}))
+    base = _record(0, {"damage_budget": 0.01, "allocation": {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.3}}, True, 2000)
+    ctx = dataclasses.replace(ctx, history=[base])
+    free = RulesPlanner()._coordinate_step(ctx, seen=Spent([], []), base_round=base)
+    assert free is not None and free.planner_state["allocation"]["^wide.fc1$"] > 0.3
+    assert free.planner_state["predicted_damage"] > 0.02
+    capped = RulesPlanner()._coordinate_step(ctx, seen=Spent([], []), base_round=base, max_damage=0.01)
+    assert capped is not None and capped.planner_state["allocation"] == {"^narrow.fc1$": 0.4, "^wide.fc1$": 0.3}
+    assert capped.planner_state["predicted_damage"] <= 0.01
+    assert RulesPlanner()._coordinate_step(ctx, seen=Spent([], []), base_round=base, max_damage=0.0) is None
+
+
 def test_no_round_prunes_every_unit_of_a_collapsed_round_as_much_again() -> None:
     """CIFAR ResNet-20 with --objective latency: layer3.2 removed lost 34 points training-free, more than any
     distillation is asked to take back, and the next round removed layer1.0 with it (32.7). A converged search
