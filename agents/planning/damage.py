@@ -25,6 +25,7 @@ A profile without KL values (or without any flip to fit on) costs units by their
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tools.schemas import SensitivityProfile, SensitivityUnit
@@ -72,6 +73,11 @@ class DamageModel:
     def flips(self, cost: float) -> float:
         """The share of images predicted to change class at a summed ``cost``."""
         return self.scale * max(0.0, cost) ** self.exponent
+
+    def flips_of(self, pruned: Iterable[tuple[SensitivityUnit, float]]) -> float:
+        """The share of images predicted to change class when each unit is pruned at its ratio (its costs summed; a
+        ratio beyond a unit's last measured one costs nothing here)."""
+        return self.flips(sum(self.cost(unit, ratio) or 0.0 for unit, ratio in pruned))
 
     def cost_of(self, flips: float) -> float:
         """The summed cost at which ``flips`` of the images are predicted to change class."""

@@ -105,7 +105,7 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> tuple[dict[str, float], flo
     allocation = {u.pattern: 1.0 for u in chosen}
     if len(chosen) < wanted or allocation in seen:
         return None
-    predicted = model.flips(sum(model.cost(u, 1.0) or 0.0 for u in chosen))
+    predicted = model.flips_of((u, 1.0) for u in chosen)
     names = ", ".join(u.modules[0] for u in chosen)
     note = (
         f"Depth round: {wanted} block(s) ({names}), the most MACs saved per unit of damage, "

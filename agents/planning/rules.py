@@ -201,7 +201,7 @@ class RulesPlanner:
         assert sens is not None
         units = {u.pattern: u for u in sens.units}
         model = DamageModel.fit(sens)
-        predicted = model.flips(sum(model.cost(units[p], r) or 0.0 for p, r in ratios.items()))
+        predicted = model.flips_of((units[p], r) for p, r in ratios.items())
         groups: dict[tuple[str, str, float], list[SensitivityUnit]] = {}
         removed = [units[p].modules[0] for p, r in ratios.items() if unit_kind(units[p]).whole and r > 0]
         for pattern, ratio in ratios.items():
@@ -416,10 +416,7 @@ class RulesPlanner:
                 ratios = {p: r for p, r in {**base, unit.pattern: ratio}.items() if r > 0}
                 if not ratios or {p: round(r, 4) for p, r in sorted(ratios.items())} in seen:
                     continue
-                if (
-                    max_damage is not None
-                    and model.flips(sum(model.cost(units[p], r) or 0.0 for p, r in ratios.items())) > max_damage
-                ):
+                if max_damage is not None and model.flips_of((units[p], r) for p, r in ratios.items()) > max_damage:
                     continue
                 verb = "growing" if step > 0 else "shrinking"
                 note = f"Budget search converged: {verb} {unit.modules[0]} to {ratio:g} from round {base_round.round}."
