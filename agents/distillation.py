@@ -18,6 +18,7 @@ from agents.common import baseline_accuracy, disagreement_budget, need, paths, p
 from agents.evaluation import (
     MIN_CROSS_FIT_IMAGES,
     data_parts,
+    distilled_pairs,
     eval_spec,
     rescue_config,
     rescues_wanted,
@@ -248,6 +249,21 @@ def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundR
     )
 
 
+def _shrunk_steps_note(state: State) -> str:
+    """Where the later pairs' students took fewer steps than the first's (``rescue_steps``), how many and why."""
+    from tools.compression.distill import AUTO_RESCUE_SECONDS, DEPTH_STEPS_FACTOR, MIN_RESCUES
+
+    pairs = distilled_pairs(state)
+    widths = [p.steps // DEPTH_STEPS_FACTOR if p.sheds_layers else p.steps for p in pairs if p.steps]
+    if len(set(widths)) < 2:
+        return ""
+    first, last = widths[0], widths[-1]
+    return (
+        f" (students of {first:,} steps, then {last:,}: at the time the first pair took, fewer than {MIN_RESCUES} "
+        f"pairs of {first:,} fit the {AUTO_RESCUE_SECONDS[0]:,.0f} s budget)"
+    )
+
+
 def distillation_summary(state: State, ctx: Context, zs: dict[int, float] | None = None) -> str | None:
     """One line for the run's notes on distillation after the search: why it was off, or how many rounds it
     distilled of how many the run allowed and why it stopped. None where the settings turned it off
@@ -276,7 +292,7 @@ def distillation_summary(state: State, ctx: Context, zs: dict[int, float] | None
             f"{AUTO_DISTILL_SECONDS[1]:.0f} s a round may take"
         )
     done, wanted = sum(1 for r in state.rounds if r.cross_fit is not None), rescues_wanted(state, ctx)
-    made = f"{head}: {done} distillation(s) made of at most {wanted}"
+    made = f"{head}: {done} distillation(s) made of at most {wanted}" + _shrunk_steps_note(state)
     if done >= wanted:
         return made + (
             " (as many as --distill-rescues auto's time allows)" if ctx.distill_rescues == AUTO_STEPS else ""

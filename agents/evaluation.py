@@ -40,7 +40,7 @@ from tools.stats import drop_points, resolution_note, unlabelled_note
 from tools.store.files import atomic_write_json
 
 if TYPE_CHECKING:
-    from tools.compression.distill import DistillConfig, Precision
+    from tools.compression.distill import DistillConfig, DistilledPair, Precision
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,10 @@ def distill_config(state: State, ctx: Context) -> DistillConfig | None:
 def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> DistillConfig | None:
     """The recipe of distillation after the search (``--distill-rescues``): automatic distillation's, when the rounds
     were not distilled already (``--finetune-steps 0``), the run has a dataset, calibration images and at least
-    :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_rescue_config``);
-    with ``auto``, not for an original at chance level (untrained, or labels that do not match). None otherwise.
-    ``sheds_layers``: for a round that removes whole layers (more steps: ``DEPTH_STEPS_FACTOR``)."""
+    :data:`MIN_CROSS_FIT_IMAGES` evaluation images, and the model is small enough for it (``auto_rescue_config``,
+    its steps after the pairs distilled so far); with ``auto``, not for an original at chance level (untrained, or
+    labels that do not match). None otherwise. ``sheds_layers``: for a round that removes whole layers (more steps:
+    ``DEPTH_STEPS_FACTOR``)."""
     from tools.compression.distill import auto_rescue_config
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.dataset:
@@ -113,24 +114,42 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
         return None
     precision = distill_precision(ctx)
     return auto_rescue_config(
-        total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision, sheds_layers=sheds_layers
+        total_macs(state),
+        device=ctx.device,
+        seed=ctx.seed,
+        precision=precision,
+        sheds_layers=sheds_layers,
+        pairs=distilled_pairs(state),
     )
+
+
+def distilled_pairs(state: State) -> list[DistilledPair]:
+    """The pairs distilled after the search so far, with the time they took (``tools.compression.distill``)."""
+    from tools.compression.distill import DistilledPair, training_seconds
+    from tools.compression.units import sheds_layers
+
+    return [
+        DistilledPair(
+            seconds=sum(training_seconds(s.distilled) for s in r.cross_fit.students),
+            steps=max((int(s.distilled.get("steps") or 0) for s in r.cross_fit.students), default=0),
+            sheds_layers=sheds_layers(r.plan),
+        )
+        for r in state.rounds
+        if r.cross_fit is not None
+    ]
 
 
 def rescues_wanted(state: State, ctx: Context) -> int:
     """Cross-fitted distillations after the search the run makes at most: ``--distill-rescues N``, or with ``auto``
     what the model's MACs allow, or more where the pairs distilled so far took less time than that assumed
     (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
-    from tools.compression.distill import auto_rescues, training_seconds
+    from tools.compression.distill import auto_rescues
 
     if rescue_config(state, ctx) is None:
         return 0
     if ctx.distill_rescues != AUTO_STEPS:
         return ctx.distill_rescues
-    fitted = [r.cross_fit for r in state.rounds if r.cross_fit is not None]
-    seconds = [sum(training_seconds(s.distilled) for s in f.students) for f in fitted]
-    steps = [max((int(s.distilled.get("steps") or 0) for s in f.students), default=0) for f in fitted]
-    return auto_rescues(total_macs(state), seconds, steps)
+    return auto_rescues(total_macs(state), distilled_pairs(state))
 
 
 def round_zs(state: State, ctx: Context) -> dict[int, float]:

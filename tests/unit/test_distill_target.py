@@ -30,13 +30,17 @@ from graph.context import Context
 from graph.routing import route_after_evaluate_model
 from tests.helpers import typed_state
 from tools.compression.distill import (
+    AUTO_DISTILL_STEPS,
     AUTO_RESCUE_SECONDS,
     DEPTH_STEPS_FACTOR,
+    MIN_RESCUES,
     auto_rescue_config,
     auto_rescue_plan,
     auto_rescues,
+    rescue_steps,
     training_seconds,
 )
+from tools.compression.distill import DistilledPair as Pair
 from tools.schemas import CrossFitStudent, ModelProfile, OptimizationPlan, RoundResult
 
 HALF_WIDTH = 0.6  # a 95 % interval of +/- 0.6 points: a standard error of 0.306
@@ -224,17 +228,41 @@ def test_distillations_follow_the_time_the_pairs_took() -> None:
     assert auto_rescue_plan(macs)[0] == 1
     assert auto_rescues(macs) == auto_rescues(macs, []) == 1
     seconds, most = AUTO_RESCUE_SECONDS
-    assert auto_rescues(macs, [256.0]) == 4  # measured on one Xeon core: four fit in 1,200 s
-    assert auto_rescues(macs, [110.0]) == most  # CIFAR ResNet-32's pairs in bf16: ten would fit, at most the cap
-    assert auto_rescues(macs, [seconds / 2 + 1]) == 1  # a slower CPU: no more than planned
-    assert auto_rescues(macs, [500.0, 500.0]) == 2  # 1,000 s spent, the next would not fit
-    assert auto_rescues(253_000_000, [10.0]) == 0  # off where the plan is off
-    assert auto_rescues(macs, [0.0]) == 1  # a pair whose time was not recorded measures nothing
+    assert auto_rescues(macs, [Pair(256.0)]) == 4  # measured on one Xeon core: four fit in 1,200 s
+    assert auto_rescues(macs, [Pair(110.0)]) == most  # CIFAR ResNet-32's pairs in bf16: ten would fit, at most the cap
+    assert auto_rescues(macs, [Pair(seconds / 2 + 1)]) == 1  # a slower CPU: no more than planned
+    assert auto_rescues(macs, [Pair(500.0), Pair(500.0)]) == 2  # 1,000 s spent, the next would not fit
+    assert auto_rescues(253_000_000, [Pair(10.0)]) == 0  # off where the plan is off
+    assert auto_rescues(macs, [Pair(0.0)]) == 1  # a pair whose time was not recorded measures nothing
     # a depth round's pair of three times the steps counts at the plan's steps: its extra time is outside the budget
-    assert auto_rescues(macs, [600.0], [3 * 300]) == min(most, 1 + int((seconds - 200.0) / 200.0)) == most
-    assert auto_rescues(macs, [256.0, 768.0], [300, 900]) == 2 + int((seconds - 512.0) / 256.0) == 4
-    assert auto_rescues(macs, [600.0], [300]) == 2  # the same time at the plan's steps: one more fits
-    assert auto_rescues(macs, [256.0, 600.0], [300]) == auto_rescues(macs, [256.0, 600.0])  # steps not known
+    depth = Pair(600.0, 3 * 300, sheds_layers=True)
+    assert auto_rescues(macs, [depth]) == min(most, 1 + int((seconds - 200.0) / 200.0)) == most
+    assert auto_rescues(macs, [Pair(256.0, 300), Pair(768.0, 900, True)]) == 2 + int((seconds - 512.0) / 256.0) == 4
+    assert auto_rescues(macs, [Pair(600.0, 300)]) == 2  # the same time at the plan's steps: one more fits
+    assert auto_rescues(macs, [Pair(256.0), Pair(600.0, 300)]) == auto_rescues(macs, [Pair(256.0), Pair(600.0)])
+
+
+def test_students_shrink_to_the_floor_where_pairs_of_the_top_leave_room_for_too_few() -> None:
+    macs = 41_398_922  # CIFAR ResNet-20: one pair of 1,000-step students planned
+    low, high = AUTO_DISTILL_STEPS
+    assert auto_rescue_plan(macs) == (1, high) and rescue_steps(macs) == high
+    # FP32 on an AVX2-only AMD EPYC: 643 s a pair of 1,000 steps; the budget's 557 s left fit two pairs of 300, not
+    # one of 1,000, so the later students take 300 steps and the run makes three distillations instead of one
+    slow = [Pair(643.0, high)]
+    assert rescue_steps(macs, slow) == low and auto_rescues(macs, slow) == 1 + int((1200 - 643.0) / (0.643 * low)) == 3
+    config = auto_rescue_config(macs, pairs=slow)
+    assert config is not None and config.steps == low
+    depth = auto_rescue_config(macs, pairs=slow, sheds_layers=True)  # a removed block is learnt anew: never shrunk
+    assert depth is not None and depth.steps == DEPTH_STEPS_FACTOR * high
+    # a CPU where pairs of 1,000 steps leave room for MIN_RESCUES of them: the steps stay
+    fast = [Pair(291.0, high)]
+    assert rescue_steps(macs, fast) == high
+    assert auto_rescues(macs, fast) == 1 + int((1200 - 291.0) / 291.0) >= MIN_RESCUES
+    # where 300-step pairs would fit no more pairs than 1,000-step ones, the steps stay
+    spent = [Pair(643.0, high), Pair(540.0, high)]
+    assert rescue_steps(macs, spent) == high and auto_rescues(macs, spent) == 2
+    # ResNet-56's plan is already the floor: it never changes
+    assert rescue_steps(127_881_866, [Pair(1100.0, low)]) == low
 
 
 def test_a_pair_distilled_beside_other_jobs_counts_at_its_cpu_time() -> None:
@@ -242,8 +270,9 @@ def test_a_pair_distilled_beside_other_jobs_counts_at_its_cpu_time() -> None:
     idle = {"seconds": 256.0, "cpu_seconds": 255.0}
     loaded = {"seconds": 384.0, "cpu_seconds": 256.0}  # three jobs on two cores: two thirds of a core each
     assert training_seconds(idle) == 255.0 and training_seconds(loaded) == 256.0
-    assert auto_rescues(macs, [2 * training_seconds(loaded)]) == auto_rescues(macs, [2 * training_seconds(idle)]) == 2
-    assert auto_rescues(macs, [2 * 384.0]) == 1  # counted at its wall time, the load would have cost a distillation
+    pair_loaded, pair_idle = Pair(2 * training_seconds(loaded)), Pair(2 * training_seconds(idle))
+    assert auto_rescues(macs, [pair_loaded]) == auto_rescues(macs, [pair_idle]) == 2
+    assert auto_rescues(macs, [Pair(2 * 384.0)]) == 1  # counted at its wall time, the load would cost a distillation
     assert training_seconds({"seconds": 300.0}) == 300.0  # an older run's report, or another device: the wall time
     assert training_seconds({"seconds": 300.0, "cpu_seconds": None}) == 300.0
     assert training_seconds({"seconds": 300.0, "cpu_seconds": 450.0}) == 300.0  # never more than the wall time

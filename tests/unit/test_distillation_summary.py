@@ -66,6 +66,24 @@ def test_the_distillations_spent_are_counted() -> None:
     assert line == "distillation after the search: 1 distillation(s) made of at most 1"
 
 
+def test_students_that_took_fewer_steps_than_the_first_pair_are_said_so() -> None:
+    """An AVX2-only CPU in FP32: CIFAR ResNet-20's first pair of 1,000-step students took 643 s of the 1,200."""
+    from tools.schemas import CrossFitStudent
+
+    def fitted(source: int, steps: int, seconds: float) -> dict[str, Any]:
+        student = CrossFitStudent.model_construct(distilled={"steps": steps, "seconds": seconds / 2}, artifact="s")
+        return {"source_round": source, "judged_on_half": 0, "images_per_student": 100, "students": [student] * 2}
+
+    rounds = [_round(0, 80, 0.2, True, 1.10), _round(1, 60, 1.8, False, 1.3), _round(2, 60, 0.1, True, 1.3)]
+    rounds += [_round(3, 50, 2.0, False, 1.4), _round(4, 50, 0.3, True, 1.4)]
+    rounds[2]["cross_fit"], rounds[4]["cross_fit"] = fitted(1, 1000, 643.0), fitted(3, 300, 190.0)
+    line = distillation_summary(_state(rounds=rounds), Context(distill_rescues=2))
+    assert line is not None and line.startswith("distillation after the search: 2 distillation(s) made of at most 2")
+    assert "(students of 1,000 steps, then 300: at the time the first pair took, fewer than 3 pairs" in line
+    same = [*rounds[:4], {**rounds[4], "cross_fit": fitted(3, 1000, 640.0)}]
+    assert "students of" not in (distillation_summary(_state(rounds=same), Context(distill_rescues=2)) or "")
+
+
 def test_nothing_is_said_where_the_settings_turned_it_off_or_the_original_is_at_chance() -> None:
     assert distillation_summary(_state(), Context(distill_rescues=0)) is None
     assert distillation_summary(_state(), Context(finetune_steps=100)) is None

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +38,11 @@ __all__ = [
     "AUTO_RESCUE_SECONDS",
     "DEPTH_STEPS_FACTOR",
     "DISTILL_TEMPERATURE",
+    "MIN_RESCUES",
     "TRAINING_MACS_PER_SECOND",
     "DistillConfig",
     "DistillReport",
+    "DistilledPair",
     "Precision",
     "augment_batch",
     "auto_distill_config",
@@ -53,6 +55,7 @@ __all__ = [
     "distill_loss",
     "feature_loss",
     "matched_blocks",
+    "rescue_steps",
     "training_seconds",
 ]
 
@@ -220,25 +223,65 @@ def training_seconds(report: Mapping[str, Any]) -> float:
     return min(wall, float(cpu)) if cpu is not None and float(cpu) > 0 else wall
 
 
-def auto_rescues(macs: int | None, pair_seconds: Sequence[float] = (), pair_steps: Sequence[int] = ()) -> int:
-    """Cross-fitted distillations after the search for a model of ``macs`` per image (:func:`auto_rescue_plan`), or,
-    once pairs were distilled (``pair_seconds``: each pair's measured training time, :func:`training_seconds`), as
-    many as fit :data:`AUTO_RESCUE_SECONDS` at the slowest pair's time, if more (at most its cap): the plan assumes
-    one AVX2 core's rate, which the CPUs measured beat 2-6x (one Xeon core: a pair of ViT-tiny's 1,000-step students
-    took 158 s, of CIFAR ResNet-44's 300-step ones 220 s, where the plan assumed 1,200 s and over 600 s).
-    ``pair_steps`` (each pair's steps per student, where known): each pair counts at the plan's steps, at its own
-    time per step, so a depth round's longer pair (:data:`DEPTH_STEPS_FACTOR`) takes its extra time outside the
-    budget and does not count as the time of every pair after it: CIFAR ResNet-56's pairs of 900 steps took 725-768
-    s on one Xeon core beside another run, and two of them spent the budget before the depth ladder reached the
-    blocks that pay."""
+class DistilledPair(NamedTuple):
+    """A pair of students distilled after the search, as :func:`auto_rescues` and :func:`rescue_steps` count it."""
+
+    seconds: float  #: both students' training time (:func:`training_seconds`)
+    steps: int = 0  #: each student's steps; 0: not known, taken as the plan's
+    sheds_layers: bool = False  #: a round that removes whole layers (:data:`DEPTH_STEPS_FACTOR` times the steps)
+
+
+#: Distillations after the search that the students' steps leave room for where the measured time can: where pairs
+#: of the top of :data:`AUTO_DISTILL_STEPS` would let fewer than these fit :data:`AUTO_RESCUE_SECONDS` in all at the
+#: time the pairs took, the later students take the floor and more pairs fit (:func:`rescue_steps`). More pairs count
+#: more than longer ones (:func:`auto_rescue_config`), and on a CPU without bf16 a pair of CIFAR ResNet-20's
+#: 1,000-step students took 643 s of the 1,200 (AVX2 AMD EPYC, FP32): that run made one distillation and kept 6.0 %.
+MIN_RESCUES = 3
+
+
+def _fits(planned_steps: int, pairs: Sequence[DistilledPair], steps: int) -> int:
+    """Pairs that fit :data:`AUTO_RESCUE_SECONDS` in all: those made, each counted at its width steps (a depth
+    round's extra steps are outside the budget), and more of ``steps`` at the slowest pair's time per step."""
+    seconds = AUTO_RESCUE_SECONDS[0]
+    spent, per_step = 0.0, 0.0
+    for pair in pairs:
+        factor = DEPTH_STEPS_FACTOR if pair.sheds_layers else 1
+        taken = pair.steps or planned_steps * factor
+        spent += pair.seconds / factor
+        per_step = max(per_step, pair.seconds / taken)
+    return len(pairs) + int((seconds - spent) / (per_step * steps))
+
+
+def _measured(pairs: Sequence[DistilledPair]) -> bool:
+    return bool(pairs) and min(p.seconds for p in pairs) > 0
+
+
+def rescue_steps(macs: int | None, pairs: Sequence[DistilledPair] = ()) -> int:
+    """Steps of each student of the next pair for a round of widths (a depth round's: :func:`auto_rescue_config`):
+    the plan's (:func:`auto_rescue_plan`), or where the plan gives the top of :data:`AUTO_DISTILL_STEPS` and, at the
+    time the ``pairs`` made so far took, fewer than :data:`MIN_RESCUES` pairs of that many would fit in all, the
+    floor, where more of those fit; 0 where automatic distillation is off."""
     planned, steps = auto_rescue_plan(macs)
-    if planned == 0 or not pair_seconds or min(pair_seconds) <= 0:  # none measured yet
+    floor = AUTO_DISTILL_STEPS[0]
+    if planned == 0 or steps <= floor or not _measured(pairs) or _fits(steps, pairs, steps) >= MIN_RESCUES:
+        return steps
+    return floor if _fits(steps, pairs, floor) > _fits(steps, pairs, steps) else steps
+
+
+def auto_rescues(macs: int | None, pairs: Sequence[DistilledPair] = ()) -> int:
+    """Cross-fitted distillations after the search for a model of ``macs`` per image (:func:`auto_rescue_plan`), or,
+    once pairs were distilled (``pairs``: each pair's measured training time, :func:`training_seconds`, and steps),
+    as many as fit :data:`AUTO_RESCUE_SECONDS` at the slowest pair's time per step with students of
+    :func:`rescue_steps`, if more (at most its cap): the plan assumes one AVX2 core's rate, which the CPUs measured
+    beat 2-6x (one Xeon core: a pair of ViT-tiny's 1,000-step students took 158 s, of CIFAR ResNet-44's 300-step ones
+    220 s, where the plan assumed 1,200 s and over 600 s). Each pair counts at its width steps, so a depth round's
+    longer pair (:data:`DEPTH_STEPS_FACTOR`) takes its extra time outside the budget and does not count as the time of
+    every pair after it: CIFAR ResNet-56's pairs of 900 steps took 725-768 s on one Xeon core beside another run,
+    and two of them spent the budget before the depth ladder reached the blocks that pay."""
+    planned, steps = auto_rescue_plan(macs)
+    if planned == 0 or not _measured(pairs):  # none measured yet
         return planned
-    seconds, most = AUTO_RESCUE_SECONDS
-    counts = [*pair_steps, *[0] * (len(pair_seconds) - len(pair_steps))]  # 0: not known, taken as the plan's
-    per_pair = [t * steps / n if n > 0 else t for t, n in zip(pair_seconds, counts, strict=False)]
-    fits = len(pair_seconds) + int((seconds - sum(per_pair)) / max(per_pair))
-    return max(planned, min(most, fits))
+    return max(planned, min(AUTO_RESCUE_SECONDS[1], _fits(steps, pairs, rescue_steps(macs, pairs))))
 
 
 def auto_distill_config(
@@ -266,17 +309,20 @@ def auto_rescue_config(
     seed: int = 0,
     precision: Precision = "fp32",
     sheds_layers: bool = False,
+    pairs: Sequence[DistilledPair] = (),
 ) -> DistillConfig | None:
-    """The :class:`DistillConfig` of each student of distillation after the search (:func:`auto_rescue_plan`'s
-    steps; None: off). The steps do not grow with the measured time: where the plan gives 300, the time a pair of
-    1,000 would take buys more pairs instead, which count more (CIFAR ResNet-44: a second pair of 1,000 steps left no
-    time for a third distillation, 11.8 % fewer parameters kept, against 16.1 % with three pairs of 300).
+    """The :class:`DistillConfig` of each student of distillation after the search (:func:`rescue_steps`' steps
+    after the ``pairs`` made so far; None: off). The steps never grow with the measured time: where the plan gives
+    300, the time a pair of 1,000 would take buys more pairs instead, which count more (CIFAR ResNet-44: a second pair
+    of 1,000 steps left no time for a third distillation, 11.8 % fewer parameters kept, against 16.1 % with three
+    pairs of 300); where pairs of 1,000 take so long that fewer than :data:`MIN_RESCUES` fit, they shrink to 300.
     ``sheds_layers``: the round removes whole layers, and its students take :data:`DEPTH_STEPS_FACTOR` times the
-    steps."""
+    plan's steps, shrunk never: a removed block is learnt anew, and ResNet-20's three blocks came back at -1.28 /
+    -2.06 unseen with 1,000 steps, at -0.40 / -0.68 with 3,000."""
     config = auto_distill_config(macs, device=device, seed=seed, precision=precision)
     if config is None:
         return None
-    steps = auto_rescue_plan(macs)[1] * (DEPTH_STEPS_FACTOR if sheds_layers else 1)
+    steps = DEPTH_STEPS_FACTOR * auto_rescue_plan(macs)[1] if sheds_layers else rescue_steps(macs, pairs)
     return config.model_copy(update={"steps": steps})
 
 
