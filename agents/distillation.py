@@ -259,8 +259,8 @@ def _shrunk_steps_note(state: State) -> str:
         return ""
     first, last = widths[0], widths[-1]
     return (
-        f" (students of {first:,} steps, then {last:,}: at the time the first pair took, fewer than {MIN_RESCUES} "
-        f"pairs of {first:,} fit the {AUTO_RESCUE_SECONDS[0]:,.0f} s budget)"
+        f" (students of {first:,} steps, then {last:,}: at the time the first pair took, {MIN_RESCUES} pairs of "
+        f"{first:,} would not fit the {AUTO_RESCUE_SECONDS[0]:,.0f} s budget)"
     )
 
 

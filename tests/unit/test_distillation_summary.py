@@ -79,7 +79,7 @@ def test_students_that_took_fewer_steps_than_the_first_pair_are_said_so() -> Non
     rounds[2]["cross_fit"], rounds[4]["cross_fit"] = fitted(1, 1000, 643.0), fitted(3, 300, 190.0)
     line = distillation_summary(_state(rounds=rounds), Context(distill_rescues=2))
     assert line is not None and line.startswith("distillation after the search: 2 distillation(s) made of at most 2")
-    assert "(students of 1,000 steps, then 300: at the time the first pair took, fewer than 3 pairs" in line
+    assert "(students of 1,000 steps, then 300: at the time the first pair took, 2 pairs of 1,000 would not fit" in line
     same = [*rounds[:4], {**rounds[4], "cross_fit": fitted(3, 1000, 640.0)}]
     assert "students of" not in (distillation_summary(_state(rounds=same), Context(distill_rescues=2)) or "")
 
