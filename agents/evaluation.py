@@ -119,7 +119,7 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
         seed=ctx.seed,
         precision=precision,
         sheds_layers=sheds_layers,
-        pairs=distilled_pairs(state),
+        pairs=distilled_pairs(state) if ctx.distill_rescues == AUTO_STEPS else (),  # --distill-rescues N: steps kept
     )
 
 

@@ -122,3 +122,30 @@ def test_no_distillation_after_the_search_for_an_original_at_chance_level() -> N
     state.baseline.at_chance = True
     assert rescue_config(state, Context()) is None
     assert rescue_config(state, Context(distill_rescues=2)) is not None
+
+
+def test_students_shrink_only_where_auto_chose_the_count() -> None:
+    """A slow first pair shortens the later students only to fit more pairs in auto's time: with
+    ``--distill-rescues N`` the count is the user's, and the students keep their steps."""
+    from agents.evaluation import rescue_config
+    from tools.schemas import CrossFitStudent
+
+    slow = CrossFitStudent.model_construct(distilled={"steps": 1000, "seconds": 330.0}, artifact="s")
+    cross_fit = {"source_round": 0, "judged_on_half": 0, "images_per_student": 100, "students": [slow, slow]}
+    state = typed_state(
+        {
+            "dataset": "cifar10",
+            "baseline": {"params": 100, "accuracy": 0.9, "data_parts": {"calibration": 64, "evaluation": 400}},
+            "profile_summary": {"total_macs": 41_398_922},
+            "rounds": [
+                {"round": 0, "metrics": {"params": 90, "latency_s": 1.0, "accuracy": 0.89, "artifact": "r0"}},
+                {
+                    "round": 1,
+                    "metrics": {"params": 90, "latency_s": 1.0, "accuracy": 0.9, "artifact": "r1"},
+                    "cross_fit": cross_fit,
+                },
+            ],
+        }
+    )
+    auto, fixed = rescue_config(state, Context()), rescue_config(state, Context(distill_rescues=5))
+    assert auto is not None and fixed is not None and (auto.steps, fixed.steps) == (300, 1000)
