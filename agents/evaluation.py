@@ -153,9 +153,9 @@ def rescues_wanted(state: State, ctx: Context) -> int:
 
 
 def round_zs(state: State, ctx: Context) -> dict[int, float]:
-    """Each round's standard errors for the budget test as one of the rounds evaluated: the step-down simultaneous
-    test over their answers on the evaluation images (``tools.evaluation.simultaneous``; Bonferroni where a round's
-    answers are missing, or before the run has a directory)."""
+    """Each round's standard errors for the budget test as one of the rounds evaluated: the two-step simultaneous
+    test over their answers on the evaluation images (``tools.evaluation.simultaneous``: rounds surely over the budget
+    hold the others to less; Bonferroni where a round's answers are missing, or before the run has a directory)."""
     rounds = [r for r in state.rounds if r.metrics.paired is not None]
     if state.run_dir is None or len(rounds) < 2:
         return {}
@@ -164,6 +164,7 @@ def round_zs(state: State, ctx: Context) -> dict[int, float]:
         predictions_path(paths(state).original, "evaluation"),
         [round_files(r) for r in rounds],
         lambda i, z: passes_as_one_of(rounds[i], budget, z),
+        budgets=[budget] * len(rounds),
     )
     return {r.round: z for r, z in zip(rounds, zs, strict=True)}
 

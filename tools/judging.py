@@ -259,8 +259,9 @@ def judge_together(
     """Judge every candidate that ran by the budget test for all of them: the fastest of several that pass favours
     those the evaluation images happened to be kind to, so each must pass with more standard errors than one, as the
     kept round must (Timm's Swin, deployed at -1.14 points on unseen images against a 1-point budget, passed alone
-    as the fastest of 15): as many as the tries need together (:func:`tools.evaluation.simultaneous.budget_zs`; a
-    budget in changed answers: Bonferroni). Returns the count tried."""
+    as the fastest of 15): as many as the tries need together (:func:`tools.evaluation.simultaneous.budget_zs`, builds
+    surely over the budget holding the others to less; a budget in changed answers: Bonferroni). Returns the count
+    tried."""
     tried = [c for c in candidates if c.ran and c.artifact is not None]
     judged = [c for c in tried if c.paired is not None]
 
@@ -268,11 +269,15 @@ def judge_together(
         return within_budget(c.accuracy_drop_points, luck_removed(c.paired, c.half_luck_points or 0.0), z)
 
     simultaneous = isinstance(within_budget, Budget) and within_budget.max_disagreement_pct is None
+    budgets = None
+    if isinstance(within_budget, Budget):  # each build's budget in points of its drop, its half's luck taken off
+        budgets = [within_budget.max_drop_points - max(0.0, c.half_luck_points or 0.0) for c in judged]
     original = predictions_path(original_dir, "evaluation")
     zs = budget_zs(
         original,
         [[c.predictions] if c.predictions else None for c in judged],
         lambda i, z: passes(judged[i], z),
+        budgets=budgets,
         simultaneous=simultaneous,
     )
     for c, z in zip(judged, zs, strict=True):

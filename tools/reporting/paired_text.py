@@ -106,7 +106,8 @@ def tries_text(candidates: list[dict[str, Any]]) -> str | None:
     return (
         f"Within budget: drop + z standard errors, as one of {len(zs)} tries: z {max(zs):.2f} to {min(zs):.2f}, from "
         "a step-down simultaneous test resampling the evaluation images (builds of one model give nearly the same "
-        f"answers and count nearly as one try; Bonferroni would hold each to {bonferroni:.2f})."
+        "answers and count nearly as one try, and tries surely over the budget count for little; Bonferroni would hold "
+        f"each to {bonferroni:.2f})."
     )
 
 
