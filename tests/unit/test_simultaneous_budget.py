@@ -113,9 +113,9 @@ def _one_se_test(drops: np.ndarray, budget_points: float) -> Any:
 
 def test_candidates_far_over_the_budget_no_longer_hold_the_others_to_bonferroni() -> None:
     """A round within the budget by 1.3 standard errors beside twelve collapsed ones (each many standard errors over):
-    one step-down over all of them held it to nearly Bonferroni's value as one of thirteen and refused it (CIFAR
-    ResNet-20: a distilled round 0.51 points down refused as the best of 14). The collapsed rounds' slack takes them
-    out of the largest error, so it is judged nearly as one try; the collapsed rounds still fail."""
+    one step-down over all of them held it to nearly Bonferroni's value as one of thirteen and refused it. The
+    collapsed rounds' slack takes them out of the largest error, so it is judged nearly as one try; the collapsed
+    rounds still fail."""
     rng = np.random.default_rng(3)
     good = _unrelated(rng, 1, 100, 0.62)  # 1.6 points lost here, one standard error 0.5
     collapsed = _unrelated(rng, 12, 300, 0.9)  # 12 points lost
