@@ -14,7 +14,7 @@ from agents.planning.selection import kept_round, passes_as_one_of
 from tests.helpers import round_result
 from tools.deploy.choice import DeployCandidate
 from tools.evaluation.paired import ImagePredictions, predictions_path, save_predictions
-from tools.evaluation.simultaneous import budget_zs, stepdown_z
+from tools.evaluation.simultaneous import budget_zs, per_image_drops, stepdown_z
 from tools.judging import judge_together
 from tools.reporting.paired_text import tries_text
 from tools.schemas import RoundResult
@@ -204,3 +204,25 @@ def test_the_kept_round_is_judged_as_one_of_the_rounds_by_the_step_down_test(tmp
     now, _ = kept_round(rounds, "smallest-within-budget", 1.0, zs={r.round: z for r, z in zip(rounds, zs, strict=True)})
     assert now is not None and now.round == 5, zs
     assert max(zs) <= round(selection_z(6), 3)
+
+
+def test_broken_builds_no_longer_hold_the_deployments_other_builds_to_bonferroni(tmp_path: Path) -> None:
+    """The deployment's tries in two steps too: a model's builds 1.4 standard errors inside the budget beside eight
+    broken builds of other models (each 15 points down, its own answers) pass, held to about one try's standard
+    errors where the broken builds counted fully before; the broken builds still fail."""
+    original = [1 if random.Random(i).random() < 0.8 else 0 for i in range(IMAGES)]
+    _save(predictions_path(tmp_path / "original", "evaluation"), original)
+    good = _changed(original, 44, 36, seed=2)  # 0.4 points lost, one standard error about 0.45
+    rows = [_candidate(tmp_path, f"build-{i}", original, _changed(good, 1, 1, seed=10 + i)) for i in range(3)]
+    broken = [_candidate(tmp_path, f"broken-{i}", original, _changed(original, 330, 30, seed=50 + i)) for i in range(8)]
+    budget = max(row.accuracy_drop_points or 0.0 for row in rows) + 1.4 * 0.45
+    judge_together(rows + broken, Budget(max_drop_points=budget), tmp_path / "original")
+    assert all(row.within_budget for row in rows), [(row.accuracy_drop_points, row.budget_z) for row in rows]
+    assert not any(row.within_budget for row in broken)
+    drops = per_image_drops(
+        ImagePredictions(key={"indices": list(range(IMAGES))}, predictions=original, correct=original),
+        [ImagePredictions.model_validate_json(Path(r.predictions or "").read_text()) for r in rows + broken],
+    )
+    assert drops is not None
+    one_step = stepdown_z(*drops, lambda i, z: False)  # every try in the largest error, as before
+    assert one_step[0] > 1.4 + 0.3, one_step
