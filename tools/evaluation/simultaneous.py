@@ -13,9 +13,9 @@ one standard error (one try) and Holm's for the candidates left, so the test nev
 A candidate far over its budget (a collapsed round, a broken build) could pass only by an error of many standard
 errors, yet its error counts in the largest as fully as a candidate's at the budget's edge. CIFAR ResNet-56's latency
 run: 13 rounds, five of them 2.1-33.6 points down before distillation, and the step-down held the rest to 1.94
-standard errors; its distilled 22.8 % round (+0.05 in the run, +0.28 unseen) passes under 1.92. So the test takes Romano,
-Shaikh and Wolf's two steps (2014): first a simultaneous lower bound on every candidate's drop at a small share of
-the level (:data:`SELECTION_SHARE`), which says by how many of its standard errors each is surely over its budget
+standard errors; its distilled 22.8 % round (+0.05 in the run, +0.28 unseen) passes under 1.92. So the test takes
+Romano, Shaikh and Wolf's two steps (2014): first a simultaneous lower bound on every candidate's drop at a small share
+of the level (:data:`SELECTION_SHARE`), which says by how many of its standard errors each is surely over its budget
 (its *slack*, 0 for those that may be within it); then the step-down above at the rest of the level, each
 candidate's error less its slack (that run: 1.86, and the 22.8 % round is kept). A candidate over its budget by its
 slack can then pass only by an error of more than the critical value plus its slack, so the chance that any
