@@ -41,7 +41,13 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
     if spec.dataset is not None and not info.untrained:  # fail fast on a dataset that cannot be evaluated
         label_match = LabelMatch.model_validate(
             ops.match_dataset_labels(
-                Path(info.artifact), spec.dataset, spec.split, spec.samples, spec.seed, spec.sizes()
+                Path(info.artifact),
+                spec.dataset,
+                spec.split,
+                spec.samples,
+                spec.seed,
+                spec.sizes(),
+                spec.spare_to_evaluation,
             )
         )
         notes += label_match.notes()

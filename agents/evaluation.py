@@ -202,11 +202,15 @@ def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
         budget_points=points,
     )
     evaluated = int(data_parts(state).get("evaluation") or samples)
+    # the automatic size takes the rows no part takes (split_indices); a run whose baseline was judged on exactly
+    # the asked rows (made before this rule) keeps them, so that its rounds stay on the same images when resumed
+    spare = not ctx.eval_samples and (state.baseline is None or evaluated != samples)
     return ops.EvalSpec(
         dataset=state.dataset,
         split=state.dataset_split,
         label_match=state.label_match.model_dump() if state.label_match is not None else None,
         samples=samples,
+        spare_to_evaluation=spare,
         float_runtime=float_runtime_for(macs, evaluated, ctx.device, grouped_conv_macs(state)),
         calibration_samples=ctx.calibration_samples,
         holdout_samples=ctx.holdout_samples,

@@ -94,6 +94,11 @@ class EvalSpec(BaseModel):
         description="What runs a float model's evaluation: torch, or openvino (its FP32 twin, checked against it: "
         "tools.evaluation.twin) where the run judged PyTorch too slow for the images and MACs.",
     )
+    spare_to_evaluation: bool = Field(
+        default=False,
+        description="The rows no part takes join evaluation when they are few (the automatic evaluation size: "
+        "``tools.evaluation.datasets.SPARE_ROWS_SHARE``); False: evaluation holds ``samples`` rows at most.",
+    )
     evaluation_half: int | None = Field(
         default=None,
         ge=0,
@@ -114,7 +119,8 @@ class EvalSpec(BaseModel):
         """The decoded rows of one part (calibration, evaluation, holdout, finetune) of this spec's data."""
         if self.dataset is None:
             raise ValueError("no dataset")
-        data = _dataset(self.dataset, self.split, self.samples, self.seed, name, tuple(sorted(self.sizes().items())))
+        sizes = tuple(sorted(self.sizes().items()))
+        data = _dataset(self.dataset, self.split, self.samples, self.seed, name, sizes, self.spare_to_evaluation)
         if name != "evaluation" or self.evaluation_half is None:
             return data
         from tools.evaluation.datasets import evaluation_halves, subset
@@ -142,12 +148,20 @@ def _dataset(
     seed: int,
     part: str = "evaluation",
     sizes: tuple[tuple[str, int], ...] = (),
+    spare_to_evaluation: bool = False,
 ) -> Any:
     from tools.evaluation.datasets import load_eval_dataset
 
     # the share of unreadable images is checked over all the parts a run uses, by check_data
     return load_eval_dataset(
-        spec, split=split, samples=samples, seed=seed, part=part, sizes=dict(sizes), max_unreadable=None
+        spec,
+        split=split,
+        samples=samples,
+        seed=seed,
+        part=part,
+        sizes=dict(sizes),
+        max_unreadable=None,
+        spare_to_evaluation=spare_to_evaluation,
     )
 
 
@@ -158,6 +172,7 @@ def match_dataset_labels(
     samples: int,
     seed: int,
     sizes: dict[str, int] | None = None,
+    spare_to_evaluation: bool = False,
 ) -> dict[str, Any]:
     """The dataset's classes matched to the model's (``LabelMatch.model_dump()``). ``sizes``: the other parts
     of the run's data (``EvalSpec.sizes()``), so that the evaluation part decoded here is the run's own."""
@@ -165,7 +180,9 @@ def match_dataset_labels(
 
     loaded = load_original(original_dir)
     parts = {f"{name}_samples": count for name, count in (sizes or {}).items()}
-    spec = EvalSpec.model_validate({"dataset": dataset, "split": split, "samples": samples, "seed": seed, **parts})
+    spec = EvalSpec.model_validate(
+        {"dataset": dataset, "split": split, "samples": samples, "seed": seed, **parts}
+    ).model_copy(update={"spare_to_evaluation": spare_to_evaluation})
     data = spec.part("evaluation")
     return match_labels(loaded.id2label, data.label_names).model_dump()
 
@@ -223,7 +240,8 @@ def check_data(spec: EvalSpec) -> DataCheck:
     if spec.dataset is None:
         return DataCheck()
     total = spec.part("evaluation").size_total
-    planned = split_indices(total, {**spec.sizes(), "evaluation": spec.samples}, spec.seed)
+    asked = {**spec.sizes(), "evaluation": spec.samples}
+    planned = split_indices(total, asked, spec.seed, spare_to_evaluation=spec.spare_to_evaluation)
     loaded = {name: part.part(name) for name, part in _used_parts(spec).items() if planned[name]}
     unreadable = [u for data in loaded.values() for u in data.unreadable]
     looked_at = sum(data.looked_at for data in loaded.values())

@@ -285,3 +285,33 @@ def test_automatic_evaluation_size_follows_the_budget_and_the_model_macs() -> No
     assert (
         eval_spec(typed_state({"dataset": "d"}), Context()).samples == 2000
     )  # before the profile: what the budget needs
+
+
+def test_the_automatic_evaluation_size_takes_the_rows_no_part_takes() -> None:
+    from tools.evaluation.datasets import SPARE_ROWS_SHARE, split_indices
+
+    # CIFAR ResNet-56 on 5,000 images: the time cap asked for 3,909 and left 835 rows that served nothing
+    sizes = {"calibration": 256, "evaluation": 3909}
+    asked = split_indices(5000, sizes, seed=0)
+    spare = split_indices(5000, sizes, seed=0, spare_to_evaluation=True)
+    assert len(asked["evaluation"]) == 3909 and len(spare["evaluation"]) == 4744
+    assert spare["evaluation"][:3909] == asked["evaluation"] and spare["calibration"] == asked["calibration"]
+    # many rows beyond what was asked (ViT-B/16's 2,000 of 50,000): the time cap holds
+    vit_b = split_indices(50_000, {**sizes, "evaluation": 2000}, seed=0, spare_to_evaluation=True)
+    assert len(vit_b["evaluation"]) == 2000
+    over = int(3909 * (1 + SPARE_ROWS_SHARE)) + 256 + 1
+    assert len(split_indices(over, sizes, seed=0, spare_to_evaluation=True)["evaluation"]) == 3909
+    # distillation's images are not taken from
+    tuned = split_indices(5000, {**sizes, "finetune": 500}, seed=0, spare_to_evaluation=True)
+    assert [len(tuned[k]) for k in ("calibration", "evaluation", "finetune")] == [256, 4244, 500]
+
+
+def test_the_run_spec_takes_the_spare_rows_only_at_the_automatic_size(image_folder: Path) -> None:
+    from tools.run_data import EvalSpec, check_data
+
+    spec = EvalSpec(dataset=str(image_folder), samples=6, calibration_samples=4, spare_to_evaluation=True)
+    total = check_data(spec).total
+    assert total - 4 == 8  # two rows beyond the six asked for: evaluation takes them
+    assert len(spec.part("evaluation")) == 8 == check_data(spec).parts["evaluation"]
+    given = spec.model_copy(update={"spare_to_evaluation": False})
+    assert len(given.part("evaluation")) == 6 == check_data(given).parts["evaluation"]

@@ -306,8 +306,16 @@ MIN_CALIBRATION = 64
 #: evaluation wants more than the rest (see :func:`split_indices`).
 FINETUNE_SHARE = 0.3
 
+#: With ``spare_to_evaluation`` (the automatic evaluation size), the rows no part takes join evaluation when they are
+#: at most this share of what it asked for: they serve nothing else, and each evaluation then takes at most 1.5x the
+#: time the automatic size allowed. CIFAR ResNet-56 on 5,000 images (256 calibration) asked for 3,909 and left 835
+#: unused; its rounds are judged on 4,744 now, their paired standard errors 9 % narrower.
+SPARE_ROWS_SHARE = 0.5
 
-def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, list[int]]:
+
+def split_indices(
+    total: int, sizes: dict[str, int], seed: int, *, spare_to_evaluation: bool = False
+) -> dict[str, list[int]]:
     """Disjoint seeded parts of ``total`` rows: each part of :data:`PARTS` takes the next ``sizes[part]`` rows
     of ``np.random.default_rng(seed).permutation(total)``, in the order of ``PARTS``.
 
@@ -323,6 +331,9 @@ def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, lis
     images (measured: CIFAR ResNet-20, 14 % fewer parameters, 300 steps: 256 images -0.80 points, 512 -0.66,
     1,000 -1.06, 1,500 +0.06, 3,000 -0.14 on 5,000 other images). 5,000 rows with 256 calibration, 5,000
     evaluation and 4,096 finetune asked for split 256 / 3,320 / 1,424.
+
+    ``spare_to_evaluation``: the rows left after every part join evaluation when they are at most
+    :data:`SPARE_ROWS_SHARE` of it (the automatic evaluation size; a size the user gave is kept).
     """
     permutation = [int(i) for i in np.random.default_rng(seed).permutation(total)]
     wanted = {part: max(0, int(sizes.get(part, 0))) for part in PARTS}
@@ -332,6 +343,9 @@ def split_indices(total: int, sizes: dict[str, int], seed: int) -> dict[str, lis
     if wanted["evaluation"] and wanted["finetune"] and wanted["evaluation"] + wanted["finetune"] > left:
         wanted["finetune"] = min(wanted["finetune"], max(left - wanted["evaluation"], math.ceil(FINETUNE_SHARE * left)))
         wanted["evaluation"] = min(wanted["evaluation"], left - wanted["finetune"])
+    spare = left - wanted["evaluation"] - wanted["finetune"]
+    if spare_to_evaluation and 0 < spare <= SPARE_ROWS_SHARE * wanted["evaluation"]:
+        wanted["evaluation"] += spare
     parts: dict[str, list[int]] = {}
     start = 0
     for part in PARTS:
@@ -370,6 +384,7 @@ def load_eval_dataset(
     part: str = "evaluation",
     sizes: dict[str, int] | None = None,
     max_unreadable: float | None = MAX_UNREADABLE_FRACTION,
+    spare_to_evaluation: bool = False,
 ) -> EvalDataset:
     """Load ``spec`` (see module doc), pick a split, and decode a seeded random subset of ``samples`` rows.
 
@@ -377,7 +392,8 @@ def load_eval_dataset(
     (rows per part of :data:`PARTS`; ``samples`` is then the evaluation size), the rows are those of
     ``part`` in :func:`split_indices`, disjoint from the other parts. Rows whose image cannot be decoded are
     left out (``EvalDataset.unreadable``); more than ``max_unreadable`` of them raise a ``DatasetError``
-    (None: never; the caller checks the share over several parts).
+    (None: never; the caller checks the share over several parts). ``spare_to_evaluation``: see
+    :func:`split_indices`.
     """
     if samples is not None and samples < 1:
         raise DatasetError(f"samples must be >= 1 (or None for all), not {samples}")
@@ -397,7 +413,8 @@ def load_eval_dataset(
     if sizes is None:
         indices = subset_indices(total, samples, seed)
     else:
-        indices = split_indices(total, {**sizes, "evaluation": total if samples is None else samples}, seed)[part]
+        asked = {**sizes, "evaluation": total if samples is None else samples}
+        indices = split_indices(total, asked, seed, spare_to_evaluation=spare_to_evaluation)[part]
         if not indices:
             wanted = ", ".join(f"{name} {count}" for name, count in sizes.items() if count)
             raise DatasetError(
