@@ -285,6 +285,20 @@ def test_automatic_evaluation_size_follows_the_budget_and_the_model_macs() -> No
     assert (
         eval_spec(typed_state({"dataset": "d"}), Context()).samples == 2000
     )  # before the profile: what the budget needs
+    # the automatic size takes the spare rows; a size given, or a run judged on exactly the asked rows, does not
+    assert eval_spec(state, Context()).spare_to_evaluation
+    assert not eval_spec(state, Context(eval_samples=300)).spare_to_evaluation
+    summary = {"total_macs": 128_000_000}
+    made_before = typed_state(
+        {"dataset": "d", "profile_summary": summary, "baseline": {"data_parts": {"evaluation": 3906}}}
+    )
+    assert (
+        eval_spec(made_before, Context()).samples == 3906 and not eval_spec(made_before, Context()).spare_to_evaluation
+    )
+    made_now = typed_state(
+        {"dataset": "d", "profile_summary": summary, "baseline": {"data_parts": {"evaluation": 4744}}}
+    )
+    assert eval_spec(made_now, Context()).spare_to_evaluation
 
 
 def test_the_automatic_evaluation_size_takes_the_rows_no_part_takes() -> None:
