@@ -517,10 +517,9 @@ class RulesPlanner:
         step = depth_step(ctx, seen)
         if step is None:
             return None
-        allocation, predicted, note = step
-        planned = self._plan_from(ctx, allocation, predicted, note)
+        planned = self._plan_from(ctx, step.allocation, step.predicted, step.note)
         planned.planner_state.pop("damage_budget", None)
-        planned.planner_state[DEPTH_KEY] = len(allocation)
+        planned.planner_state[DEPTH_KEY] = step.blocks
         return planned
 
     def next_plan(self, ctx: PlanningContext) -> PlanResult:

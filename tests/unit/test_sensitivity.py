@@ -495,3 +495,30 @@ def test_a_deep_net_s_first_depth_round_removes_the_fewest_blocks_that_save_a_te
     step = depth_step(ctx, Spent.of(ctx))
     assert step is not None and step[0] == {"^b0$": 1.0, "^b1$": 1.0, "^b2$": 1.0}
     assert {} in Spent.of(ctx) and {"^b0$": 1.0} not in Spent.of(ctx)
+
+
+def test_a_ladder_step_keeps_the_cuts_of_the_round_it_grows_from_and_removes_more_blocks() -> None:
+    """CIFAR ResNet-56 with --objective latency: the kept round removed three blocks with the first stage's inner
+    channels halved (1.32x in OpenVINO int8); the ladder's next step, five blocks alone, ran no faster (1.31x), was
+    never distilled, and the run shipped 1.21x. The step keeps the held round's channel cuts and adds two blocks, so
+    it is that round with more blocks removed: faster, and its students may start from that round's."""
+    from agents.planning.depth import depth_step
+    from agents.planning.recovery import DEPTH_KEY
+    from agents.planning.rules import RulesPlanner
+
+    def block(i: int, damage: float) -> SensitivityUnit:
+        point = SensitivityPoint(ratio=1.0, params_saved=10, macs_saved=37, agreement=1 - damage, kl=0.0)
+        return SensitivityUnit(pattern=f"^b{i}$", pruning_type="block", modules=[f"b{i}"], size=1, points=[point])  # type: ignore[arg-type]
+
+    channels = _unit("b0.conv", "structured", [0.01, 0.02, 0.05], 1000)
+    sens = _sensitivity([*(block(i, 0.01 * (i + 1)) for i in range(8)), channels])
+    profile = _ctx().profile.model_copy(update={"sensitivity": sens, "total_macs": 1000})
+    held = {"^b1$": 1.0, "^b3$": 1.0, "^b5$": 1.0, "^b0.conv$": 0.6}  # not the three best blocks: the planner's
+    kept = _record(2, {"allocation": held}, True, 900).model_copy(update={"layers_removed": 3})
+    ctx = dataclasses.replace(_ctx([kept]), profile=profile, objective="latency", distills=True)
+    step = depth_step(ctx, Spent.of(ctx))
+    assert step is not None and step.blocks == 5  # half as many again, rounded up
+    assert step.allocation == {**held, "^b0$": 1.0, "^b2$": 1.0}  # the held cuts, then the best blocks not in them
+    assert "round 2's cuts with 2 more block(s)" in step.note
+    planned = RulesPlanner().next_plan(ctx)
+    assert planned.planner_state[DEPTH_KEY] == 5 and planned.planner_state["allocation"] == step.allocation
