@@ -122,7 +122,8 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
                 break
     if wanted < 1 or any(int(r.planner_state.get(DEPTH_KEY) or 0) >= wanted for r in ctx.history):
         return None
-    kept = held.planner_state.get("allocation") if step is not None and held is not None else None
+    grows = held if step is not None else None  # a ladder step (there is a round within budget it grows from)
+    kept = grows.planner_state.get("allocation") if grows is not None else None
     base = {str(p): float(v) for p, v in kept.items()} if isinstance(kept, dict) else {}
     units = {u.pattern: u for u in sens.units}
     removed = [p for p, v in base.items() if v >= 1.0 and p in units and unit_kind(units[p]).sheds_layers]
@@ -132,15 +133,12 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
         return None
     predicted = model.flips_of((units[p], v) for p, v in allocation.items() if p in units)
     names = ", ".join(u.modules[0] for u in chosen)
-    if step is None:
-        why = "the fewest that save 10 % of MACs"
-    elif held is not None and len(base) > len(removed):
-        why = f"round {held.round}'s cuts with {len(chosen)} more block(s), more than a round within budget removes"
-    else:
-        why = "more than a round within budget removes"
+    why = "the fewest that save 10 % of MACs"
+    if grows is not None:
+        cuts = f"round {grows.round}'s cuts with {len(chosen)} more block(s), " if len(base) > len(removed) else ""
+        why = f"{cuts}more than a round within budget removes ({grows.layers_removed})"
     note = (
-        f"Depth round: {wanted} block(s) ({names}), the most MACs saved per unit of damage, "
-        + (f"{why} ({held.layers_removed})" if step is not None and held is not None else why)
-        + ": at batch 1 speed comes from whole blocks, which distillation after the search brings back."
+        f"Depth round: {wanted} block(s) ({names}), the most MACs saved per unit of damage, {why}: at batch 1 "
+        "speed comes from whole blocks, which distillation after the search brings back."
     )
     return DepthStep(allocation, predicted, note, len(removed) + len(chosen))
