@@ -376,7 +376,7 @@ def test_no_round_prunes_every_unit_of_a_collapsed_round_as_much_again() -> None
     assert {"^narrow.fc1$": 0.3, "^wide.fc1$": 0.4} not in Spent.of(dataclasses.replace(ctx, history=mild))
 
 
-def test_with_the_latency_objective_and_distillation_blocks_are_removed_on_a_ladder_that_doubles() -> None:
+def test_with_the_latency_objective_blocks_are_removed_on_a_ladder_training_free_without_distillation() -> None:
     """CIFAR ResNet-20 in ONNX Runtime int8 (no VNNI): the budget search took channel cuts that fit the budget
     training-free (0.99-1.01x) and never a block, which distillation would bring back; the next round removes the
     block that saves the most MACs per damage, and once it came back distilled, two; with the latency objective
