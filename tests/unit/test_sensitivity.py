@@ -485,7 +485,8 @@ def test_a_large_model_probes_the_units_worth_their_probe_within_the_profiles_ti
 def test_a_deep_net_s_first_depth_round_removes_the_fewest_blocks_that_save_a_tenth_of_its_macs() -> None:
     """One of CIFAR ResNet-56's 27 blocks (3.7 % of its MACs) ran 1.00-1.06x, within the 3 % a round must beat the
     kept one by to be distilled: the first depth round takes three such blocks, least damage per MACs first; and a
-    plan that prunes nothing is never new (ResNet-56's round 4 evaluated the original again)."""
+    plan that prunes nothing is never new (ResNet-56's round 4 evaluated the original again). Without distillation,
+    one block."""
     from agents.planning.depth import depth_step
 
     def block(i: int, damage: float) -> SensitivityUnit:
@@ -498,6 +499,9 @@ def test_a_deep_net_s_first_depth_round_removes_the_fewest_blocks_that_save_a_te
     step = depth_step(ctx, Spent.of(ctx))
     assert step is not None and step[0] == {"^b0$": 1.0, "^b1$": 1.0, "^b2$": 1.0}
     assert {} in Spent.of(ctx) and {"^b0$": 1.0} not in Spent.of(ctx)
+    # no distillation follows (EfficientNet-Lite2 at 260 px): a training-free step costs an evaluation, one block first
+    alone = depth_step(dataclasses.replace(ctx, distills=False), Spent.of(ctx))
+    assert alone is not None and alone.allocation == {"^b0$": 1.0} and alone.blocks == 1
 
 
 def test_a_ladder_step_keeps_the_cuts_of_the_round_it_grows_from_and_removes_more_blocks() -> None:
