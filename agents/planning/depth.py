@@ -115,7 +115,6 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
         key=lambda u: (-worth(u), u.pattern),
     )
     step = ladder_step_wanted(ctx.history)
-    held = _held(ctx)
     if step is not None:
         wanted = step
     elif not ctx.distills:  # training-free, a step costs an evaluation, not a distillation: one block first
@@ -129,7 +128,7 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
                 break
     if wanted < 1 or any(int(r.planner_state.get(DEPTH_KEY) or 0) >= wanted for r in ctx.history):
         return None
-    grows = held if step is not None else None  # a ladder step (there is a round within budget it grows from)
+    grows = _held(ctx) if step is not None else None  # a ladder step: the round within budget it grows from
     kept = grows.planner_state.get("allocation") if grows is not None else None
     base = {str(p): float(v) for p, v in kept.items()} if isinstance(kept, dict) else {}
     units = {u.pattern: u for u in sens.units}
@@ -140,7 +139,8 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
         return None
     predicted = model.flips_of((units[p], v) for p, v in allocation.items() if p in units)
     names = ", ".join(u.modules[0] for u in chosen)
-    why = "the fewest that save 10 % of MACs" if ctx.distills else "one first, training-free"
+    share = f"{100 * DEPTH_FIRST_MACS_SHARE:.0f} %"
+    why = f"the fewest that save {share} of MACs" if ctx.distills else "one first, training-free"
     if grows is not None:
         cuts = f"round {grows.round}'s cuts with {len(chosen)} more block(s), " if len(base) > len(removed) else ""
         why = f"{cuts}more than a round within budget removes ({grows.layers_removed})"
