@@ -209,8 +209,22 @@ def _kept_source(state: State) -> Path:
 
 def _judging(state: State, ctx: Context, spec: EvalSpec, models: list[Path]) -> dict[Path, Judging]:
     """How each model's deployment candidates are judged: its evaluation (a distilled round's student on the half it
-    was not distilled on) and the lead it had there, taken off (:func:`half_luck`)."""
-    return {m: Judging(spec=spec_for(state, ctx, m, spec), luck_points=half_luck(state, m)) for m in models}
+    was not distilled on), the lead it had there, taken off (:func:`half_luck`), and the round's other student
+    (:func:`other_student`), whose builds are judged with its own."""
+    return {
+        m: Judging(spec=spec_for(state, ctx, m, spec), luck_points=half_luck(state, m), twin=other_student(state, m))
+        for m in models
+    }
+
+
+def other_student(state: State, model_dir: Path) -> Path | None:
+    """The other student of the distilled round ``model_dir`` is one of two students of (None for any other model):
+    the deployment judges each build of one with the same build of the other, on every evaluation image."""
+    for r in state.rounds:
+        students = [Path(s.artifact).resolve() for s in (r.cross_fit.students if r.cross_fit is not None else [])]
+        if len(students) == 2 and model_dir.resolve() in students:
+            return students[1 - students.index(model_dir.resolve())]
+    return None
 
 
 def _ships(built_from: Path, kept: Path, original: Path, second: Path | None, headroom: RoundResult | None) -> Ships:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from torch import nn
 
 from tools import ops
@@ -80,6 +80,11 @@ class Judging(BaseModel):
 
     spec: ops.EvalSpec
     luck_points: float = 0.0
+    twin: Path | None = Field(
+        default=None,
+        description="The other student of the distilled round this model is a student of: each build of the two is "
+        "judged with the other's in the same backend, on every evaluation image (``DeployCandidate.cross_fitted``).",
+    )
 
 
 class _Judge:
@@ -117,6 +122,21 @@ RETIMING_SECONDS = 4.0
 ROUND_TIMING_SECONDS = 1.0
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
+
+
+def _twin_sources(
+    source_dir: Path, alternatives: Sequence[Path], judged_by: Callable[[Path], Judging]
+) -> dict[str | None, str | None]:
+    """The candidates' sources (``DeployCandidate.source``: None for ``source_dir``, else the alternative as given)
+    whose models are a distilled round's two students (``Judging.twin``), each to its twin."""
+    keys: dict[Path, str | None] = {Path(a).resolve(): str(a) for a in alternatives}
+    keys[Path(source_dir).resolve()] = None
+    twins: dict[str | None, str | None] = {}
+    for model, key in keys.items():
+        twin = judged_by(model).twin
+        if twin is not None and Path(twin).resolve() in keys:
+            twins[key] = keys[Path(twin).resolve()]
+    return twins
 
 
 def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
@@ -444,6 +464,8 @@ def deploy(
     def judged_by(model_dir: Path) -> Judging:
         return judged_on.get(Path(model_dir).resolve(), Judging(spec=spec))
 
+    twins = _twin_sources(source_dir, alternatives, judged_by)
+
     def retime(close: dict[str, Path]) -> dict[str, float]:
         return ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed, max_seconds=RETIMING_SECONDS)
 
@@ -471,7 +493,7 @@ def deploy(
     candidates += [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in mixed] + skipped
     if mixed or not timed:  # timed again only when mixed candidates joined
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-    tries = judge_together(candidates, within_budget, original_dir)
+    tries = judge_together(candidates, within_budget, original_dir, twins)
     chosen, why = choose(candidates, original_latency)
     pool = [c for c in candidates if c.source is None]  # the candidates the deployed one is taken from
     own: str | None = None  # the source counted as the best model's
@@ -502,7 +524,7 @@ def deploy(
             )
             candidates += rows + [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in mixed] + skipped
         original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
-        tries = judge_together(candidates, within_budget, original_dir)
+        tries = judge_together(candidates, within_budget, original_dir, twins)
         sources = [None, *(str(p) for p in alternatives)]
         own = own_source(candidates, sources)
         order = [own, *(s for s in sources if s != own)]  # the best model's, then the alternatives in order

@@ -107,6 +107,13 @@ class DeployCandidate(BaseModel):
     predictions: str | None = Field(
         default=None, description="Its per-image predictions on the images it was judged on (the budget test's)."
     )
+    cross_fitted: PairedAccuracy | None = Field(
+        default=None,
+        description="Built from one of a distilled round's two students: its answers and those of the same build of "
+        "the other student, each on the half of the evaluation images its student was not distilled on, paired with "
+        "the original's on every image. The budget test judges both builds by it, as the search judged the round "
+        "(:func:`tools.judging.judge_together`; no half's luck taken off: both halves are in it).",
+    )
     budget_z: float | None = Field(
         default=None,
         description="Standard errors its drop had to stay under the budget by, as one of the tries "

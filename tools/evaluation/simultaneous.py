@@ -35,12 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from tools.evaluation.paired import ImagePredictions
-from tools.stats import ONE_SE_LEVEL, selection_z
+from tools.schemas import PairedAccuracy
+from tools.stats import ONE_SE_LEVEL, paired_accuracy, selection_z
 from tools.store.files import read_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RESAMPLES", "SELECTION_SHARE", "budget_zs", "per_image_drops", "stepdown_z"]
+__all__ = ["RESAMPLES", "SELECTION_SHARE", "budget_zs", "cross_fitted", "per_image_drops", "stepdown_z"]
 
 #: Paired bootstrap resamples of the evaluation images (seeded: the same answers give the same test).
 RESAMPLES = 2000
@@ -151,6 +152,24 @@ def _read(files: Sequence[str | Path]) -> ImagePredictions | None:
         key={"indices": indices},
         predictions=[a for p in parts for a in p.predictions],
         correct=[c for p in parts for c in p.correct],
+    )
+
+
+def cross_fitted(original: Path, halves: Sequence[str | Path]) -> PairedAccuracy | None:
+    """One model recipe's result on every evaluation image, paired with the original's: ``halves`` holds the
+    per-image predictions of its builds from a distilled round's students, each on the half of the images its
+    student was not distilled on. None unless together they cover each of the original's images once (a build
+    stopped early, a file missing)."""
+    base, joined = _read([original]), _read(halves)
+    if base is None or joined is None:
+        return None
+    indices = [int(i) for i in base.key.get("indices") or []]
+    at = {int(i): k for k, i in enumerate(joined.key.get("indices") or [])}
+    if len(indices) != len(base.correct) or len(at) != len(joined.correct) or sorted(at) != sorted(indices):
+        return None
+    rows = [at[i] for i in indices]
+    return paired_accuracy(
+        base.correct, [joined.correct[k] for k in rows], base.predictions, [joined.predictions[k] for k in rows]
     )
 
 

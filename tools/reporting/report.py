@@ -314,7 +314,9 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves
         memory = f"{c['memory_mb']:.2f} MB" if c.get("memory_mb") is not None else "-"
         paired = PairedAccuracy.model_validate(c["paired"]) if c.get("paired") else None
         verdict = "yes" if c.get("within_budget") else "NO"
-        if c.get("half_luck_points"):  # a student's build, judged on its half less the student's lead there
+        if c.get("cross_fitted"):  # a student's build, judged with the other student's on every image
+            verdict += f" (judged with the other student's build on every image: {change_ci(None, c['cross_fitted'])})"
+        elif c.get("half_luck_points"):  # a student's build, judged on its half less the student's lead there
             verdict += f" (judged {c['half_luck_points']:.2f} lower: the student's lead on this half)"
         if (c.get("budget_z") or 1.0) > 1.0:  # one of several tries: the standard errors its drop was held to
             verdict += f" (z {c['budget_z']:.2f})"
