@@ -217,6 +217,7 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
             source=source,
             alternatives=alternatives,
             halves=[judged[Path(p).resolve()].spec.evaluation_half for p in (source, second)],
+            twins=[judged[Path(p).resolve()].twin for p in (source, second)],
         )
         chosen = DeployCandidate(
             backend="torch", runtime="pytorch", precision="fp32", ran=True, within_budget=True, latency_s=1e-3
@@ -233,13 +234,14 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
     changes: Any = agents.quantization.quantize_model(typed, Runtime(context=ctx))
     assert Path(seen["alternatives"][0]).resolve() == second.resolve()  # before the headroom round and the original
     assert seen["halves"] == [1, 0]  # each student judged on the half it was not distilled on
+    assert seen["twins"] == [second.resolve(), Path(seen["source"]).resolve()]  # and each build with the other's
     assert changes["deployment"].ships == "second_student" and "pruned" not in changes  # the choice only
     typed = typed.model_copy(update={"deployment": changes["deployment"]})
     assert route_after_quantize_model(typed) == "adopt_second_student"
     adopted: Any = agents.quantization.adopt_second_student(typed, Runtime(context=ctx))
     assert adopted["pruned"].round == 1 and adopted["pruned"].student == 2
     assert Path(adopted["pruned"].artifact).resolve() == second.resolve()
-    assert any("round 1's first student" in note and "second student" in note for note in adopted["notes"])
+    assert any("round 1's second student" in note and "first student's" in note for note in adopted["notes"])
     typed = typed.model_copy(update={"pruned": adopted["pruned"]})
     built: Any = agents.quantization.build_deployed_model(typed, Runtime(context=ctx))
     assert Path(built["quantized"].source).resolve() == second.resolve()
