@@ -229,7 +229,9 @@ def sensitivity(
     count = min(count, available)
     unaffordable: dict[str, str] = {}
     if not samples:  # at the floor of images a large model cannot probe every unit in the profile's time
-        units, unaffordable = affordable_units(units, model_profile.layers, count, len(DEFAULT_RATIOS))
+        units, unaffordable = affordable_units(
+            units, model_profile.layers, count, DEFAULT_RATIOS, latency=latency_runtime is not None
+        )
     original = _as_pruned(load_original(original_dir).model).to(target_device)
     result = measure_sensitivity(
         original,

@@ -129,36 +129,46 @@ def affordable_units(
     units: Sequence[SensitivityUnit],
     layers: Sequence[LayerProfile],
     images: int,
-    probes_per_unit: int,
+    ratios: Sequence[float] = DEFAULT_RATIOS,
     seconds: float = TARGET_SECONDS,
+    *,
+    latency: bool = False,
 ) -> tuple[list[SensitivityUnit], dict[str, str]]:
     """The units the profile probes within about ``seconds`` on ``images`` images (at the assumed rate, in
     MAC-equivalents: a fixed figure, so the choice never depends on timing), and why the others are not probed.
 
-    A probe runs what follows the unit's first layer; units are taken by their saving (their layers' share of the
-    parameters plus of the MACs) per cost of their probes, best first, until the time is spent; every unit where it
-    all fits. A 260-px mobile CNN probed at the floor of :data:`MIN_SAMPLES` images cannot probe everything in a few
-    minutes: the early, cheap-to-prune but costly-to-probe units give way to the late ones that hold its parameters.
+    A probe runs what follows the unit's first layer, once for each of the unit's ratios its kind probes
+    (``UnitKind.probe_ratios``: a block one, removed whole; channels each of ``ratios``); units are taken by their
+    saving per cost of their probes, best first, until the time is spent; every unit where it all fits. The saving
+    is the unit's layers' share of the parameters plus of the MACs; with ``latency`` (``--objective latency``), their
+    share of the MAC-equivalents (:func:`_layer_costs`: at batch 1 a layer costs per value it writes too), so the
+    early, high-resolution blocks a latency run gains most from are weighed as such: EfficientNet-Lite2 at 260 px
+    runs 1.08x and 1.07x in OpenVINO int8 without its second stage's blocks, 1.03-1.05x without one of its last
+    stage's, the only blocks its profile probed by parameters and MACs. A 260-px mobile CNN probed at the floor of
+    :data:`MIN_SAMPLES` images cannot probe everything in a few minutes: the early, costly-to-probe units give way.
     """
     if not layers or images <= 0:
         return list(units), {}
     costs = _layer_costs(layers)
-    order = {lp.name: i for i, lp in enumerate(layers)}
     after = [sum(costs[i:]) for i in range(len(costs))]  # the cost of a pass from each layer on
     total_params = sum(lp.params for lp in layers) or 1
     total_macs = sum(lp.macs for lp in layers) or 1
+    total_cost = sum(costs) or 1.0
 
-    def own(unit: SensitivityUnit) -> list[LayerProfile]:
+    def own(unit: SensitivityUnit) -> list[int]:
         names = [*unit.modules, *unit.members]
-        return [lp for lp in layers if any(lp.name == n or lp.name.startswith(n + ".") for n in names)]
+        return [i for i, lp in enumerate(layers) if any(lp.name == n or lp.name.startswith(n + ".") for n in names)]
 
     def cost(unit: SensitivityUnit) -> float:
-        first = min((order[lp.name] for lp in own(unit)), default=0)
-        return PASSES_PER_PROBE * images * probes_per_unit * after[first]
+        first = min(own(unit), default=0)
+        probes = len(unit_kind(unit).probe_ratios(ratios, 1.0))
+        return PASSES_PER_PROBE * images * probes * after[first]
 
     def value(unit: SensitivityUnit) -> float:
         mine = own(unit)
-        return sum(lp.params for lp in mine) / total_params + sum(lp.macs for lp in mine) / total_macs
+        if latency:
+            return sum(costs[i] for i in mine) / total_cost
+        return sum(layers[i].params for i in mine) / total_params + sum(layers[i].macs for i in mine) / total_macs
 
     budget = seconds * SENSITIVITY_MACS_PER_SECOND
     if sum(cost(u) for u in units) <= budget:
