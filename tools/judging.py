@@ -269,8 +269,9 @@ def judge_together(
     image, each student's build on the half its student did not see (``DeployCandidate.cross_fitted``): the round
     was kept on that cross-fitted estimate, and one build judged on its half alone has 1.4 times its standard error
     (CIFAR ResNet-20's kept round, +0.06 on 4,744 images: each of its first student's builds failed on its 2,372,
-    -0.13 to -0.55, so a 1.12x build of a shallower round shipped instead of its 1.3x ONNX Runtime int8, -0.04 on
-    every image). A build without its twin is judged on its half, less its student's luck there (:func:`luck_removed`).
+    -0.13 to -0.55, and a shallower round's build shipped, 1.12x OpenVINO int8 of the original; judged with their
+    twins, the round's OpenVINO int8 ships, -0.13 on every image, 1.43x, -0.36 on 5,000 images no run saw). A build
+    without its twin is judged on its half, less its student's luck there (:func:`luck_removed`).
     """
     tried = [c for c in candidates if c.ran and c.artifact is not None]
     original = predictions_path(original_dir, "evaluation")
