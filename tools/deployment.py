@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
 from torch import nn
 
 from tools import ops
@@ -44,7 +43,7 @@ from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.registry import BACKENDS, FLOAT, ONE_COMMAND_BUILDS, runtime_and_precision
 from tools.evaluation.paired import predictions_path
-from tools.judging import judge_together
+from tools.judging import Judging, judge_together, twin_sources
 from tools.models.base import example_input
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
@@ -71,20 +70,6 @@ __all__ = [
 BudgetTest = Callable[[float | None, PairedAccuracy | None, float], bool]
 #: What mixed-precision candidates are judged on, or how to get it (called once, only when one is built).
 ControlSource = AccuracyControl | Callable[[], AccuracyControl | None] | None
-
-
-class Judging(BaseModel):
-    """How the candidates built from one model are judged: the evaluation they get (a model distilled on some
-    evaluation images is judged on the others only) and the points taken off their paired result (the lead a
-    distilled student had on that half over its round's estimate on every image: :func:`luck_removed`)."""
-
-    spec: ops.EvalSpec
-    luck_points: float = 0.0
-    twin: Path | None = Field(
-        default=None,
-        description="The other student of the distilled round this model is a student of: each build of the two is "
-        "judged with the other's in the same backend, on every evaluation image (``DeployCandidate.cross_fitted``).",
-    )
 
 
 class _Judge:
@@ -122,21 +107,6 @@ RETIMING_SECONDS = 4.0
 ROUND_TIMING_SECONDS = 1.0
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
-
-
-def _twin_sources(
-    source_dir: Path, alternatives: Sequence[Path], judged_by: Callable[[Path], Judging]
-) -> dict[str | None, str | None]:
-    """The candidates' sources (``DeployCandidate.source``: None for ``source_dir``, else the alternative as given)
-    whose models are a distilled round's two students (``Judging.twin``), each to its twin."""
-    keys: dict[Path, str | None] = {Path(a).resolve(): str(a) for a in alternatives}
-    keys[Path(source_dir).resolve()] = None
-    twins: dict[str | None, str | None] = {}
-    for model, key in keys.items():
-        twin = judged_by(model).twin
-        if twin is not None and Path(twin).resolve() in keys:
-            twins[key] = keys[Path(twin).resolve()]
-    return twins
 
 
 def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
@@ -464,7 +434,7 @@ def deploy(
     def judged_by(model_dir: Path) -> Judging:
         return judged_on.get(Path(model_dir).resolve(), Judging(spec=spec))
 
-    twins = _twin_sources(source_dir, alternatives, judged_by)
+    twins = twin_sources(source_dir, alternatives, judged_by)
 
     def retime(close: dict[str, Path]) -> dict[str, float]:
         return ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed, max_seconds=RETIMING_SECONDS)

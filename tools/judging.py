@@ -10,11 +10,12 @@ deployment's candidates by the budget test as tries of one choice (:mod:`tools.e
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import BaseModel, Field
 from torch import nn
 
 from tools.artifacts.io import deployed_files, load_compressed, load_module, load_original
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "THROUGHPUT_SECONDS",
+    "Judging",
     "accuracy_of",
     "compare_latency",
     "evaluate",
@@ -41,7 +43,37 @@ __all__ = [
     "judge_together",
     "latency_device",
     "predictions_on",
+    "twin_sources",
 ]
+
+
+class Judging(BaseModel):
+    """How the candidates built from one model are judged: the evaluation they get (a model distilled on some
+    evaluation images is judged on the others only) and the points taken off their paired result (the lead a
+    distilled student had on that half over its round's estimate on every image: :func:`luck_removed`)."""
+
+    spec: EvalSpec
+    luck_points: float = 0.0
+    twin: Path | None = Field(
+        default=None,
+        description="The other student of the distilled round this model is a student of: each build of the two is "
+        "judged with the other's in the same backend, on every evaluation image (``DeployCandidate.cross_fitted``).",
+    )
+
+
+def twin_sources(
+    source_dir: Path, alternatives: Sequence[Path], judged_by: Callable[[Path], Judging]
+) -> dict[str | None, str | None]:
+    """The candidates' sources (``DeployCandidate.source``: None for ``source_dir``, else the alternative as given)
+    whose models are a distilled round's two students (``Judging.twin``), each to its twin."""
+    keys: dict[Path, str | None] = {Path(a).resolve(): str(a) for a in alternatives}
+    keys[Path(source_dir).resolve()] = None
+    twins: dict[str | None, str | None] = {}
+    for model, key in keys.items():
+        twin = judged_by(model).twin
+        if twin is not None and Path(twin).resolve() in keys:
+            twins[key] = keys[Path(twin).resolve()]
+    return twins
 
 
 def accuracy_of(
