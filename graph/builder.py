@@ -10,6 +10,8 @@ original] → build the deployed model → evaluate quantized
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from langgraph.graph import END, START, StateGraph
@@ -42,9 +44,9 @@ from graph.routing import (
     route_after_review_plan,
     route_after_select_best_model,
 )
-from graph.state import InputState, OutputState, State
+from graph.state import InputState, OutputState, State, as_json
 
-NODES = {
+NODES: dict[str, Callable[..., Any]] = {
     "acquire_model": acquire_model,
     "resolve_input_shape": resolve_input_shape,
     "profile_model": profile_model,
@@ -69,10 +71,24 @@ NODES = {
 }
 
 
+def updating_with_json(node: Callable[..., Any]) -> Callable[..., Any]:
+    """``node`` as the graph runs it: its update with every record as its JSON form (:func:`graph.state.as_json`), so
+    that the checkpoint's pending writes, which a history read (``get_state_history``, a fork) deserializes, hold no
+    project type that LangGraph's serializer would have to allow (it warns of each today, and will refuse them).
+    LangGraph reads the node's signature and type hints through ``functools.wraps``; called directly, in the node
+    tests, a node still returns its records."""
+
+    @functools.wraps(node)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return as_json(node(*args, **kwargs))
+
+    return run
+
+
 def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder = StateGraph(State, context_schema=Context, input_schema=InputState, output_schema=OutputState)
     for name, node in NODES.items():
-        builder.add_node(name, node)  # type: ignore[call-overload]
+        builder.add_node(name, updating_with_json(node))  # type: ignore[call-overload]
     builder.add_edge(START, "acquire_model")
     builder.add_edge("acquire_model", "resolve_input_shape")
     builder.add_edge("resolve_input_shape", "profile_model")

@@ -5,7 +5,8 @@
 shared record the nodes read and write. Each node receives a validated :class:`State` (LangGraph validates the
 channels' values into it), reads its records' attributes, and returns only the keys it changes, as records.
 
-Every record channel keeps what it is given as ``model_dump()`` (:class:`JsonRecord`, :func:`merge_rounds`): the
+Every record channel keeps what it is given as ``model_dump()`` (:class:`JsonRecord`, :func:`merge_rounds`), and the
+graph hands LangGraph each node's update so (``graph.builder``), so its pending writes are JSON too: the
 checkpoints hold plain JSON as they always did, so the serializer needs no registered types, and a checkpoint
 written before the state was typed validates into :class:`State` as it is (:func:`state_of` says in one line which
 field does not, and what to do). No ``nn.Module`` or tensor is ever stored here.
@@ -47,8 +48,15 @@ T = TypeVar("T")
 
 
 def as_json(value: object) -> object:
-    """A record as its ``model_dump()``; anything else (None, plain values, an old checkpoint's dict) as it is."""
-    return value.model_dump() if isinstance(value, BaseModel) else value
+    """A record as its ``model_dump()``, and so each record in a list or dict; anything else (None, plain values, an
+    old checkpoint's dict) as it is."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, list | tuple):
+        return [as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    return value
 
 
 class JsonRecord(LastValue[Any]):

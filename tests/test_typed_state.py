@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import typing
 from pathlib import Path
 from typing import Any
@@ -192,8 +193,13 @@ def test_a_tiny_run_checkpoints_plain_json_and_its_nodes_read_records(
     thread = json.loads((run_dir / "settings.json").read_text())["thread_id"]
     with caplog.at_level(logging.WARNING), checkpointed_graph(run_dir, read_only=True) as graph:
         values = graph.get_state({"configurable": {"thread_id": thread}}).values
+        history = list(graph.get_state_history({"configurable": {"thread_id": thread}}))
     assert not [r for r in caplog.records if "unregistered" in r.getMessage()]
     assert _project_objects(values) == []  # the SqliteSaver's JSON serializer never sees a project type
+    assert len(history) > 10 and all(_project_objects(h.values) == [] for h in history)
+    with sqlite3.connect(run_dir / "checkpoints.sqlite") as db:  # nor do the pending writes a history read unpacks
+        blobs = [bytes(v) for (v,) in db.execute("SELECT value FROM writes") if v is not None]
+    assert blobs and not [b for b in blobs if b"tools." in b or b"graph." in b]
     state = state_of(values)
     assert len(state.rounds) == 2 and all(isinstance(r, RoundResult) for r in state.rounds)
     assert isinstance(state.baseline, BaselineEntry) and state.baseline.latency_measured == "interleaved"
