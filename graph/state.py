@@ -5,9 +5,9 @@
 shared record the nodes read and write. Each node receives a validated :class:`State` (LangGraph validates the
 channels' values into it), reads its records' attributes, and returns only the keys it changes, as records.
 
-Every record channel keeps what it is given as ``model_dump()`` (:class:`JsonRecord`, :func:`merge_rounds`), and the
-graph hands LangGraph each node's update so (``graph.builder``), so its pending writes are JSON too: the
-checkpoints hold plain JSON as they always did, so the serializer needs no registered types, and a checkpoint
+Every record channel keeps what it is given as ``model_dump()`` (:class:`JsonRecord`, :func:`merge_rounds`), and
+``graph.builder`` hands LangGraph each node's update as JSON too (its pending writes): the checkpoints hold plain
+JSON as they always did, so the serializer needs no registered types, and a checkpoint
 written before the state was typed validates into :class:`State` as it is (:func:`state_of` says in one line which
 field does not, and what to do). No ``nn.Module`` or tensor is ever stored here.
 
