@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from langgraph.runtime import Runtime
 
 from agents.common import (
+    at_chance,
     baseline_accuracy,
     budget_points,
     disagreement_budget,
@@ -36,7 +37,7 @@ from tools.schemas import (
     RoundResult,
     RuntimeReference,
 )
-from tools.stats import drop_points, resolution_note, unlabelled_note
+from tools.stats import at_chance_note, drop_points, resolution_note, unlabelled_note
 from tools.store.files import atomic_write_json
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.dataset:
         return None
-    if ctx.distill_rescues == AUTO_STEPS and state.baseline is not None and state.baseline.at_chance:
+    if ctx.distill_rescues == AUTO_STEPS and at_chance(state):
         return None  # an original at chance level has nothing to teach: minutes spent for no answer (said at its start)
     parts = data_parts(state)
     if not parts.get("calibration") or int(parts.get("evaluation") or 0) < MIN_CROSS_FIT_IMAGES:
@@ -264,6 +265,8 @@ def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, obje
     if metrics.accuracy is not None and metrics.samples:  # said at the start: the data may not resolve the budget
         if unlabelled(state):
             resolution: str | None = unlabelled_note(metrics.samples, budget_points(state, ctx))
+        elif note and ctx.max_disagreement is None:  # the agreement budget holds too (common.disagreement_budget)
+            resolution = at_chance_note(metrics.samples, ctx.max_accuracy_drop)
         else:
             resolution = resolution_note(metrics.samples, ctx.max_accuracy_drop)
         if resolution:

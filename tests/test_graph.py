@@ -290,3 +290,32 @@ def test_an_unlabelled_folder_is_judged_against_the_original_with_an_agreement_b
     assert only["accuracy_drop_points"] == pytest.approx(100 * (1 - paired["agreement"]), abs=1e-6)
     assert paired["gained"] == 0  # nothing beats the original at being itself
     assert any(note.startswith("no labels: each image's target is the original's") for note in report["notes"])
+
+
+def test_an_original_at_chance_is_held_to_the_share_of_answers_changed(tmp_path: Path) -> None:
+    """Labels that do not match the model's classes put the original at chance level, where the accuracy budget passes
+    any candidate: the bundled digits CNN with its labels rotated scored 0 % and the run kept a round of 93 % fewer
+    parameters that changed 9.6 % of the answers. The share of answers changed holds too (--max-accuracy-drop's value
+    as --max-disagreement), and the report's first lines say so."""
+    import shutil
+
+    from tools.models.builtin import DEMO_MODELS
+
+    model = tmp_path / "rotated"
+    shutil.copytree(DEMO_MODELS["digits-cnn"], model)
+    model_config = json.loads((model / "config.json").read_text())
+    names = [model_config["id2label"][str(i)] for i in range(10)]
+    model_config["id2label"] = {str(i): names[(i + 3) % 10] for i in range(10)}
+    model_config["label2id"] = {name: int(i) for i, name in model_config["id2label"].items()}
+    (model / "config.json").write_text(json.dumps(model_config))
+    ctx = Context(run_dir=str(tmp_path / "run"), iterations=1, quantize=False, latency_repeats=3, progress=False)
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+    graph.invoke({"model": str(model), "dataset": "digits"}, config, context=ctx, durability="sync")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["baseline"]["accuracy"] < 0.05
+    assert any(note.startswith("at chance: the original's accuracy cannot tell") for note in report["notes"])
+    kept = [r for r in report["rounds"] if r["within_budget"]]
+    assert all(r["metrics"]["paired"]["agreement"] >= 0.98 for r in kept), [r["metrics"]["paired"] for r in kept]
+    pruned = report["pruned"]
+    assert pruned["round"] is None or pruned["paired"]["agreement"] >= 0.98

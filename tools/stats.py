@@ -23,6 +23,7 @@ __all__ = [
     "SEQUENTIAL_Z",
     "Z95",
     "agreement_images_needed",
+    "at_chance_note",
     "budget_drop_points",
     "clearly_over_budget",
     "disagreement_bound_pct",
@@ -87,9 +88,25 @@ def resolution_note(images: int, budget_points: float) -> str | None:
 
 
 def is_budget_note(note: str) -> bool:
-    """Whether a run's note is :func:`resolution_note`'s or :func:`unlabelled_note`'s: what the budget is and what the
-    data resolves, which a report says in its first lines."""
-    return note.startswith("no labels:") or " evaluation images resolve about " in note
+    """Whether a run's note is :func:`resolution_note`'s, :func:`unlabelled_note`'s or :func:`at_chance_note`'s: what
+    the budget is and what the data resolves, which a report says in its first lines."""
+    return note.startswith(("no labels:", "at chance:")) or " evaluation images resolve about " in note
+
+
+def at_chance_note(images: int, budget_pct: float) -> str:
+    """The budget of a run whose original scores at chance level on its labelled images, where the share of answers
+    changed holds besides the accuracy budget (``agents.common.disagreement_budget``), and what the images resolve."""
+    needed = agreement_images_needed(budget_pct)
+    resolved = (
+        f"{images:,} images resolve it"
+        if images >= needed
+        else f"{images:,} images resolve it only roughly (about {needed:,} are needed)"
+    )
+    return (
+        f"at chance: the original's accuracy cannot tell what a candidate costs, so a candidate must also change at "
+        f"most {budget_pct:g} % of its top-1 answers (+ one standard error; --max-disagreement, here "
+        f"--max-accuracy-drop's {budget_pct:g}); {resolved}; check that the labels match the model's classes"
+    )
 
 
 #: About how many builds a deployment tries (kept round, original and alternatives in each runtime and precision):

@@ -39,3 +39,20 @@ def test_unlabelled_images_are_judged_for_the_deployments_test_too() -> None:
     assert "186 images resolve it for one candidate, but the deployment's test" in unlabelled_note(186, 2.0)
     assert unlabelled_note(2_000, 2.0).endswith("also for the deployment's test of about 12 tries")
     assert "only roughly" in unlabelled_note(50, 2.0)
+
+
+def test_an_original_at_chance_adds_the_agreement_budget_unless_one_is_given() -> None:
+    """At chance (untrained for these images, or labels that do not match) the accuracy budget passes anything: the
+    share of answers changed holds besides, at --max-accuracy-drop's value; a --max-disagreement given wins, and an
+    unlabelled run's budget is the agreement itself (no second one)."""
+    from agents.common import disagreement_budget
+    from graph.context import Context
+    from tests.helpers import typed_state
+
+    baseline = {"data_parts": {"evaluation": 400}, "at_chance": True}
+    state = typed_state({"baseline": baseline})
+    assert disagreement_budget(state, Context(max_accuracy_drop=2.0)) == 2.0
+    assert disagreement_budget(state, Context(max_accuracy_drop=2.0, max_disagreement=0.5)) == 0.5
+    assert disagreement_budget(typed_state({"baseline": {**baseline, "at_chance": False}}), Context()) is None
+    unlabelled = typed_state({"baseline": baseline, "label_match": {"mapping": {}, "unlabelled": True}})
+    assert disagreement_budget(unlabelled, Context()) is None

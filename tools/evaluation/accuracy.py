@@ -194,5 +194,5 @@ def chance_note(accuracy: float | None, samples: int, classes: int) -> str | Non
     return (
         f"the original model scores {100 * accuracy:.1f}% on {samples} images, chance level for {classes} classes "
         f"({100 * chance:.0f}%): it looks untrained, or its labels do not match the dataset's; accuracy "
-        "changes and agreement say little about what pruning costs"
+        "changes say nothing about what pruning costs"
     )
