@@ -258,9 +258,8 @@ def evaluate_baseline(state: State, runtime: Runtime[Context]) -> dict[str, obje
     matched = len(state.label_match.mapping) if state.label_match is not None else 0
     note = None
     if not unlabelled(state):
-        note = chance_note(
-            metrics.accuracy, metrics.samples, matched or need(state.model_info, "model_info").num_labels
-        )
+        classes = matched or need(state.model_info, "model_info").num_labels
+        note = chance_note(metrics.accuracy, metrics.samples, classes, ctx.max_accuracy_drop)
     notes = [note] if note else []
     if metrics.accuracy is not None and metrics.samples:  # said at the start: the data may not resolve the budget
         if unlabelled(state):

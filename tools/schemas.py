@@ -336,7 +336,8 @@ class ModelEntry(Metrics):
 
 class BaselineEntry(ModelEntry):
     """The original model's entry: its metrics, the rows each disjoint part of the data holds, and whether its
-    accuracy is at chance level (untrained, or labels that do not match)."""
+    accuracy is at chance level, or so near it that a candidate answering at random would pass the accuracy budget
+    (untrained, or labels that do not match: ``tools.evaluation.accuracy.chance_note``)."""
 
     data_parts: dict[str, int] = Field(
         default_factory=dict, description="calibration, evaluation, holdout, finetune, total, unreadable, disjoint."

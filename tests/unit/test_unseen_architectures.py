@@ -170,6 +170,16 @@ def test_chance_level_accuracy_is_flagged(accuracy: float, samples: int, classes
     assert chance_note(None, samples, classes) is None
 
 
+def test_accuracy_so_near_chance_that_random_answers_would_pass_the_budget_is_flagged() -> None:
+    """EfficientNet-Lite0 with its class list off by one scored 0.8 % on 375 images of 500 ImageNet classes: clearly
+    above their 0.2 %, yet a candidate answering at random loses at most 0.8 points, within a 1-point budget."""
+    assert chance_note(0.008, 375, 500) is None
+    assert chance_note(0.008, 375, 500, budget_points=1.0) is not None
+    assert chance_note(0.8187, 375, 500, budget_points=1.0) is None  # the same model with its labels right
+    assert chance_note(0.20, 300, 10, budget_points=1.0) is None  # a weak model, still far from random at 1 point
+    assert chance_note(0.20, 300, 10, budget_points=10.0) is not None
+
+
 def test_attention_without_head_pruning_keeps_its_query_key_and_value_whole() -> None:
     """Data2Vec-vision's and SegFormer's attention classes have no head pruning here: their q/k/v projections were
     pruned as plain channels (ViTMSN, before it had head pruning: 11 channels of one head and 5 of the other kept,
