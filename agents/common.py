@@ -67,8 +67,8 @@ def budget_points(state: State, ctx: Context) -> float:
 
 
 def at_chance(state: State) -> bool:
-    """The original scores at chance level on the labelled images (``BaselineEntry.at_chance``: untrained for them, or
-    labels that do not match the dataset's): a candidate's accuracy says nothing of what it costs."""
+    """The original scores at or near chance on the labelled images (``BaselineEntry.at_chance``: untrained for them,
+    or labels that do not match the dataset's): a candidate's accuracy says nothing of what it costs."""
     return state.baseline is not None and state.baseline.at_chance
 
 

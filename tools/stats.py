@@ -23,6 +23,7 @@ __all__ = [
     "SEQUENTIAL_Z",
     "Z95",
     "agreement_images_needed",
+    "agreement_resolution",
     "at_chance_note",
     "budget_drop_points",
     "clearly_over_budget",
@@ -93,22 +94,6 @@ def is_budget_note(note: str) -> bool:
     return note.startswith(("no labels:", "at chance:")) or " evaluation images resolve about " in note
 
 
-def at_chance_note(images: int, budget_pct: float) -> str:
-    """The budget of a run whose original scores at chance level on its labelled images, where the share of answers
-    changed holds besides the accuracy budget (``agents.common.disagreement_budget``), and what the images resolve."""
-    needed = agreement_images_needed(budget_pct)
-    resolved = (
-        f"{images:,} images resolve it"
-        if images >= needed
-        else f"{images:,} images resolve it only roughly (about {needed:,} are needed)"
-    )
-    return (
-        f"at chance: the original's accuracy cannot tell what a candidate costs, so a candidate must also change at "
-        f"most {budget_pct:g} % of its top-1 answers (+ one standard error; --max-disagreement, here "
-        f"--max-accuracy-drop's {budget_pct:g}); {resolved}; check that the labels match the model's classes"
-    )
-
-
 #: About how many builds a deployment tries (kept round, original and alternatives in each runtime and precision):
 #: what the first lines assume when they say what the images resolve for the deployment's test.
 TYPICAL_DEPLOY_TRIES = 12
@@ -122,28 +107,43 @@ def agreement_images_needed(budget_pct: float, z: float = 1.0) -> int:
     return 0 if half <= 0 else math.ceil(z * z * (1.0 - half) / half)
 
 
-def unlabelled_note(images: int, budget_pct: float) -> str:
-    """What the budget of an unlabelled dataset is and what it bounds, and what its images resolve: for one
-    candidate (one standard error) and for the deployment's test, which counts its tries (:func:`selection_z`)."""
+def agreement_resolution(images: int, budget_pct: float, more: str = "unlabelled images") -> str:
+    """What ``images`` resolve of an agreement budget of ``budget_pct`` % of answers changed: for one candidate (one
+    standard error) and for the deployment's test, which counts its tries (:func:`selection_z`); ``more``: what to
+    give more of."""
     needed = agreement_images_needed(budget_pct)
     needed_deploy = agreement_images_needed(budget_pct, selection_z(TYPICAL_DEPLOY_TRIES))
     if images >= needed_deploy:
-        resolved = f"{images:,} images resolve it, also for the deployment's test of about {TYPICAL_DEPLOY_TRIES} tries"
-    elif images >= needed:
-        resolved = (
+        return f"{images:,} images resolve it, also for the deployment's test of about {TYPICAL_DEPLOY_TRIES} tries"
+    if images >= needed:
+        return (
             f"{images:,} images resolve it for one candidate, but the deployment's test, counting about "
             f"{TYPICAL_DEPLOY_TRIES} tries, needs about {needed_deploy:,}: builds that change any answers will mostly "
-            "be refused (give more unlabelled images)"
+            f"be refused (give more {more})"
         )
-    else:
-        resolved = (
-            f"{images:,} images resolve it only roughly (about {needed:,} are needed: give more unlabelled images)"
-        )
+    return f"{images:,} images resolve it only roughly (about {needed:,} are needed: give more {more})"
+
+
+def unlabelled_note(images: int, budget_pct: float) -> str:
+    """What the budget of an unlabelled dataset is and what it bounds, and what its images resolve
+    (:func:`agreement_resolution`)."""
+    resolved = agreement_resolution(images, budget_pct)
     return (
         f"no labels: each image's target is the original's top-1 answer, so 'accuracy' is the agreement with the "
         f"original (its own is 100 %) and a drop is the share of answers changed; the budget is {budget_pct:g} % of "
         f"answers changed (+ one standard error), which bounds the accuracy drop on any labelled images of this kind "
         f"to {budget_pct:g} points; {resolved}"
+    )
+
+
+def at_chance_note(images: int, budget_pct: float) -> str:
+    """The budget of a run whose original scores at or near chance on its labelled images, where the share of answers
+    changed holds besides the accuracy budget (``agents.common.disagreement_budget``), and what the images resolve."""
+    return (
+        f"at chance: the original's accuracy cannot tell what a candidate costs, so a candidate must also change at "
+        f"most {budget_pct:g} % of its top-1 answers (+ one standard error; --max-disagreement, here "
+        f"--max-accuracy-drop's {budget_pct:g}); {agreement_resolution(images, budget_pct, 'images')}; check that "
+        "the labels match the model's classes"
     )
 
 
