@@ -74,6 +74,11 @@ def total_macs(state: State) -> int | None:
     return state.profile_summary.total_macs if state.profile_summary is not None else None
 
 
+def has_attention(state: State) -> bool:
+    """Whether the original has attention modules (False before the profile)."""
+    return state.profile_summary.attention if state.profile_summary is not None else False
+
+
 def grouped_conv_macs(state: State) -> int:
     """Of the original's MACs per image, those of grouped (depthwise) convolutions (0 before the profile)."""
     return state.profile_summary.grouped_conv_macs if state.profile_summary is not None else 0
@@ -91,7 +96,9 @@ def distill_config(state: State, ctx: Context) -> DistillConfig | None:
 
     precision = distill_precision(ctx)
     if ctx.finetune_steps == AUTO_STEPS:
-        return auto_distill_config(total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision)
+        return auto_distill_config(
+            total_macs(state), device=ctx.device, seed=ctx.seed, precision=precision, attention=has_attention(state)
+        )
     if not ctx.finetune_steps:
         return None
     return DistillConfig(steps=ctx.finetune_steps, device=ctx.device, seed=ctx.seed, precision=precision)
@@ -121,6 +128,7 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
         precision=precision,
         sheds_layers=sheds_layers,
         pairs=distilled_pairs(state) if ctx.distill_rescues == AUTO_STEPS else (),  # --distill-rescues N: steps kept
+        attention=has_attention(state),
     )
 
 

@@ -23,6 +23,7 @@ def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
         total_params=profile.total_params,
         total_macs=profile.total_macs,
         grouped_conv_macs=profile.grouped_conv_macs,
+        attention=profile.attention,
         latency_s=profile.latency_s,
         peak_memory_mb=profile.peak_memory_mb,
         trace_path=profile.trace_path,

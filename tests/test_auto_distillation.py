@@ -15,6 +15,8 @@ from tests.helpers import digits_vit_report, typed_state
 from tools.compression import distill
 from tools.compression.distill import (
     AUTO_DISTILL_IMAGES,
+    AUTO_DISTILL_LR,
+    AUTO_DISTILL_LR_ATTENTION,
     AUTO_DISTILL_STEPS,
     AUTO_FEATURE_WEIGHT,
     AUTO_RESCUE_SECONDS,
@@ -76,6 +78,7 @@ def test_a_cheap_model_with_images_to_spare_is_distilled(tmp_path: Path, monkeyp
     tuned = report["rounds"][0]["prune_report"]["finetune"]
     assert tuned["steps"] == steps and tuned["samples"] == 64 + parts["finetune"]
     assert tuned["loss_last"] < tuned["loss_first"]
+    assert report["profile"]["attention"] and tuned["lr"] == AUTO_DISTILL_LR_ATTENTION  # a transformer's rate
     assert f"distillation: automatic, {steps} steps after each prune on {tuned['samples']}" in report["notes"][0]
 
 
@@ -100,6 +103,12 @@ def test_distillations_after_the_search_follow_the_macs() -> None:
     assert rescue is not None and per_round is not None and auto_rescue_config(253_000_000) is None
     assert rescue.steps == 1000 and rescue.model_copy(update={"steps": per_round.steps}) == per_round
     assert rescue.feature_weight == AUTO_FEATURE_WEIGHT > 0 and rescue.seed == 3
+    # a transformer's students take the higher rate its measurements chose (a CNN's keeps its BatchNorm answers lower)
+    assert rescue.lr == AUTO_DISTILL_LR < AUTO_DISTILL_LR_ATTENTION
+    assert auto_rescue_config(41_398_922, attention=True) == rescue.model_copy(
+        update={"lr": AUTO_DISTILL_LR_ATTENTION, "seed": 0}
+    )
+    assert auto_distill_config(32_637_706, attention=True).lr == AUTO_DISTILL_LR_ATTENTION  # type: ignore[union-attr]
     assert Context(distill_rescues=AUTO_STEPS).distill_rescues == AUTO_STEPS == Context().distill_rescues
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--distill-rescues", "0"])
     assert args.distill_rescues == 0

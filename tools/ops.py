@@ -160,6 +160,7 @@ def profile(
     original_dir: Path, shape: InputShape, out_dir: Path, device: str = "cpu", progress: bool = False
 ) -> ModelProfile:
     """Static (ptflops) and dynamic (torch.profiler, hooks) profile; ``profile.json`` and a Chrome trace."""
+    from tools.compression.heads import has_attention
     from tools.profiling.profile import profile_model
 
     target = out_dir / "profile.json"
@@ -171,6 +172,7 @@ def profile(
         model,
         example_input(shape, device=device),
         family=loaded.family,
+        attention=has_attention(model),
         trace_path=out_dir / "trace.json",
         progress=progress,
     )

@@ -245,6 +245,9 @@ class ModelProfile(BaseModel):
     grouped_conv_macs: int = Field(
         default=0, description="Of total_macs, those of grouped (depthwise) convolutions (twin.GROUPED_CONV_COST)."
     )
+    attention: bool = Field(
+        default=False, description="The model has attention modules (distill.AUTO_DISTILL_LR_ATTENTION)."
+    )
     latency_s: float = Field(description="Mean forward latency at batch size 1, seconds.")
     peak_memory_mb: float = 0.0
     layers: list[LayerProfile] = Field(default_factory=list)
@@ -413,6 +416,7 @@ class ProfileSummary(BaseModel):
     total_params: int
     total_macs: int
     grouped_conv_macs: int = Field(default=0, description="Of total_macs, those of grouped (depthwise) convolutions.")
+    attention: bool = Field(default=False, description="The model has attention modules.")
     latency_s: float
     peak_memory_mb: float = 0.0
     trace_path: str | None = None

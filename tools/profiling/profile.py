@@ -105,6 +105,7 @@ def profile_model(
     example_inputs: torch.Tensor,
     *,
     family: str = "",
+    attention: bool = False,
     warmup: int = 1,
     iters: int = 5,
     trace_path: Path | None = None,
@@ -117,7 +118,8 @@ def profile_model(
     to the hooked run's total; the operator profile (``torch.profiler``) averages at most 3 passes. MACs and
     params (and their shares, relative to the model totals) are exact and the same on every run; timed
     figures are not, which is why the rules planner decides on MACs and parameters only. The model is left
-    unchanged (hooks, attributes, modes).
+    unchanged (hooks, attributes, modes). ``family`` and ``attention`` (the model has attention modules:
+    ``tools.compression.heads.has_attention``) are recorded as given.
     """
     x = example_inputs[:1]
     input_shape = tuple(int(s) for s in x.shape[1:])
@@ -189,6 +191,7 @@ def profile_model(
             for name, module in model.named_modules()
             if isinstance(module, nn.Conv2d) and module.groups > 1
         ),
+        attention=attention,
         latency_s=latency_s,
         peak_memory_mb=peak_mb,
         layers=layers,
