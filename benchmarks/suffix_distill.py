@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from figure_common import machine_line, read_run
+from figure_common import machine_line, read_run, top1
 from torch import nn
 
 from tools import load_compressed, ops
@@ -56,11 +56,6 @@ def suffix(model: nn.Module, features: torch.Tensor, pooled: bool = False) -> to
     x = model._swish(model._bn1(model._conv_head(x)))
     x = F.adaptive_avg_pool2d(x, 1).flatten(1)
     return x if pooled else model._fc(model._dropout(x))
-
-
-def top1(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([model(images[i : i + 50]).argmax(1) for i in range(0, len(images), 50)])
 
 
 def main() -> None:
