@@ -28,6 +28,7 @@ __all__ = [
     "blocks_removed",
     "budget_drop_points",
     "confirmed_rounds",
+    "could_ship_faster",
     "distillation_target",
     "kept_round",
     "ladder_starts",
@@ -215,11 +216,21 @@ def kept_round(
     if best is None or best_alone is None or best.round == best_alone.round:
         return best, ""
     z = _z_of(best_alone, rounds, zs)
+    tries, faster = len(rounds), sum(1 for r in rounds if r.metrics.paired and could_ship_faster(r))
+    if objective == "latency" and could_ship_faster(best_alone) and faster >= 2:
+        tries = faster  # held among the rounds that can ship faster (``agents.evaluation.round_zs``)
     return best, (
         f"round {best_alone.round} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
-        f"error <= {budget:g}) but not as the best of {len(rounds)} rounds (drop + {z:.2f} standard errors = "
+        f"error <= {budget:g}) but not as the best of {tries} rounds (drop + {z:.2f} standard errors = "
         f"{_bound(best_alone, z):.2f}): round {best.round} is kept"
     )
+
+
+def could_ship_faster(r: RoundResult) -> bool:
+    """Whether round ``r`` may ship faster than the original: timed more than the deployment's tie margin
+    (``TIE_MARGIN``) faster than it in the runtime the original deploys to, or not timed there."""
+    speedup = r.metrics.deploy_speedup
+    return speedup is None or float(speedup) > 1.0 + TIE_MARGIN
 
 
 def confirmed_rounds(
