@@ -35,6 +35,7 @@ from tools.compression.pruning import apply_pruning
 from tools.compression.recipes import PruningConfig
 from tools.evaluation.datasets import load_eval_dataset
 from tools.schemas import PruningRecommendation
+from tools.stats import paired_accuracy
 
 FIRST = 16  #: the first block of the suffix: blocks before it are untouched by both plans
 PLANS = {
@@ -94,11 +95,12 @@ def main() -> None:
 
     def judged(what: str, model: nn.Module) -> None:
         predicted = top1(model, unseen)
-        diff = (predicted == labels).float() - (original_top1 == labels).float()
-        half_width = 1.96 * float(diff.std()) / len(diff) ** 0.5
+        right, right_before = (predicted == labels).tolist(), (original_top1 == labels).tolist()
+        paired = paired_accuracy(right_before, right, original_top1.tolist(), predicted.tolist())
+        half_width = (paired.ci95_high_points - paired.ci95_low_points) / 2
         print(
-            f"{what}: unseen Δ {100 * float(diff.mean()):+.2f} ± {100 * half_width:.2f} points, "
-            f"agreement {100 * float((predicted == original_top1).float().mean()):.1f} % ({len(diff)} images)",
+            f"{what}: unseen Δ {paired.delta_points:+.2f} ± {half_width:.2f} points, "
+            f"agreement {100 * paired.agreement:.1f} % ({paired.samples} images)",
             flush=True,
         )
 
