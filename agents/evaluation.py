@@ -20,7 +20,7 @@ from agents.common import (
     shape_of,
     unlabelled,
 )
-from agents.planning.selection import accuracy_drop_points, could_ship_faster, passes_as_one_of, within_budget
+from agents.planning.selection import accuracy_drop_points, faster_family, passes_as_one_of, within_budget
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
@@ -168,7 +168,7 @@ def round_zs(state: State, ctx: Context) -> dict[int, float]:
 
     With ``--objective latency`` a round timed no more than the deployment's tie margin faster than the original in
     the runtime it deploys to cannot ship (a tie goes to the original), so the rounds that can are held to a test over
-    themselves alone (:func:`could_ship_faster`: a filter on speed, which reads no labels); the others, over every
+    themselves alone (:func:`faster_family`: a filter on speed, which reads no labels); the others, over every
     round as before. CIFAR ResNet-20's latency run (AMD EPYC, VNNI): its three-block round, 1.42x in the run and
     -0.08 points, was refused as one of 13 (1.70 standard errors, 0.005 point over); as one of the 9 that could ship
     faster, 1.59, kept, and its OpenVINO int8 shipped at 1.46x OpenVINO int8 of the original, -0.68 unseen, where
@@ -189,8 +189,8 @@ def round_zs(state: State, ctx: Context) -> dict[int, float]:
         return {r.round: z for r, z in zip(members, zs, strict=True)}
 
     zs = family(rounds)
-    faster = [r for r in rounds if could_ship_faster(r)]
-    if ctx.objective == "latency" and 2 <= len(faster) < len(rounds):
+    faster = faster_family(rounds, ctx.objective)
+    if faster:
         zs.update(family(faster))
     return zs
 

@@ -30,6 +30,7 @@ __all__ = [
     "confirmed_rounds",
     "could_ship_faster",
     "distillation_target",
+    "faster_family",
     "kept_round",
     "ladder_starts",
     "layers_removed",
@@ -216,9 +217,8 @@ def kept_round(
     if best is None or best_alone is None or best.round == best_alone.round:
         return best, ""
     z = _z_of(best_alone, rounds, zs)
-    tries, faster = len(rounds), sum(1 for r in rounds if r.metrics.paired and could_ship_faster(r))
-    if objective == "latency" and could_ship_faster(best_alone) and faster >= 2:
-        tries = faster  # held among the rounds that can ship faster (``agents.evaluation.round_zs``)
+    faster = faster_family(rounds, objective)
+    tries = len(faster) if any(r.round == best_alone.round for r in faster) else len(rounds)
     return best, (
         f"round {best_alone.round} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
         f"error <= {budget:g}) but not as the best of {tries} rounds (drop + {z:.2f} standard errors = "
@@ -231,6 +231,15 @@ def could_ship_faster(r: RoundResult) -> bool:
     (``TIE_MARGIN``) faster than it in the runtime the original deploys to, or not timed there."""
     speedup = r.metrics.deploy_speedup
     return speedup is None or float(speedup) > 1.0 + TIE_MARGIN
+
+
+def faster_family(rounds: Sequence[RoundResult], objective: str) -> list[RoundResult]:
+    """The rounds held to a test among themselves (``agents.evaluation.round_zs``): with the latency objective, the
+    judged rounds (a paired result) that could ship faster (:func:`could_ship_faster`), where at least two and not
+    all of them can; else none, and every judged round is a try for every other."""
+    judged = [r for r in rounds if r.metrics.paired is not None]
+    faster = [r for r in judged if could_ship_faster(r)]
+    return faster if objective == "latency" and 2 <= len(faster) < len(judged) else []
 
 
 def confirmed_rounds(
