@@ -164,10 +164,20 @@ def _second_student_note(round_index: int | None, artifact: Path) -> str:
     )
 
 
-def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path, not_built: bool = False) -> str:
+#: What the note on an original that outran its pruned model adds with the paper's order (``--objective params``).
+LATENCY_OBJECTIVE_HINT = (
+    "; at batch 1 a CPU pays per layer, so fewer channels seldom run faster: `--objective latency` ranks rounds by "
+    "their latency in the runtime they deploy to and plans whole blocks by what they save there"
+)
+
+
+def _original_note(
+    choice: DeployChoice, pruned_source: Path, original_dir: Path, not_built: bool = False, objective: str | None = None
+) -> str:
     """Why the unpruned original is deployed: the pruned model was not built (``not_built``: it saves too few MACs),
     no pruned model had a runtime within the accuracy budget, or the original's runtime is faster and no larger than
-    the pruned model's fastest within it (:func:`tools.deploy.choice.dominates`)."""
+    the pruned model's fastest within it (:func:`tools.deploy.choice.dominates`); in the last case, with the paper's
+    order (``objective`` params), what ``--objective latency`` would aim at instead."""
     round_name = pruned_source.parent.name if pruned_source.name == "model" else pruned_source.name
     kept = "(the pruned model stays in RUN/models and the report)"
     if not_built:
@@ -176,10 +186,11 @@ def _original_note(choice: DeployChoice, pruned_source: Path, original_dir: Path
             f"original's MACs to run faster: the unpruned original is deployed in {choice.chosen} {kept}"
         )
     if has_pruned_within(choice.candidates, original_dir):
+        hint = LATENCY_OBJECTIVE_HINT if objective == "params" else ""
         return (
             f"deployment: the unpruned original in {choice.chosen} is faster than every runtime of the pruned model "
             f"({round_name}) within the accuracy budget and no larger, so it is deployed {kept}: pruning gave this "
-            "model nothing the original in that runtime does not give"
+            f"model nothing the original in that runtime does not give{hint}"
         )
     return (
         f"deployment: no runtime of the pruned model ({round_name}) or of a round with more headroom passed the "
@@ -320,9 +331,10 @@ def adopt_original(state: State, runtime: Runtime[Context]) -> dict[str, object]
     """The unpruned original ships in the chosen build (no pruned build within budget, or none faster)."""
     choice = need(state.deployment, "deployment")
     kept = _kept_source(state)
-    not_built = settings(runtime).quant_backend == "auto" and _kept_cannot_outrun(state)
+    ctx = settings(runtime)
+    not_built = ctx.quant_backend == "auto" and _kept_cannot_outrun(state)
     not_built = not_built and _headroom_round(state, kept) is None
-    return {"notes": [_original_note(choice, kept, paths(state).original, not_built)]}
+    return {"notes": [_original_note(choice, kept, paths(state).original, not_built, ctx.objective)]}
 
 
 def _int8_ranking(state: State) -> Int8Sensitivity | None:

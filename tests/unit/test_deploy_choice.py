@@ -680,6 +680,10 @@ def test_the_note_says_why_the_unpruned_original_deploys() -> None:
     choice = DeployChoice(chosen="openvino-int8", why="", source=str(original), candidates=[ours, theirs])
     note = _original_note(choice, pruned, original)
     assert "faster than every runtime of the pruned model (round-02) within the accuracy budget and no larger" in note
+    assert "--objective latency" not in note
+    assert "`--objective latency` ranks rounds by their latency" in _original_note(
+        choice, pruned, original, objective="params"
+    )
     over = choice.model_copy(update={"candidates": [ours.model_copy(update={"within_budget": False}), theirs]})
     assert "no runtime of the pruned model (round-02)" in _original_note(over, pruned, original)
 
