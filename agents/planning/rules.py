@@ -4,12 +4,12 @@ With a sensitivity profile (``profile.sensitivity``, measured on the calibration
 per-unit ratios: every attention module's heads, the width of its heads, and every block-internal channel
 group is a unit with a measured damage at a few ratios (against the original, after recovery: its KL divergence,
 which adds across units, and the share of images it changes, fitted to the KL over the profile:
-:mod:`agents.planning.damage`) and a saving (its share of the model's parameters plus its share of MACs).
+:mod:`agents.planning.damage`) and a saving (its share of the model's parameters).
 Greedily, the step with the most saving per unit of damage is taken until the predicted damage reaches the round's
 *damage budget* (a share of images changed); heads and channels move independently. The rounds then
 search the damage budget with real evaluations: grow it while the evaluated candidate stays within the
 accuracy budget (1.25x to 4x, by the headroom the candidate left), bisect once one does not. The saving uses
-parameters and MACs, not timed latency, so plans do not depend on timing noise.
+parameters, not timed latency, so plans do not depend on timing noise.
 
 Without a sensitivity profile (no data, or ``--no-sensitivity``) it falls back to one global level over
 the groups that cost the most MACs (parameters where MACs are unknown), searched the same way.
@@ -182,17 +182,13 @@ class RulesPlanner:
     def _allocated(self, ctx: PlanningContext, budget: float, note: str) -> PlanResult:
         sens = ctx.profile.sensitivity
         assert sens is not None
-        ratios, _ = allocate(
-            sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio, ctx.objective
-        )
+        ratios, _ = allocate(sens, ctx.profile.total_params, budget, ctx.max_ratio, ctx.objective)
         for _ in range(12):  # a budget too small for any step would waste the round: raise it until one fits
             if ratios:
                 break
             budget *= 2
             note += f" Raised the damage budget to {budget:.4f}: no unit fitted in less."
-            ratios, _ = allocate(
-                sens, ctx.profile.total_params, ctx.profile.total_macs, budget, ctx.max_ratio, ctx.objective
-            )
+            ratios, _ = allocate(sens, ctx.profile.total_params, budget, ctx.max_ratio, ctx.objective)
         return self._plan_from(ctx, ratios, budget, note)
 
     def _plan_from(self, ctx: PlanningContext, ratios: dict[str, float], budget: float, note: str) -> PlanResult:
@@ -379,7 +375,7 @@ class RulesPlanner:
         budget = float(base_round.planner_state.get("damage_budget", 0.0))
         model = DamageModel.fit(sens)
         units = {u.pattern: u for u in sens.units}
-        total_params, total_macs = ctx.profile.total_params, ctx.profile.total_macs
+        total_params = ctx.profile.total_params
 
         def damage_after(unit: SensitivityUnit, step: float) -> float:
             ratio = min(ctx.max_ratio, max(0.0, base.get(unit.pattern, 0.0) + step))
@@ -392,8 +388,8 @@ class RulesPlanner:
             if ratio is None:
                 return float("inf")
             c0, c1 = model.cost(unit, current), model.cost(unit, ratio)
-            v0 = unit_saving(unit, current, total_params, total_macs, ctx.objective)
-            v1 = unit_saving(unit, ratio, total_params, total_macs, ctx.objective)
+            v0 = unit_saving(unit, current, total_params, ctx.objective)
+            v1 = unit_saving(unit, ratio, total_params, ctx.objective)
             if c1 is None or v1 is None or v1 <= (v0 or 0.0):
                 return float("inf")
             return max(c1 - (c0 or 0.0), 0.0) / (v1 - (v0 or 0.0))

@@ -67,9 +67,39 @@ def test_allocation_spreads_over_alike_units_instead_of_emptying_one() -> None:
     a, b = _unit("a", [0.01, 0.04, 0.16], 1000), _unit("b", [0.01, 0.04, 0.16], 1000)
     profile = _profile(a, b)
     model = DamageModel.fit(profile)
-    ratios, predicted = allocate(
-        profile, total_params=2000, total_macs=1, damage_budget=model.flips(0.02), max_ratio=0.9
-    )
+    ratios, predicted = allocate(profile, total_params=2000, damage_budget=model.flips(0.02), max_ratio=0.9)
     assert ratios == {"^a$": pytest.approx(0.3), "^b$": pytest.approx(0.3)}
     assert predicted == pytest.approx(model.flips(0.02))
     assert math.isclose(sum(model.cost(u, ratios[u.pattern]) or 0 for u in (a, b)), 0.02)
+
+
+def test_the_parameters_objective_spends_damage_where_the_parameters_are() -> None:
+    """Alike damage: the unit holding parameters is taken, not the one holding MACs (EfficientNet-Lite2's last-stage
+    blocks against its 16x16 ones); with the latency objective the measured latency saving decides."""
+
+    def unit(name: str, params: int, macs: int, latency_s: float) -> SensitivityUnit:
+        return SensitivityUnit(
+            pattern=f"^{name}$",
+            pruning_type="structured",
+            modules=[name],
+            size=100,
+            points=[
+                SensitivityPoint(
+                    ratio=r,
+                    params_saved=int(params * r),
+                    macs_saved=int(macs * r),
+                    latency_saved_s=latency_s * r,
+                    agreement=1 - 0.3 * kl**0.5,
+                    kl=kl,
+                )
+                for r, kl in zip((0.3, 0.6, 0.9), (0.01, 0.04, 0.16), strict=True)
+            ],
+        )
+
+    late, early = unit("late", 900, 10, 1e-5), unit("early", 100, 990, 1e-3)
+    profile = _profile(late, early)
+    budget = DamageModel.fit(profile).flips(0.01)
+    by_params, _ = allocate(profile, total_params=1000, damage_budget=budget, max_ratio=0.9)
+    assert by_params == {"^late$": pytest.approx(0.3)}
+    by_latency, _ = allocate(profile, total_params=1000, damage_budget=budget, max_ratio=0.9, objective="latency")
+    assert by_latency == {"^early$": pytest.approx(0.3)}

@@ -117,11 +117,11 @@ def _sensitivity(units: list[SensitivityUnit] | None = None) -> SensitivityProfi
 
 def test_allocation_takes_cheap_savings_first_and_respects_the_budget() -> None:
     sens = _sensitivity()
-    ratios, spent = allocate(sens, total_params=3000, total_macs=1, damage_budget=0.005, max_ratio=0.9)
+    ratios, spent = allocate(sens, total_params=3000, damage_budget=0.005, max_ratio=0.9)
     assert ratios["^free.fc1$"] == 0.9
     assert "^costly.fc1$" not in ratios
     assert spent <= 0.005 + 1e-9
-    wide, _ = allocate(sens, total_params=3000, total_macs=1, damage_budget=0.1, max_ratio=0.6)
+    wide, _ = allocate(sens, total_params=3000, damage_budget=0.1, max_ratio=0.6)
     assert max(wide.values()) <= 0.6 and "^costly.fc1$" in wide
     damage = DamageModel.fit(sens).curve(sens.units[1])  # no KL measured: costs are the flip shares themselves
     assert [r for r, _ in damage] == [0.3, 0.6, 0.9]
