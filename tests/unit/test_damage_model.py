@@ -11,15 +11,32 @@ from agents.planning.damage import DamageModel
 from tools.schemas import SensitivityPoint, SensitivityProfile, SensitivityUnit
 
 
-def _unit(name: str, kls: list[float], saved: int, scale: float = 0.3, exponent: float = 0.5) -> SensitivityUnit:
-    """A unit measured at 0.3/0.6/0.9 whose flips follow ``scale * kl ** exponent`` exactly."""
+def _unit(
+    name: str,
+    kls: list[float],
+    saved: int,
+    scale: float = 0.3,
+    exponent: float = 0.5,
+    *,
+    macs: int = 0,
+    latency_s: float = 0.0,
+) -> SensitivityUnit:
+    """A unit measured at 0.3/0.6/0.9 whose flips follow ``scale * kl ** exponent`` exactly; ``saved`` parameters,
+    ``macs`` MACs and ``latency_s`` seconds in all, a share of each removed by the ratio."""
     return SensitivityUnit(
         pattern=f"^{name}$",
         pruning_type="structured",
         modules=[name],
         size=100,
         points=[
-            SensitivityPoint(ratio=r, params_saved=int(saved * r), agreement=1 - scale * kl**exponent, kl=kl)
+            SensitivityPoint(
+                ratio=r,
+                params_saved=int(saved * r),
+                macs_saved=int(macs * r),
+                latency_saved_s=latency_s * r,
+                agreement=1 - scale * kl**exponent,
+                kl=kl,
+            )
             for r, kl in zip((0.3, 0.6, 0.9), kls, strict=True)
         ],
     )
@@ -77,26 +94,9 @@ def test_the_parameters_objective_spends_damage_where_the_parameters_are() -> No
     """Alike damage: the unit holding parameters is taken, not the one holding MACs (EfficientNet-Lite2's last-stage
     blocks against its 16x16 ones); with the latency objective the measured latency saving decides."""
 
-    def unit(name: str, params: int, macs: int, latency_s: float) -> SensitivityUnit:
-        return SensitivityUnit(
-            pattern=f"^{name}$",
-            pruning_type="structured",
-            modules=[name],
-            size=100,
-            points=[
-                SensitivityPoint(
-                    ratio=r,
-                    params_saved=int(params * r),
-                    macs_saved=int(macs * r),
-                    latency_saved_s=latency_s * r,
-                    agreement=1 - 0.3 * kl**0.5,
-                    kl=kl,
-                )
-                for r, kl in zip((0.3, 0.6, 0.9), (0.01, 0.04, 0.16), strict=True)
-            ],
-        )
-
-    late, early = unit("late", 900, 10, 1e-5), unit("early", 100, 990, 1e-3)
+    kls = [0.01, 0.04, 0.16]
+    late = _unit("late", kls, 900, macs=10, latency_s=1e-5)
+    early = _unit("early", kls, 100, macs=990, latency_s=1e-3)
     profile = _profile(late, early)
     budget = DamageModel.fit(profile).flips(0.01)
     by_params, _ = allocate(profile, total_params=1000, damage_budget=budget, max_ratio=0.9)
