@@ -145,3 +145,24 @@ def test_swin_attention_with_shifted_windows_fuses_into_multiheadattention(tmp_p
         reference = swin(_x()).logits
     for fixed in (False, True):
         assert torch.allclose(OrtModel(path, threads=1, fixed_batch=fixed)(_x()), reference, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "sequence-first"])
+def test_torch_nn_attention_packs_to_what_multihead_attention_returns(batch_first: bool) -> None:
+    """``nn.MultiheadAttention`` as the pipeline splits it fuses too, called as ``nn.MultiheadAttention`` is; a mask or
+    cross-attention, which the fused node does not compute, is refused."""
+    from tools.compression.mha import SplitMultiheadAttention
+    from tools.deploy.onnxruntime.fusion import PackedMultiheadAttention
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=batch_first).eval()
+    packed = PackedMultiheadAttention(SplitMultiheadAttention.from_mha(mha))
+    batched, unbatched = torch.randn(5, 2, 32), torch.randn(5, 32)
+    with torch.no_grad():
+        for x in (batched, unbatched):
+            out, weights = packed(x, x, x)
+            assert weights is None and torch.allclose(out, mha(x, x, x, need_weights=False)[0], atol=1e-6)
+        with pytest.raises(AttentionFusionError, match="takes no attention mask"):
+            packed(batched, batched, batched, attn_mask=torch.zeros(5, 5))
+        with pytest.raises(AttentionFusionError, match="self-attention only"):
+            packed(batched, batched.clone(), batched)

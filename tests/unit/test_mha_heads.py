@@ -279,7 +279,7 @@ def test_pruned_model_reloads_and_predicts_with_the_same_logits(saved: dict[str,
     assert top == (f"class_{int(probs.argmax())}", round(float(probs.max()), 4))
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime-fp32", "onnxruntime", "openvino"])
+@pytest.mark.parametrize("backend", ["onnxruntime-fp32", "onnxruntime", "onnxruntime-fused", "openvino"])
 @pytest.mark.parametrize("name", BUILDS)
 def test_pruned_model_runs_in_onnx_runtime_and_openvino(
     saved: dict[str, dict[str, Any]], name: str, backend: str
@@ -303,7 +303,12 @@ def test_pruned_model_runs_in_onnx_runtime_and_openvino(
     x = images(3, seed=5)
     got, expected = logits(deployed, x), logits(model, x)
     assert got.shape == (3, CLASSES)
-    if backend == "onnxruntime":  # dynamic int8: the split projections are Linear layers, quantized
+    if backend.startswith("onnxruntime-fused"):  # each (pruned) attention one int8 QAttention node, as Hugging Face's
+        import onnx
+
+        nodes = [node.op_type for node in onnx.load(str(out / "model.onnx")).graph.node]
+        assert nodes.count("QAttention") == 2 and "Softmax" not in nodes
+    if backend.startswith("onnxruntime") and backend != "onnxruntime-fp32":  # dynamic int8 of the split projections
         layers = json.loads((out / "artifact.json").read_text())["quantization"]["layers"]
         assert {f"{a}.{p}" for a in attention(name) for p in ("q_proj", "o_proj")} <= set(layers)
         assert torch.allclose(got, expected, atol=0.1)

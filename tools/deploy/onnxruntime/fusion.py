@@ -24,21 +24,14 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FUSABLE", "AttentionFusionError", "NothingToFuse", "PackedAttention", "fuse_attention"]
-
-#: Attention classes whose forward is softmax(Q K^T / sqrt(head_dim) [+ relative position bias + shifted-window
-#: mask, Swin]) V over q_proj/k_proj/v_proj, then o_proj.
-FUSABLE: frozenset[str] = frozenset(
-    {
-        "ViTAttention",
-        "DeiTAttention",
-        "Dinov2Attention",
-        "Dinov2WithRegistersAttention",
-        "ViTMSNAttention",
-        "IJepaAttention",
-        "SwinAttention",
-    }
-)
+__all__ = [
+    "FUSABLE",
+    "AttentionFusionError",
+    "NothingToFuse",
+    "PackedAttention",
+    "PackedMultiheadAttention",
+    "fuse_attention",
+]
 
 
 class AttentionFusionError(RuntimeError):
@@ -183,6 +176,61 @@ class PackedAttention(nn.Module):
         return self.o_proj(fused), None  # type: ignore[operator]
 
 
+class PackedMultiheadAttention(PackedAttention):
+    """``torch.nn``'s attention as the tool splits it (:class:`~tools.compression.mha.SplitMultiheadAttention`, the
+    form a model's ``nn.MultiheadAttention`` takes in the pipeline) packed into one ``Attention`` node, called as
+    ``nn.MultiheadAttention`` is: ``(query, key, value, ...) -> (output, None)``. It fuses self-attention without
+    masks, what a vision transformer's encoder layers compute; cross-attention or a mask is refused with
+    :class:`AttentionFusionError` (so :func:`fuse_attention`'s check refuses the copy). No attention weights are
+    returned."""
+
+    #: ``nn.TransformerEncoderLayer``'s fast path reads the fused projection's bias: None makes it decline, so the
+    #: layer calls this module through its ordinary path (as it calls the split attention).
+    in_proj_bias: None = None
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__(attention)
+        self.batch_first = bool(getattr(attention, "batch_first", False))
+        self.num_heads = self.heads
+        self.embed_dim = int(getattr(attention, "embed_dim"))  # noqa: B009 (an int attribute, not a submodule)
+
+    def forward(  # type: ignore[override]  # nn.MultiheadAttention's call, not a Hugging Face attention's
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, None]:
+        if key is not query or value is not query:
+            raise AttentionFusionError("a fused nn.MultiheadAttention computes self-attention only")
+        if key_padding_mask is not None or attn_mask is not None:
+            raise AttentionFusionError("a fused nn.MultiheadAttention takes no attention mask")
+        batched = query.dim() == 3  # unbatched: (tokens, embed_dim) whatever batch_first says
+        x = query.unsqueeze(0) if not batched else query if self.batch_first else query.transpose(0, 1)
+        out, _ = super().forward(x)
+        if not batched:
+            return out.squeeze(0), None
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+#: Attention classes (by name) whose forward is softmax(Q K^T / sqrt(head_dim) [+ relative position bias +
+#: shifted-window mask, Swin]) V over q_proj/k_proj/v_proj, then o_proj; and the fused module that replaces each.
+FUSABLE: dict[str, type[PackedAttention]] = {
+    "ViTAttention": PackedAttention,
+    "DeiTAttention": PackedAttention,
+    "Dinov2Attention": PackedAttention,
+    "Dinov2WithRegistersAttention": PackedAttention,
+    "ViTMSNAttention": PackedAttention,
+    "IJepaAttention": PackedAttention,
+    "SwinAttention": PackedAttention,
+    "SplitMultiheadAttention": PackedMultiheadAttention,
+}
+
+
 def _linear(module: nn.Module, name: str) -> nn.Linear:
     child = getattr(module, name, None)
     if not isinstance(child, nn.Linear):
@@ -218,7 +266,7 @@ def fuse_attention(model: nn.Module, example_input: torch.Tensor, *, atol: float
     for parent in list(fused.modules()):
         for name, child in list(parent.named_children()):
             if _fusable(child):
-                setattr(parent, name, PackedAttention(child))
+                setattr(parent, name, FUSABLE[type(child).__name__](child))
                 count += 1
     if count == 0:
         raise NothingToFuse(
@@ -229,8 +277,13 @@ def fuse_attention(model: nn.Module, example_input: torch.Tensor, *, atol: float
     was_training = model.training
     with torch.no_grad():
         reference = LogitsOnly(model.eval())(x.to(device)).float().cpu()
-        output = LogitsOnly(fused)(x)
-    model.train(was_training)
+        model.train(was_training)
+        try:
+            output = LogitsOnly(fused)(x)
+        except AttentionFusionError:
+            raise
+        except Exception as exc:  # the model calls its attention in a way the fused module does not serve
+            raise AttentionFusionError(f"the fused copy does not run ({type(exc).__name__}: {exc}): not fused") from exc
     scale = float(reference.abs().max()) or 1.0
     error = float((output - reference).abs().max())
     if error > atol * max(scale, 1.0):
