@@ -166,3 +166,24 @@ def test_torch_nn_attention_packs_to_what_multihead_attention_returns(batch_firs
             packed(batched, batched, batched, attn_mask=torch.zeros(5, 5))
         with pytest.raises(AttentionFusionError, match="self-attention only"):
             packed(batched, batched.clone(), batched)
+
+
+@pytest.mark.parametrize("build", ["encoder_vit", "torchvision_vit"])
+def test_a_torch_nn_vit_as_given_deploys_with_one_qattention_per_layer(tmp_path: Path, build: str) -> None:
+    """The original as a user gives it (its ``nn.MultiheadAttention`` not split: the original's deployment table is
+    built from it) fuses in a copy; the model itself is left as it was."""
+    import tests.helpers_mha
+    from tools.deploy.registry import get_backend, plan_quantization
+
+    model = getattr(tests.helpers_mha, build)()
+    fused, count = fuse_attention(model, _x(1))
+    with torch.inference_mode():
+        assert count == 2 and torch.allclose(fused(_x()), model(_x()), atol=1e-5)
+    assert sum(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules()) == 2
+    backend = get_backend("onnxruntime-fused")
+    report = backend.save(model, plan_quantization(model, ALL, backend=backend.name), tmp_path, example_input=_x(1))
+    nodes = Counter(node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node)
+    assert nodes["QAttention"] == 2 and nodes["Softmax"] == 0
+    # the plan named the attention's out_proj (its in-projection is no layer): both int8, by the split names
+    assert sum(name.endswith(("q_proj", "o_proj")) for name in report.layers) == 4
+    assert not any("out_proj" in name for name in report.layers) and not any("left in" in n for n in report.notes)

@@ -50,11 +50,13 @@ __all__ = [
     "SplitMultiheadAttention",
     "conversion_problem",
     "split_attention_",
+    "split_layer_names",
     "split_selected_",
     "with_split_attention",
 ]
 
 M = TypeVar("M", bound=nn.Module)
+V = TypeVar("V")
 
 #: The projections of :class:`SplitMultiheadAttention`, as :data:`tools.compression.heads.ATTENTION_SPECS` names them.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -333,3 +335,20 @@ def split_selected_(model: nn.Module, patterns: Iterable[re.Pattern[str]]) -> li
         if any(r.search(c) for r in regexes for c in (name, *(f"{name}.{p}" for p in PROJECTIONS)))
     ]
     return _convert(model, selected)
+
+
+def split_layer_names(layers: Mapping[str, V], model: nn.Module) -> dict[str, V]:
+    """``layers`` (a selection of ``model``'s layers by name: a quantization plan's layer -> dtype) named as in
+    ``model`` after :func:`split_attention_`: each convertible ``nn.MultiheadAttention``'s ``out_proj`` becomes its
+    ``o_proj``, and its in-projection (one fused parameter, no layer of its own until split, so a plan of ``model``
+    cannot name it) is selected with the ``out_proj``'s value as ``q_proj``, ``k_proj`` and ``v_proj``."""
+    renamed = dict(layers)
+    for name, module in model.named_modules():
+        if (
+            isinstance(module, nn.MultiheadAttention)
+            and not conversion_problem(module)
+            and f"{name}.out_proj" in renamed
+        ):
+            value = renamed.pop(f"{name}.out_proj")
+            renamed.update({f"{name}.{projection}": value for projection in PROJECTIONS})
+    return renamed

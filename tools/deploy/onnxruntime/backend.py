@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tools.compression.mha import split_layer_names
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import (
     PRECISION_FP32,
@@ -103,6 +104,7 @@ class OnnxRuntimeDynamicBackend:
         target = out_dir / self.deployed_file
         settings = report.int8 or int8_settings()
         exported, op_types, notes = float_model, graphs.QUANTIZED_OP_TYPES, list(report.notes)
+        wanted = dict(report.layers)
         if self.fuse:
             try:
                 exported, count = fuse_attention(float_model, example_input[:1])
@@ -112,12 +114,13 @@ class OnnxRuntimeDynamicBackend:
                 raise QuantizationError(str(exc)) from exc
             op_types = (*op_types, *graphs.CONTRIB_OP_TYPES)
             notes.append(f"{self.name}: {count} attention module(s) exported as one fused Attention node each")
+            wanted = split_layer_names(report.layers, float_model)  # the fused copy's nn.MultiheadAttention is split
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
             fp32 = export_onnx(exported, example_input[:1], Path(work) / "float.onnx")
             graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
             packed = graphs.packed_attention_nodes(graph, exported) if self.fuse else {}
             nodes = graphs.linear_nodes(graph, exported) | packed
-            selected = {name: nodes.get(name, []) for name in report.layers}
+            selected = {name: nodes.get(name, []) for name in wanted}
             if graph == fp32:
                 notes.append("onnxruntime: quant_pre_process failed on this graph: the raw export was quantized")
             unmapped = sorted(name for name, found in selected.items() if not found)
@@ -128,7 +131,7 @@ class OnnxRuntimeDynamicBackend:
                 shutil.copyfile(graph, target)  # nothing to quantize: the float graph is deployed
                 notes.append("onnxruntime: no MatMul/Gemm node to quantize: the FP32 graph is deployed")
             else:
-                every = set(report.layers) == set(nodes) and not unmapped
+                every = set(wanted) == set(nodes) and not unmapped
                 quantize_onnx(
                     graph,
                     target,
@@ -140,9 +143,7 @@ class OnnxRuntimeDynamicBackend:
                 )
         # a quantized node is renamed (<name>_quant) and re-typed (MatMulInteger, QAttention, ...)
         still_float = set(graphs.weighted_nodes(target)) | set(graphs.attention_nodes(target))
-        layers = {
-            name: report.layers[name] for name, found in selected.items() if found and not still_float & set(found)
-        }
+        layers = {name: wanted[name] for name, found in selected.items() if found and not still_float & set(found)}
         missed = sorted(name for name, found in selected.items() if found and name not in layers)
         if missed:
             notes.append(f"onnxruntime did not quantize {', '.join(missed[:3])}: left in float32")

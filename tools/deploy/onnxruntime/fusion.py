@@ -254,14 +254,18 @@ def _fusable(module: nn.Module) -> bool:
 
 
 def fuse_attention(model: nn.Module, example_input: torch.Tensor, *, atol: float = 1e-4) -> tuple[nn.Module, int]:
-    """A copy of ``model`` (eval, CPU, float32) with every fusable attention packed; and how many were fused.
+    """A copy of ``model`` (eval, CPU, float32) with every fusable attention packed; and how many were fused. Its
+    ``nn.MultiheadAttention`` modules are split first (:func:`~tools.compression.mha.split_attention_`, exact), as the
+    pipeline splits a pruned model's.
 
     Raises :class:`AttentionFusionError` when nothing can be fused, or when the copy's logits on
     ``example_input`` differ from the original's by more than ``atol`` (relative to their scale).
     """
+    from tools.compression.mha import split_attention_
     from tools.models.base import LogitsOnly, clone_module
 
     fused = clone_module(model).cpu().float().eval()
+    split_attention_(fused)  # a model's own nn.MultiheadAttention (the original, unpruned) in the form that packs
     count = 0
     for parent in list(fused.modules()):
         for name, child in list(parent.named_children()):
