@@ -187,3 +187,20 @@ def test_a_torch_nn_vit_as_given_deploys_with_one_qattention_per_layer(tmp_path:
     # the plan named the attention's out_proj (its in-projection is no layer): both int8, by the split names
     assert sum(name.endswith(("q_proj", "o_proj")) for name in report.layers) == 4
     assert not any("out_proj" in name for name in report.layers) and not any("left in" in n for n in report.notes)
+
+
+def test_cross_attention_of_other_widths_is_not_fused() -> None:
+    """An ``nn.MultiheadAttention`` whose keys and values have their own width (``kdim``, ``vdim``) cannot pack one
+    input's Q/K/V: the model has nothing to fuse, a clear refusal rather than a failed concatenation."""
+
+    class Cross(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = torch.nn.MultiheadAttention(16, 4, kdim=8, vdim=8, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            keys = x.flatten(1)[:, :40].reshape(-1, 5, 8)
+            return self.attention(torch.zeros(x.shape[0], 3, 16), keys, keys)[0].mean(1)
+
+    with pytest.raises(AttentionFusionError, match="no attention module that can be fused"):
+        fuse_attention(Cross().eval(), _x(1))

@@ -249,6 +249,7 @@ def _fusable(module: nn.Module) -> bool:
     return (
         isinstance(head_dim, int)
         and q.out_features == k.out_features == v.out_features
+        and q.in_features == k.in_features == v.in_features  # self-attention: one input packs (not kdim, vdim)
         and q.out_features % head_dim == 0
     )
 
