@@ -2,7 +2,8 @@
 
 * the original through every runtime and precision available (``tools.deployment.deploy``): the int8 damage of the
   deployment that would be chosen, which the pruning search keeps in reserve (``accuracy_budget``): pruning rounds
-  are held to ``--max-accuracy-drop`` less that, so that int8 does not push the best pruned round over the budget;
+  are held to ``--max-accuracy-drop`` less that (with the parameters objective, less what it surely loses), so that
+  int8 does not push the best pruned round over the budget;
 * the per-block int8 sensitivity (ONNX Runtime static int8 of one block at a time, on calibration images, with the
   int8 settings of the CPU kind: ``tools.ops.int8_sensitivity``), into the profile, for the planners' per-layer
   quantization decisions, where the original's full int8 is over the budget (else the profile says why not).
@@ -17,6 +18,7 @@ from agents.evaluation import eval_spec
 from graph.context import Context
 from graph.state import State
 from tools import deployment, ops
+from tools.deploy.budget import Hold
 from tools.deploy.choice import DeployChoice
 from tools.schemas import Int8ProfileSummary, QuantizationRecommendation
 from tools.stats import Budget
@@ -24,6 +26,10 @@ from tools.text import first_line
 
 #: Every layer at int8: how the original is deployed before there is a plan.
 ALL_INT8 = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, every layer")]
+#: How much of the original's int8 loss each ``--objective`` keeps back from pruning (``tools.deploy.budget.Hold``):
+#: rounds kept for their size hold back only what the images show int8 surely loses; rounds kept for their int8
+#: build's speed, the loss measured.
+HOLD_BY_OBJECTIVE: dict[str, Hold] = {"params": "sure", "latency": "expected"}
 
 
 def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
@@ -53,7 +59,7 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
             repeats=ctx.latency_repeats,
             int8_cpu=ctx.int8_cpu,
         )
-        split = deployment.split_budget(choice, budget_points(state, ctx))
+        split = deployment.split_budget(choice, budget_points(state, ctx), HOLD_BY_OBJECTIVE[ctx.objective])
         notes.append(f"accuracy budget: {split.why}")
         update |= {"original_deployment": choice, "accuracy_budget": split}
         if (needless := _blocks_needless(choice, ctx.quant_backend)) is not None:
