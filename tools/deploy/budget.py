@@ -118,7 +118,7 @@ def split_budget(original: DeployChoice, total_points: float, hold: Hold = "expe
         )
         why = f"{kept.backend} of the original, {which}, {change} points (drop{interval}) on the evaluation images"
         if hold == "sure" and paired is not None and drop > 0:
-            why += "; only what its interval shows for sure is kept (the parameters objective)"
+            why += "; only the part its interval shows for sure is kept"
         measured = kept.backend
     elif ran and not any(c.within_budget for c in ran):
         reserve, measured = half, None
