@@ -30,6 +30,7 @@ __all__ = [
     "disagreement_bound_pct",
     "drop_points",
     "images_needed",
+    "images_to_confirm",
     "is_budget_note",
     "paired_accuracy",
     "resolution_note",
@@ -70,6 +71,16 @@ def images_needed(budget_points: float, change_rate: float = ASSUMED_CHANGE_RATE
     if budget_points <= 0:
         return 0
     return math.ceil(change_rate / (budget_points / 200.0) ** 2)
+
+
+def images_to_confirm(paired: PairedAccuracy, z: float, budget_points: float) -> int | None:
+    """Evaluation images on which ``paired``'s drop, were it measured the same, would pass the budget test at ``z``
+    standard errors: the standard error shrinks as one over the root of the images, so ``n (z se / (B - drop))^2``.
+    None when the drop alone is at or past the budget, or ``paired`` has no spread or images."""
+    drop, se = -paired.delta_points, standard_error_points(paired)
+    if drop >= budget_points or se <= 0 or paired.samples <= 0:
+        return None
+    return math.ceil(paired.samples * (z * se / (budget_points - drop)) ** 2)
 
 
 def resolution_note(images: int, budget_points: float) -> str | None:

@@ -19,7 +19,7 @@ from graph.context import Selection
 from tools.compression.units import kind_of, sheds_layers
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import OptimizationPlan, RoundResult
-from tools.stats import budget_drop_points, selection_z, standard_error_points, within_budget
+from tools.stats import budget_drop_points, images_to_confirm, selection_z, standard_error_points, within_budget
 
 __all__ = [
     "TIE_Z",
@@ -219,10 +219,18 @@ def kept_round(
     z = _z_of(best_alone, rounds, zs)
     faster = faster_family(rounds, objective)
     tries = len(faster) if any(r.round == best_alone.round for r in faster) else len(rounds)
+    paired = best_alone.metrics.paired
+    needed = images_to_confirm(paired, z, budget) if paired is not None else None
+    more = (
+        f"; were its drop the same, about {needed:,} evaluation images would confirm it "
+        f"({paired.samples:,} now: give more, or raise --eval-samples where the dataset has them)"
+        if needed is not None and paired is not None
+        else ""
+    )
     return best, (
         f"round {best_alone.round} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
         f"error <= {budget:g}) but not as the best of {tries} rounds (drop + {z:.2f} standard errors = "
-        f"{_bound(best_alone, z):.2f}): round {best.round} is kept"
+        f"{_bound(best_alone, z):.2f}): round {best.round} is kept{more}"
     )
 
 

@@ -280,6 +280,8 @@ def test_the_kept_round_passes_the_budget_test_for_the_number_of_rounds_it_was_c
     kept, why = kept_round(rounds, "accuracy", 1.0)
     assert kept is not None and kept.round == 1
     assert "round 2 passed the budget test alone" in why and "best of 4 rounds" in why
+    # what would confirm it: the images on which the same drop passes as one of 4 (its standard error ~ 1/sqrt(n))
+    assert "about 1,992 evaluation images would confirm it (1,000 now" in why
     assert kept_round(rounds[:1], "accuracy", 1.0) == (rounds[0], "")  # one round: the test alone
     # none passes the stricter test: the within-budget round with the smallest drop + one standard error
     loose = [_scored(0, 0.60, 0.35, 800), _scored(1, 0.55, 0.40, 700), _scored(2, 2.0, 0.4, 600, ok=False)]
@@ -301,3 +303,19 @@ def test_the_budget_as_a_value_is_the_budget_test_and_serializes() -> None:
     strict = Budget(max_drop_points=1.0, max_disagreement_pct=4.0)
     assert not strict(0.6, paired, 1.0)  # 5 % of the answers changed
     assert Budget.model_validate(strict.model_dump()) == strict
+
+
+def test_the_images_that_would_confirm_a_drop_scale_with_its_standard_error() -> None:
+    from tools.schemas import PairedAccuracy
+    from tools.stats import images_to_confirm
+
+    def paired(drop: float, se: float, samples: int) -> PairedAccuracy:
+        return PairedAccuracy.model_validate({**_paired(delta=-drop, half_width=se * Z95), "samples": samples})
+
+    # CIFAR ResNet-20's round 10 (seed 0): 0.36 lost, 0.347 standard error on 4,744 images, 1.89 for 13 rounds
+    needed = images_to_confirm(paired(0.36, 0.347, 4744), 1.89, 1.0)
+    assert needed is not None and 4744 < needed < 5100
+    fewer = images_to_confirm(paired(0.36, 0.10, 4744), 1.89, 1.0)  # already passes: fewer images would do
+    assert fewer is not None and fewer < 4744
+    assert images_to_confirm(paired(1.2, 0.3, 4744), 1.89, 1.0) is None  # the drop alone is past the budget
+    assert images_to_confirm(paired(0.5, 0.0, 4744), 1.89, 1.0) is None  # no spread
