@@ -219,14 +219,12 @@ def kept_round(
     z = _z_of(best_alone, rounds, zs)
     faster = faster_family(rounds, objective)
     tries = len(faster) if any(r.round == best_alone.round for r in faster) else len(rounds)
-    paired = best_alone.metrics.paired
-    needed = images_to_confirm(paired, z, budget) if paired is not None else None
-    more = (
-        f"; were its drop the same, about {needed:,} evaluation images would confirm it "
-        f"({paired.samples:,} now: give more, or raise --eval-samples where the dataset has them)"
-        if needed is not None and paired is not None
-        else ""
-    )
+    paired, more = best_alone.metrics.paired, ""
+    if paired is not None and (needed := images_to_confirm(paired, z, budget)) is not None:
+        more = (
+            f"; were its drop the same, about {needed:,} evaluation images would confirm it "
+            f"({paired.samples:,} now: give more, or raise --eval-samples where the dataset has them)"
+        )
     return best, (
         f"round {best_alone.round} passed the budget test alone (drop {_bound(best_alone, 0.0):.2f} + one standard "
         f"error <= {budget:g}) but not as the best of {tries} rounds (drop + {z:.2f} standard errors = "
