@@ -22,7 +22,6 @@ from agents.evaluation import (
     eval_spec,
     rescue_config,
     rescues_wanted,
-    round_zs,
     total_macs,
     with_deploy_latency,
 )
@@ -73,7 +72,6 @@ def next_round_to_distill(state: State, ctx: Context) -> RoundResult | None:
         search_goes_on=ctx.iterate,
         objective=ctx.objective,
         targets_done=not (ctx.iterate and _target_tries_left(state.rounds)),
-        zs=round_zs(state, ctx),
     )
 
 
@@ -264,7 +262,7 @@ def _shrunk_steps_note(state: State) -> str:
     )
 
 
-def distillation_summary(state: State, ctx: Context, zs: dict[int, float] | None = None) -> str | None:
+def distillation_summary(state: State, ctx: Context) -> str | None:
     """One line for the run's notes on distillation after the search: why it was off, or how many rounds it
     distilled of how many the run allowed and why it stopped. None where the settings turned it off
     (``--distill-rescues 0``, rounds distilled already, no pruning or no dataset) or the original is at chance
@@ -300,7 +298,7 @@ def distillation_summary(state: State, ctx: Context, zs: dict[int, float] | None
     budget = pruning_budget(state, ctx)
     if planned_since_recovery(state.rounds) is not None and distillation_target(state.rounds, budget) is None:
         return f"{made}: what the distilled rounds gave back leaves no room for a larger round within the budget"
-    kept, _ = kept_round(state.rounds, ctx.selection, budget, ctx.objective, zs)
+    kept = kept_round(state.rounds, ctx.selection, budget, ctx.objective)
     if ctx.objective == "latency":
         than = "the original"
         if kept is not None:

@@ -20,13 +20,12 @@ from agents.common import (
     shape_of,
     unlabelled,
 )
-from agents.planning.selection import accuracy_drop_points, faster_family, passes_as_one_of, within_budget
+from agents.planning.selection import accuracy_drop_points, within_budget
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
 from tools.evaluation.accuracy import chance_note
 from tools.evaluation.paired import predictions_path
-from tools.evaluation.simultaneous import budget_zs
 from tools.run_data import part_label
 from tools.schemas import (
     BaselineEntry,
@@ -161,40 +160,6 @@ def rescues_wanted(state: State, ctx: Context) -> int:
     return auto_rescues(total_macs(state), distilled_pairs(state))
 
 
-def round_zs(state: State, ctx: Context) -> dict[int, float]:
-    """Each round's standard errors for the budget test as one of the rounds evaluated: the two-step simultaneous
-    test over their answers on the evaluation images (``tools.evaluation.simultaneous``: rounds surely over the budget
-    hold the others to less; Bonferroni where a round's answers are missing, or before the run has a directory).
-
-    With ``--objective latency`` a round timed no more than the deployment's tie margin faster than the original in
-    the runtime it deploys to cannot ship (a tie goes to the original), so the rounds that can are held to a test over
-    themselves alone (:func:`faster_family`: a filter on speed, which reads no labels); the others, over every
-    round as before. CIFAR ResNet-20's latency run (AMD EPYC, VNNI): its three-block round, 1.42x in the run and
-    -0.08 points, was refused as one of 13 (1.70 standard errors, 0.005 point over); as one of the 9 that could ship
-    faster, 1.59, kept, and its OpenVINO int8 shipped at 1.46x OpenVINO int8 of the original, -0.68 unseen, where
-    the original's shipped before (1.00x)."""
-    rounds = [r for r in state.rounds if r.metrics.paired is not None]
-    if state.run_dir is None or len(rounds) < 2:
-        return {}
-    budget = pruning_budget(state, ctx)
-    original = predictions_path(paths(state).original, "evaluation")
-
-    def family(members: list[RoundResult]) -> dict[int, float]:
-        zs = budget_zs(
-            original,
-            [round_files(r) for r in members],
-            lambda i, z: passes_as_one_of(members[i], budget, z),
-            budgets=[budget] * len(members),
-        )
-        return {r.round: z for r, z in zip(members, zs, strict=True)}
-
-    zs = family(rounds)
-    faster = faster_family(rounds, ctx.objective)
-    if faster:
-        zs.update(family(faster))
-    return zs
-
-
 def round_files(r: RoundResult) -> list[Path]:
     """The files of a round's per-image answers on the evaluation images: its model's, or a distilled round's
     students', each on the half it was not distilled on; empty when the round kept no artifact."""
@@ -216,17 +181,14 @@ def finetune_samples(state: State, ctx: Context) -> int:
 
 
 def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
-    """The run's data: its disjoint calibration, evaluation, holdout and finetune parts, and how to batch it."""
+    """The run's data: its disjoint fit (calibration, finetune), choose (evaluation) and confirm parts, where their
+    reads are recorded, and how to batch it."""
     from tools.evaluation.twin import float_runtime_for
 
     points = budget_points(state, ctx)
     finetune = finetune_samples(state, ctx)
     macs = total_macs(state)
-    samples = ctx.eval_samples or ops.auto_eval_samples(
-        macs,
-        other_parts=ctx.holdout_samples > 0,  # distillation images share the rest (split_indices)
-        budget_points=points,
-    )
+    samples = ctx.eval_samples or ops.auto_eval_samples(macs, budget_points=points)
     evaluated = int(data_parts(state).get("evaluation") or samples)
     # the automatic size takes the rows no part takes (split_indices); a run whose baseline was judged on exactly
     # the asked rows (made before this rule) keeps them, so that its rounds stay on the same images when resumed
@@ -239,7 +201,8 @@ def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
         spare_to_evaluation=spare,
         float_runtime=float_runtime_for(macs, evaluated, ctx.device, grouped_conv_macs(state)),
         calibration_samples=ctx.calibration_samples,
-        holdout_samples=ctx.holdout_samples,
+        confirm_samples=ctx.confirm_samples,
+        reads_log=str(paths(state).data_reads) if state.run_dir else None,
         finetune_samples=finetune,
         seed=ctx.seed,
         batch_size=ctx.batch_size,
@@ -330,7 +293,7 @@ def with_deploy_latency(state: State, ctx: Context, record: RoundResult) -> list
     minutes apart with another job on the machine, ran 1.086x the original each; together on an idle machine 1.13x
     and 1.03x). ``[record]`` as it was where the original's deployment is not known (no int8 profile), with only
     the backend where the build fails; the earlier rounds come before it, each with its round.json written again."""
-    from tools.deployment import latency_in_build
+    from tools.ops import latency_in_build
 
     choice = state.original_deployment
     if choice is None or record.metrics.artifact is None:

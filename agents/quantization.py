@@ -17,7 +17,7 @@ from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, budget_points, disagreement_budget, need, paths, settings, shape_of
 from agents.evaluation import eval_spec, spec_for
-from agents.iterative import evaluate_holdout, pruned_entry
+from agents.iterative import pruned_entry
 from agents.planning.selection import budget_drop_points
 from graph.context import Context
 from graph.state import State
@@ -37,7 +37,6 @@ from tools.deployment import (
     Judging,
     accuracy_control,
     answers_of_copy,
-    calibration_images,
     candidate_backends,
     deploy,
     full_int8,
@@ -238,17 +237,6 @@ def other_student(state: State, model_dir: Path) -> Path | None:
     return None
 
 
-def _ships(built_from: Path, kept: Path, original: Path, second: Path | None, headroom: RoundResult | None) -> Ships:
-    """Which model the chosen build was made from (``built_from``, resolved)."""
-    if built_from == kept.resolve():
-        return "kept_round"
-    if built_from == original.resolve():
-        return "original"
-    if second is not None and built_from == second.resolve():
-        return "second_student"
-    return "headroom_round" if headroom is not None else "kept_round"
-
-
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Every candidate (the kept round, its second student, a round with more headroom, the original) in every
     runtime and precision: built, judged by the budget test counting every try, timed interleaved; returns the one
@@ -275,6 +263,13 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         *([run.original] if source.resolve() != run.original.resolve() else []),
     ]
     alternatives = [a for a in alternatives if a.resolve() != source.resolve()]
+    headroom_dir = Path(headroom.metrics.artifact) if headroom is not None and headroom.metrics.artifact else None
+    ships: dict[str, Ships] = {
+        **({str(second): "second_student"} if second else {}),
+        **({str(headroom_dir): "headroom_round"} if headroom_dir else {}),
+        str(run.original): "original",
+    }
+    ships[""] = ships.get(str(source), "kept_round")  # the model built first: the kept round, unless it cannot ship
     judging = _judging(state, ctx, spec, [source, *alternatives])
     choice = deploy(
         source,
@@ -296,11 +291,9 @@ def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]
         ),
         judging=judging,
         allow_over_budget=ctx.allow_over_budget,
+        ships=ships,
     )
-    built_from = (Path(choice.source) if choice.source else source).resolve()
-    ships = _ships(built_from, _kept_source(state), run.original, second, headroom)
-    notes = [f"deployment: {choice.why}", *_left_out_note(left_out)]
-    return {"deployment": choice.model_copy(update={"ships": ships}), "notes": notes}
+    return {"deployment": choice, "notes": [f"deployment: {choice.why}", *_left_out_note(left_out)]}
 
 
 def adopt_second_student(state: State, runtime: Runtime[Context]) -> dict[str, object]:
@@ -315,16 +308,11 @@ def adopt_second_student(state: State, runtime: Runtime[Context]) -> dict[str, o
 
 def adopt_headroom_round(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """The round with more headroom ships (its builds within budget are faster): it becomes the pruned model."""
-    ctx = settings(runtime)
     headroom = need(_headroom_round(state, _kept_source(state)), "round with more headroom")
     chosen_round = pruned_entry(headroom).model_copy(
         update={"selected_round": state.pruned.round if state.pruned is not None else None}
     )
-    notes = _headroom_note(chosen_round)
-    if ctx.holdout_samples > 0:
-        chosen_round, holdout_notes = evaluate_holdout(state, ctx, chosen_round)
-        notes += holdout_notes
-    return {"pruned": chosen_round, "notes": notes}
+    return {"pruned": chosen_round, "notes": _headroom_note(chosen_round)}
 
 
 def adopt_original(state: State, runtime: Runtime[Context]) -> dict[str, object]:
@@ -382,7 +370,7 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
             shutil.copytree(source, staged, dirs_exist_ok=True)
         quantized_original = deployed(run.original, run.original)
     else:  # the chosen runtime where the deployed model lives (the candidate copied), for the best model and original
-        images, _ = calibration_images(run.original, shape, spec)
+        images, _ = ops.calibration_images(run.original, shape, spec)
         config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
         mixed = is_mixed(choice.chosen)
         chosen_recs = recs if mixed else full_int8(recs)

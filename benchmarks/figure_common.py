@@ -143,7 +143,7 @@ def run_images(run: RunInfo) -> RunImages:
     """The calibration and evaluation parts of ``run``'s data, as the run split them (its sizes and seed)."""
     report = json.loads((run.run_dir / "report.json").read_text(encoding="utf-8"))
     parts = report["baseline"]["data_parts"]
-    sizes = {name: parts.get(name, 0) for name in ("calibration", "holdout", "finetune")}
+    sizes = {name: parts.get(name, 0) for name in ("calibration", "confirm", "finetune")}
     dataset, seed = report["dataset"]["spec"], int(run.context.get("seed", 0))
     mapping = {int(k): int(v) for k, v in report["dataset"]["label_match"]["mapping"].items()}
     preprocess = run.preprocess()

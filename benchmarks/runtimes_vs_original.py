@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_line, pct, points, read_run
 
-from tools import deployment, load_compressed, ops
+from tools import load_compressed, ops
 from tools.artifacts.io import load_original
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu
@@ -86,16 +86,13 @@ def calibration_images(run: RunInfo, calibration: str | None) -> tuple[torch.Ten
     spec = ops.EvalSpec(
         dataset=calibration or run.dataset,
         samples=int(ctx.get("eval_samples", 500))
-        or ops.auto_eval_samples(
-            run.report.profile.get("total_macs"),
-            other_parts=bool(ctx.get("holdout_samples")),
-        ),
+        or ops.auto_eval_samples(run.report.profile.get("total_macs")),
         calibration_samples=int(ctx.get("calibration_samples", 256)),
-        holdout_samples=int(ctx.get("holdout_samples", 0)),
+        confirm_samples=int(ctx.get("confirm_samples", ctx.get("holdout_samples", 0))),
         seed=int(ctx.get("seed", 0)),
         progress=False,
     )
-    return deployment.calibration_images(run.original, run.shape, spec)
+    return ops.calibration_images(run.original, run.shape, spec)
 
 
 def plan_recommendations(run: RunInfo) -> list[QuantizationRecommendation]:

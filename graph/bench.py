@@ -52,7 +52,7 @@ DEFAULT_RATIOS = (0.01, 0.1, 0.2)
 
 
 #: Settings a run written before the calibration split had (its evaluation images are the first part).
-_OLD_RUN_SETTINGS = {"calibration_samples": 0, "holdout_samples": 0, "finetune_samples": 0, "recovery": "none"}
+_OLD_RUN_SETTINGS = {"calibration_samples": 0, "confirm_samples": 0, "finetune_samples": 0, "recovery": "none"}
 
 
 class BenchRow(BaseModel):

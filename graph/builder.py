@@ -4,8 +4,8 @@ acquire → resolve shape → profile → evaluate baseline → profile int8 (pe
 → profile sensitivity → analyze → prune → evaluate
 → (iterate → prune → evaluate)×T → (distill an over-budget round, cross-fitted)×R → select best → quantize (every
 candidate built, judged, timed; one choice) → [adopt the second student | a round with more headroom | the
-original] → build the deployed model → evaluate quantized
-→ measure latencies (interleaved) → report
+original] → build the deployed model → evaluate quantized → confirm it on the confirm part (a failure: the next build
+of the declared sequence is built, evaluated and confirmed) → measure latencies (interleaved) → report
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from langgraph.graph import END, START, StateGraph
 
 from agents.acquisition import acquire_model
 from agents.analysis import analyze_profile
+from agents.confirmation import confirm_deployment
 from agents.distillation import distill_over_budget_round
 from agents.evaluation import evaluate_baseline, evaluate_model, evaluate_quantized, measure_latencies
 from agents.input_shape import resolve_input_shape
@@ -37,6 +38,7 @@ from agents.review import review_plan
 from graph.context import Context
 from graph.routing import (
     route_after_analyze_profile,
+    route_after_confirm_deployment,
     route_after_distill_over_budget_round,
     route_after_evaluate_model,
     route_after_iterate_pruning,
@@ -66,6 +68,7 @@ NODES: dict[str, Callable[..., Any]] = {
     "adopt_original": adopt_original,
     "build_deployed_model": build_deployed_model,
     "evaluate_quantized": evaluate_quantized,
+    "confirm_deployment": confirm_deployment,
     "measure_latencies": measure_latencies,
     "write_report": write_report,
 }
@@ -107,7 +110,8 @@ def build_graph() -> StateGraph[Any, Any, Any, Any]:
     for adopt in ("adopt_second_student", "adopt_headroom_round", "adopt_original"):
         builder.add_edge(adopt, "build_deployed_model")
     builder.add_edge("build_deployed_model", "evaluate_quantized")
-    builder.add_edge("evaluate_quantized", "measure_latencies")
+    builder.add_edge("evaluate_quantized", "confirm_deployment")
+    builder.add_conditional_edges("confirm_deployment", route_after_confirm_deployment)
     builder.add_edge("measure_latencies", "write_report")
     builder.add_edge("write_report", END)
     return builder

@@ -56,7 +56,7 @@ def _rate(metrics: Metrics, seconds: float) -> str:
 
 def _summary(report: RunReport | dict[str, Any]) -> str:
     from tools.reporting.format import accuracy_pct, millions, millis, named_entries
-    from tools.reporting.paired_text import agreement, change_ci, holdout_text, split_text
+    from tools.reporting.paired_text import agreement, change_ci, confirmed_text, split_text
     from tools.schemas import RunReport
 
     report = RunReport.model_validate(report)
@@ -69,10 +69,10 @@ def _summary(report: RunReport | dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     split = split_text(report.dataset)
-    chosen = "; the best round was chosen on the evaluation images" if report.rounds else ""
+    chosen = "; the best round was chosen on the choose images" if report.rounds else ""
     lines += [f"data: {split}{chosen}"] if split else []
-    holdout = holdout_text(report)
-    return "\n".join(lines + ([holdout] if holdout else []))
+    confirmed = confirmed_text(report)
+    return "\n".join(lines + ([confirmed] if confirmed else []))
 
 
 def _finish(result: RunResult) -> None:

@@ -51,8 +51,9 @@ class Context:
     run_dir: str = _setting("Directory for checkpoints, artifacts and reports. Empty: runs/<thread id>.", "RUN_DIR", "")
     iterations: int = _setting("Iterative pruning rounds T after the first plan.", "ITERATIONS", 5, int)
     eval_samples: int = _setting(
-        "Evaluation samples (seeded random subset, disjoint from the calibration images). 0: automatic, from "
-        "the model's MACs (1,000 to 5,000; 1,000 with holdout or fine-tuning images).",
+        "Choose images: every comparison that decides (rounds, students, builds) is made on them (seeded, disjoint "
+        "from the fit and confirm images). 0: automatic, from the model's MACs (1,000 to 5,000), at most what the "
+        "other parts leave.",
         "EVAL_SAMPLES",
         0,
         int,
@@ -63,11 +64,20 @@ class Context:
         256,
         int,
     )
-    holdout_samples: int = _setting(
-        "Images used by neither calibration nor selection, to re-evaluate the chosen model on (0: none).",
-        "HOLDOUT_SAMPLES",
-        0,
+    confirm_samples: int = _setting(
+        "Confirm images: nothing chooses on them; the build that ships is judged on them once, and the budget holds "
+        "on that figure. -1: automatic (a quarter of the rows calibration leaves, at most 2,000; none under 100); "
+        "0: none (the shipped figure is then the one that chose it).",
+        "CONFIRM_SAMPLES",
+        -1,
         int,
+    )
+    confidence: float | None = _setting(
+        "With a value P (e.g. 0.95): the confirmed interval's one-sided bound at level P must hold the budget, "
+        "counting every build the confirmation may look at; default: the confirmed point estimate holds it.",
+        "CONFIDENCE",
+        None,
+        float,
     )
     batch_size: int = _setting("Evaluation batch size.", "BATCH_SIZE", 32, int)
     seed: int = _setting("Seed for subsets, random importance and built-in weights.", "SEED", 0, int)
@@ -237,8 +247,10 @@ class Context:
             errors.append("--batch-size must be at least 1")
         if self.calibration_samples < 0:
             errors.append("--calibration-samples must be 0 or more")
-        if self.holdout_samples < 0:
-            errors.append("--holdout-samples must be 0 or more")
+        if self.confirm_samples < -1:
+            errors.append("--confirm-samples must be -1 (automatic), 0 (none) or more")
+        if self.confidence is not None and not 0.5 <= self.confidence < 1:
+            errors.append("--confidence must be at least 0.5 and below 1 (e.g. 0.95)")
         if self.sensitivity_samples < 0:
             errors.append("--sensitivity-samples must be 0 (automatic) or more")
         if self.finetune_steps < AUTO_STEPS:
@@ -332,6 +344,8 @@ class Context:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Context:
         known = {f.name for f in fields(cls)}
+        if "holdout_samples" in data and "confirm_samples" not in data:  # settings of a run made before the confirm
+            data = {**data, "confirm_samples": data["holdout_samples"]}  # part: its holdout, or none, as it was
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

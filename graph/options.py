@@ -43,10 +43,20 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         help="images for importance, sensitivity and recovery, disjoint from the evaluation images (default 256)",
     )
     parser.add_argument(
+        "--confirm-samples",
         "--holdout-samples",
+        dest="confirm_samples",
         type=int,
-        default=defaults.holdout_samples,
-        help="re-evaluate the chosen model on this many images used by neither calibration nor selection",
+        default=defaults.confirm_samples,
+        help="images nothing chooses on: the shipped build is judged on them once and the budget holds there "
+        "(-1: automatic, a quarter of the rows, at most 2,000; 0: none)",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=defaults.confidence,
+        metavar="P",
+        help="the confirmed interval's bound at level P holds the budget (default: the confirmed point estimate)",
     )
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)

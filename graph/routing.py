@@ -107,3 +107,9 @@ ADOPT_NODE: dict[str, AfterDeployChoice] = {
 def route_after_quantize_model(state: State) -> AfterDeployChoice:
     """What ships decides the branch: another model than the kept round is adopted first, then it is built."""
     return ADOPT_NODE[state.deployment.ships if state.deployment is not None else "kept_round"]
+
+
+def route_after_confirm_deployment(state: State) -> Literal["build_deployed_model", "measure_latencies"]:
+    """A build that failed its confirmation gives way to the next of the declared sequence, which is built first."""
+    confirmation = state.confirmation
+    return "build_deployed_model" if confirmation is not None and not confirmation.done else "measure_latencies"

@@ -22,7 +22,6 @@ from langgraph.types import Command
 from pydantic import BaseModel, Field, JsonValue
 
 from agents.common import pruning_budget
-from agents.evaluation import round_zs
 from agents.planning.selection import kept_round
 from graph.builder import build_graph
 from graph.context import Context
@@ -349,7 +348,7 @@ def run_status(run_dir: Path, thread_id: str | None = None) -> RunStatus:
     state = _checked_state(snapshot.values, run_dir, "inspected") if snapshot.values else None
     rounds = state.rounds if state is not None else []
     budget = pruning_budget(state, ctx) if state is not None else float(ctx.max_accuracy_drop)
-    best, _ = kept_round(rounds, ctx.selection, budget, ctx.objective, round_zs(state, ctx) if state else None)
+    best = kept_round(rounds, ctx.selection, budget, ctx.objective)
     return {
         "run_dir": str(run_dir),
         "thread_id": thread_id,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tools.deploy.choice import DeployChoice
 from tools.deploy.speedup import SpeedupFactors
+from tools.evaluation.confirm import Confirmation
 from tools.evaluation.labels import LabelMatch
 from tools.schemas import (
     AccuracyBudget,
@@ -152,6 +153,8 @@ class State(BaseModel):
     """The deployed model's speed-up: runtime x precision x pruning, from one interleaved timing run."""
     deployment: Record[DeployChoice | None] = None
     """Every runtime and precision measured for deployment, the one chosen and why."""
+    confirmation: Record[Confirmation | None] = None
+    """The shipped build judged on the confirm part: the rule, the sequence declared before looking, each look."""
     review: Record[Review | None] = None
     """The last human decision: stage (analysis or round), round, action (approve, edit or reject)."""
     notes: Annotated[list[str], add_notes] = Field(default_factory=list)

@@ -74,7 +74,8 @@ def test_a_cheap_model_with_images_to_spare_is_distilled(tmp_path: Path, monkeyp
     steps = auto_distill_steps(report["profile"]["total_macs"])
     assert steps > 0
     parts = report["baseline"]["data_parts"]
-    assert parts["finetune"] == parts["total"] - 64 - 200 > 0  # every image neither calibration nor evaluation
+    # every image neither calibration, evaluation nor confirm
+    assert parts["finetune"] == parts["total"] - 64 - 200 - parts["confirm"] > 0 and parts["confirm"] > 0
     tuned = report["rounds"][0]["prune_report"]["finetune"]
     assert tuned["steps"] == steps and tuned["samples"] == 64 + parts["finetune"]
     assert tuned["loss_last"] < tuned["loss_first"]

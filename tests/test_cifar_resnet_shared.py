@@ -109,7 +109,7 @@ def test_structured_pruning_of_resnet20_prunes_every_stage_and_recovers(
     spec = cifar_spec(shared_dir, 20)
     before = accuracy(model, spec, cifar_test)
     data = str(shared_dir / "data" / "cifar10-test")  # the permutation's first 500 rows are cifar_test's
-    calibration_data = load_eval_dataset(data, samples=SAMPLES, seed=0, part="holdout", sizes={"holdout": 128})
+    calibration_data = load_eval_dataset(data, samples=SAMPLES, seed=0, part="confirm", sizes={"confirm": 128})
     calibration = preprocess_for(spec)(calibration_data.images)
     recover_(model, resnet20.model, calibration, report.consumers(), RecoveryConfig())
     after = accuracy(model, spec, cifar_test)

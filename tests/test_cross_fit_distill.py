@@ -12,7 +12,7 @@ import pytest
 
 import agents.evaluation
 from agents.evaluation import spec_for
-from agents.planning.selection import kept_round, round_to_distill
+from agents.planning.selection import kept_round, robust_rounds, round_to_distill
 from graph.context import Context
 from graph.routing import route_after_quantize_model
 from graph.state import state_of
@@ -82,8 +82,9 @@ def test_the_round_nearest_the_budget_among_those_smaller_than_the_kept_one_goes
                 **{"agreement": 0.9, "samples": 1000, "gained": 10, "lost": 20},
             }
         )
-    assert kept_round(refused, "accuracy", 1.0)[0].round == 0
-    assert round_to_distill(refused, "accuracy", 1.0, 1, 100).round == 2
+    assert kept_round(refused, "smallest-within-budget", 1.0) == refused[2]  # within alone: the confirmation judges
+    assert [r.round for r in robust_rounds(refused, 1.0)] == [0]
+    assert round_to_distill(refused, "accuracy", 1.0, 1, 100).round == 2  # likeliest to fail: distilled all the same
     nothing_kept = [_round(0, 90, 3.0, False), _round(1, 95, 2.0, False)]
     assert round_to_distill(nothing_kept, "accuracy", 1.0, 1, 100).round == 1  # the original's size bounds it
 
@@ -226,6 +227,7 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
             chosen="torch",
             why="test",
             source=str(alternatives[0]),
+            ships=kwargs["ships"][str(alternatives[0])],  # the node says which model each source is
             candidates=[chosen.model_copy(update={"source": str(alternatives[0])})],
         )
 

@@ -222,7 +222,7 @@ def test_int8_profile_budget_split_and_mixed_precision(tiny_model_dir: Path, tmp
     mixed = rows["onnxruntime-static-mixed"]
     assert mixed["error"] is None and mixed["skipped"] is None and mixed["latency_s"]
     assert report["deployment"]["int8"]["built_on"]["model_name"]
-    assert "evaluation images" in (report["deployment"]["accuracy_control"] or "")
+    assert "judged on the choose images" in (report["deployment"]["accuracy_control"] or "")
     text = (tmp_path / "run" / "report.md").read_text()
     assert "## Int8: the CPU, the budget, the layers kept in float" in text
     assert "accuracy budget: 0 points" in text and "| onnxruntime-static-mixed" in text

@@ -85,7 +85,7 @@ OLD_STATE: dict[str, Any] = {
         "memory_mb": 0.2,
         "artifact": "/runs/old/models/original",
         "samples": 40,
-        "data_parts": {"calibration": 64, "evaluation": 40, "holdout": 0, "total": 1797, "unreadable": 0},
+        "data_parts": {"calibration": 64, "evaluation": 40, "confirm": 0, "total": 1797, "unreadable": 0},
         "at_chance": False,
         "latency_measured": "interleaved",
     },

@@ -25,7 +25,7 @@ from tools.artifacts.structure import blocks_added
 from tools.compression.kinds.blocks import SkippedBlock
 from tools.compression.shortcuts import replace_module
 from tools.ops import calibration_batch, evaluate_accuracy_on, predictions_on
-from tools.run_data import EvalSpec
+from tools.run_data import EvalSpec, record_reads
 from tools.schemas import CrossFitStudent, InputShape, PairedAccuracy
 from tools.stats import paired_accuracy
 from tools.store.files import read_json
@@ -130,8 +130,10 @@ def cross_fit_distill(
     halves = evaluation_halves(len(evaluation.images), whole.seed)
     students: list[CrossFitStudent] = []
     answers: dict[int, ImagePredictions] = {}
+    rows = list(whole.part("evaluation").indices)
     for trained, (out_dir, judged) in enumerate(zip(out_dirs, (1, 0), strict=True)):
         images = torch.cat([calibration.images, evaluation.images[halves[trained]]])
+        record_reads(whole, "fit", [rows[i] for i in halves[trained]])  # these choose images train a student too
         done = distill_saved(source_dir, original_dir, out_dir, images, config, starts[trained] if starts else None)
         half = whole.model_copy(update={"evaluation_half": judged})
         part = evaluate_accuracy_on(out_dir, original_dir, shape, half, "evaluation", f"student {trained}")

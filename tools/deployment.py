@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,28 +24,24 @@ from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
 from tools.deploy.budget import mixed_to_build, split_budget
 from tools.deploy.choice import (
-    ALTERNATIVE_MARGIN,
     DeployCandidate,
     DeployChoice,
+    Ships,
     candidate_backends,
     choose,
-    eligible,
     faster_over_budget,
     is_mixed,
     luck_removed,
-    never_slower,
-    own_source,
-    preferred,
-    runoff,
     slower_than_the_original,
-    unconfirmed_alternative,
 )
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
+from tools.deploy.decide import Decision, DecisionRules, NeedTimes, TimeAlone, decide
 from tools.deploy.registry import BACKENDS, FLOAT, ONE_COMMAND_BUILDS, runtime_and_precision
 from tools.evaluation.paired import predictions_path
 from tools.judging import Judging, judge_together, twin_sources
 from tools.models.base import example_input
+from tools.ops import calibration_images
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
 from tools.stats import drop_points
@@ -87,8 +84,6 @@ class _Judge:
         return self._value
 
 
-#: Synthetic inputs static int8 is calibrated on when the run has no data.
-SYNTHETIC_SAMPLES = 32
 #: A float runtime (ONNX Runtime or OpenVINO FP32) computes what the PyTorch model computes, up to rounding: when its
 #: logits on the first FLOAT_CHECK_IMAGES evaluation images are within FLOAT_TOLERANCE of the model's (relative to
 #: their largest magnitude), with the same top-1 answers, it takes the model's answers on every evaluation image
@@ -101,24 +96,8 @@ TIMING_SECONDS = 2.0
 #: The same for the timings again of close candidates (runoff, alternatives, never slower, mixed or not), at three
 #: times the repeats: the three 25-ms builds of EfficientNet-Lite2's original in a runoff took 28 s, 300 calls in all.
 RETIMING_SECONDS = 4.0
-#: Seconds of calls at least behind a round's latency in the build the original deploys in (``latency_in_build``):
-#: the rounds of ``--objective latency`` differ by a few per cent (CIFAR ResNet-20's 2.9 %-MACs round timed 1.078x
-#: under load, 0.985x in 400 repetitions idle). Under load it is when they are timed that misleads, not how long.
-ROUND_TIMING_SECONDS = 1.0
 #: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
 MIN_LINEAR_SHARE = 0.05
-
-
-def calibration_images(original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> tuple[torch.Tensor, str]:
-    """What static int8 is calibrated on, and a description: the run's calibration images, or, with no data
-    (an untrained built-in), seeded synthetic N(0, 1) inputs, which give static int8's latency and memory but
-    say nothing of its accuracy."""
-    calibration = ops.calibration_batch(original_dir, shape, spec)
-    if calibration is not None:
-        return calibration.images, f"{calibration.images.shape[0]} calibration images"
-    generator = torch.Generator().manual_seed(spec.seed)
-    images = torch.randn((SYNTHETIC_SAMPLES, *shape.as_tuple()), generator=generator)
-    return images, f"{SYNTHETIC_SAMPLES} synthetic N(0, 1) inputs (no dataset: static int8 accuracy is unknown)"
 
 
 def accuracy_control(
@@ -180,28 +159,16 @@ def _measure(
     prebuilt: Sequence[Path] = (),
     source: str | None = None,
 ) -> DeployCandidate:
-    """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it. A
-    mixed-precision backend gets the plan's recommendations and ``control``; the others the full-int8 ones.
-
-    A marker beside ``artifact_dir`` (:func:`attempt_marker`) exists while it is built and evaluated: a runtime that
-    kills the process (OpenVINO 2026.4 segfaults compiling a GroupNorm of one channel per group) leaves it, and the
-    resumed run leaves that candidate out, saying so, instead of dying at the same place again; one left by a process
-    that the machine's restart killed (another boot id) is tried again."""
+    """Build ``backend`` from ``source_dir`` into ``artifact_dir`` (reused when complete) and evaluate it (mixed
+    precision gets the plan's recommendations and ``control``, the others the full-int8 ones). A marker beside
+    ``artifact_dir`` (:func:`attempt_marker`) exists meanwhile: a runtime that kills the process (OpenVINO 2026.4 on a
+    GroupNorm of one channel per group) leaves it, and the resumed run leaves that candidate out
+    (:func:`_died_in_before`)."""
     runtime, precision = runtime_and_precision(backend, unknown=("?", "?"))
     candidate = DeployCandidate(backend=backend, runtime=runtime, precision=precision, source=source)
     spec, luck = judged.spec, judged.luck_points
     marker = attempt_marker(artifact_dir)
-    if marker.exists() and left_by_an_earlier_boot(marker):
-        logger.info("deploy candidate %s: the machine restarted while it was built: trying it again", backend)
-        marker.unlink()
-    if marker.exists():
-        logger.warning(
-            "deploy candidate %s left out: the process died in it before (delete %s to try it again)", backend, marker
-        )
-        candidate.error = (
-            f"the process died while it was built or run in an earlier attempt (a crash inside {runtime}, or the "
-            f"run was killed then): left out; delete {marker} to try it again"
-        )
+    if _died_in_before(candidate, marker):
         return candidate
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(boot_id())
@@ -209,37 +176,19 @@ def _measure(
         artifact = source_dir
         if backend != FLOAT:
             artifact = artifact_dir
-            mixed = BACKENDS[backend].mixed_of is not None
-            config = QuantizationConfig(backend=backend, int8_cpu=int8_cpu)
-            built = ops.quantize(
-                source_dir,
-                original_dir,
-                recommendations if mixed else full_int8(recommendations),
-                artifact,
-                config,
-                shape=shape,
-                calibration=images,
-                accuracy_control=control() if mixed else None,
-                reuse=[Path(root) / backend for root in prebuilt],
-            )
-            candidate.float_layers = dict(built.get("float_layers") or {})
-            if built.get("copied_from"):
-                answers_of_copy(artifact, Path(built["copied_from"]), original_dir, shape, spec)
-            elif precision == PRECISION_FP32:
-                candidate.answers_of = _float_twin(artifact, source_dir, original_dir, shape, spec)
+            build = _Recipe(recommendations, images, int8_cpu, control, prebuilt)
+            _build_artifact(candidate, source_dir, artifact, original_dir, shape, spec, build)
         metrics = ops.evaluate(artifact, original_dir, shape, spec, desc=f"deploy {candidate.key}")
         drop = drop_points(baseline_accuracy, metrics.accuracy, metrics.paired)
+        measured = {key: getattr(metrics, key) for key in ("accuracy", "paired", "throughput_ips", "memory_mb")}
         return candidate.model_copy(
             update={
+                **measured,
                 "artifact": str(artifact),
-                "accuracy": metrics.accuracy,
-                "paired": metrics.paired,
                 "accuracy_drop_points": drop,
                 "within_budget": within_budget(drop, luck_removed(metrics.paired, luck), 1.0),
                 "half_luck_points": luck if luck > 0 else None,
                 "predictions": str(predictions_path(Path(artifact), spec.part_label("evaluation"))),
-                "throughput_ips": metrics.throughput_ips,
-                "memory_mb": metrics.memory_mb,
             }
         )
     except BackendNotApplicable as exc:  # not a failure: the row says why it was not built
@@ -252,6 +201,67 @@ def _measure(
         return candidate
     finally:
         marker.unlink(missing_ok=True)
+
+
+def _died_in_before(candidate: DeployCandidate, marker: Path) -> bool:
+    """Whether an earlier attempt's process died building or running ``candidate`` (its ``marker`` is left; one left
+    by a process the machine's restart killed is removed and tried again): then its row says so (``error``)."""
+    if marker.exists() and left_by_an_earlier_boot(marker):
+        logger.info("deploy candidate %s: the machine restarted while it was built: trying it again", candidate.backend)
+        marker.unlink()
+    if not marker.exists():
+        return False
+    logger.warning(
+        "deploy candidate %s left out: the process died in it before (delete %s to retry)", candidate.backend, marker
+    )
+    candidate.error = (
+        f"the process died while it was built or run in an earlier attempt (a crash inside {candidate.runtime}, or "
+        f"the run was killed then): left out; delete {marker} to try it again"
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """How a deployment builds its candidates: the plan's recommendations, the calibration images, the CPU kind int8
+    is built for, the accuracy control of mixed precision, and the builds made before (copied where the same)."""
+
+    recommendations: list[QuantizationRecommendation]
+    images: torch.Tensor
+    int8_cpu: str
+    control: Callable[[], AccuracyControl | None]
+    prebuilt: Sequence[Path]
+
+
+def _build_artifact(
+    candidate: DeployCandidate,
+    source_dir: Path,
+    artifact: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: ops.EvalSpec,
+    recipe: _Recipe,
+) -> None:
+    """Build ``candidate``'s backend from ``source_dir`` into ``artifact``; a copy of a build of the same recipe, or a
+    float runtime whose outputs match its model's, takes that one's answers (``candidate.answers_of``)."""
+    backend = candidate.backend
+    mixed = BACKENDS[backend].mixed_of is not None
+    built = ops.quantize(
+        source_dir,
+        original_dir,
+        recipe.recommendations if mixed else full_int8(recipe.recommendations),
+        artifact,
+        QuantizationConfig(backend=backend, int8_cpu=recipe.int8_cpu),
+        shape=shape,
+        calibration=recipe.images,
+        accuracy_control=recipe.control() if mixed else None,
+        reuse=[Path(root) / backend for root in recipe.prebuilt],
+    )
+    candidate.float_layers = dict(built.get("float_layers") or {})
+    if built.get("copied_from"):
+        answers_of_copy(artifact, Path(built["copied_from"]), original_dir, shape, spec)
+    elif candidate.precision == PRECISION_FP32:
+        candidate.answers_of = _float_twin(artifact, source_dir, original_dir, shape, spec)
 
 
 def answers_of_copy(artifact: Path, built: Path, original_dir: Path, shape: InputShape, spec: ops.EvalSpec) -> None:
@@ -371,6 +381,128 @@ def _mixed_for(
     return mixed_to_build(backends, candidates, control, always=always, source=source, slower=slower)
 
 
+@dataclass
+class _Deployment:
+    """What one deployment builds with and judges by: the models, the recipe, the budget test, and how each model's
+    candidates are judged and timed again alone."""
+
+    source_dir: Path
+    original_dir: Path
+    out_root: Path
+    shape: InputShape
+    spec: ops.EvalSpec
+    measure: Callable[..., DeployCandidate]
+    judge: _Judge
+    within_budget: BudgetTest
+    judged_by: Callable[[Path], Judging]
+    repeats: int
+    int8_cpu: str
+
+    def retime(self, close: dict[str, Path]) -> dict[str, float]:
+        """``close`` timed again alone, interleaved, with three times the repeats."""
+        return ops.compare_latency(
+            close, self.shape, repeats=3 * self.repeats, seed=self.spec.seed, max_seconds=RETIMING_SECONDS
+        )
+
+    def time(self, candidates: list[DeployCandidate]) -> float | None:
+        return _time(candidates, self.original_dir, self.shape, self.repeats, self.spec.seed)
+
+    def build(self, backend: str, source_dir: Path, artifact_dir: Path, source: str | None = None) -> DeployCandidate:
+        judged = self.judged_by(source_dir)
+        return self.measure(backend, source_dir, artifact_dir, judged=judged, **({"source": source} if source else {}))
+
+
+def _own_candidates(
+    d: _Deployment, backends: list[str], forced: bool, at: int | None
+) -> tuple[list[DeployCandidate], list[DeployCandidate], float | None, list[str]]:
+    """The model's candidates in every backend (mixed precision where its full int8 is over the budget and can
+    outrun the original's builds), the original's one-command builds that mixed precision must outrun (``at``: the
+    original's index among the alternatives), the original FP32 model's latency where they were timed, and the
+    one-command builds worth making here."""
+    full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
+    pointless = [] if forced else _linear_only_pointless(full, d.source_dir, d.shape) + _off_target(full, d.int8_cpu)
+    left_out = {c.backend for c in pointless}
+    one_command = [b for b in ONE_COMMAND_BUILDS if b in full and b not in left_out]
+    candidates = [d.build(b, d.source_dir, d.out_root / b) for b in full if b not in left_out] + pointless
+    mixed_backends = [b for b in backends if b not in full]
+    timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
+    rivals: list[DeployCandidate] = []  # copies of the int8 profile's builds of the original, so cheap
+    if timed and at is not None:
+        alt = d.out_root / f"alt-{at}"
+        rivals = [d.build(b, d.original_dir, alt / b, str(d.original_dir)) for b in one_command]
+    latency = d.time([*candidates, *rivals]) if timed else None
+    mixed, skipped = _mixed_for(
+        mixed_backends,
+        candidates,
+        d.judge,
+        d.within_budget,
+        original_dir=d.original_dir,
+        always=forced,
+        rivals=rivals,
+        time_alone=d.retime,
+    )
+    candidates += [d.build(b, d.source_dir, d.out_root / b) for b in mixed] + skipped
+    if mixed or not timed:  # timed again only when mixed candidates joined
+        latency = d.time(candidates)
+    return candidates, rivals, latency, one_command
+
+
+def _alternatives_built(
+    d: _Deployment,
+    candidates: list[DeployCandidate],
+    rivals: list[DeployCandidate],
+    alternatives: Sequence[Path],
+    one_command: list[str],
+    latency: float | None,
+) -> list[DeployCandidate]:
+    """The other models' builds worth making: where the model's faster builds were over the budget, those backends
+    from each alternative; from the original (copies of its prebuilt builds), every one-command build too, and the
+    model's fastest within budget, against which the others are timed."""
+    lead, _ = choose(candidates, latency)  # what the others must beat (the choice is decide's)
+    faster = faster_over_budget(candidates, lead)
+    retry = list(dict.fromkeys([*faster, *([lead] if lead != FLOAT else [])]))
+    built: list[DeployCandidate] = []
+    for i, other in enumerate(alternatives):
+        is_the_original = Path(other).resolve() == Path(d.original_dir).resolve()
+        rebuilt = list(dict.fromkeys([*retry, *one_command])) if is_the_original else faster
+        if not rebuilt:
+            continue
+        logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
+        done = {c.backend: c for c in rivals} if is_the_original else {}
+        here = d.out_root / f"alt-{i}"
+        rows = [done.get(b) or d.build(b, other, here / b, str(other)) for b in rebuilt if not is_mixed(b)]
+        mixed, skipped = _mixed_for(
+            [b for b in rebuilt if is_mixed(b)],
+            [*candidates, *built, *rows],
+            d.judge,
+            d.within_budget,
+            original_dir=d.original_dir,
+            source=str(other),
+            rivals=[] if is_the_original else rivals,
+            time_alone=d.retime,
+        )
+        built += rows + [d.build(b, other, here / b, str(other)) for b in mixed] + skipped
+    return built
+
+
+#: How many groups of candidates a decision may ask to time again alone (runoff, alternative, floor, forced).
+MAX_TIMINGS = 6
+
+
+def _decided(candidates: list[DeployCandidate], rules: DecisionRules, retime: TimeAlone) -> Decision:
+    """:func:`decide`, with every group of artifacts it asks for timed together alone first."""
+    alone: dict[frozenset[str], dict[str, float]] = {}
+    for _ in range(MAX_TIMINGS):
+        try:
+            return decide(candidates, rules, alone)
+        except NeedTimes as need:
+            times = retime(need.models)
+            alone[frozenset(str(p) for p in need.models.values())] = {
+                str(path): times[name] for name, path in need.models.items()
+            }
+    raise RuntimeError(f"the deployment's decision asked for more than {MAX_TIMINGS} timings")
+
+
 def deploy(
     source_dir: Path,
     original_dir: Path,
@@ -390,203 +522,66 @@ def deploy(
     control: ControlSource = None,
     judging: Mapping[Path, Judging] | None = None,
     allow_over_budget: bool = False,
+    ships: Mapping[str, Ships] | None = None,
 ) -> DeployChoice:
-    """Build, evaluate and time every backend of ``backends`` on ``source_dir``; see the module doc.
+    """Build, judge and time every backend of ``backends`` on ``source_dir`` (and, unless ``forced``, on the
+    ``alternatives`` where they can win: a round with more headroom, the original), then :func:`decide` what ships.
 
-    ``out_root / <backend>`` holds each candidate's artifact (reused when complete). ``within_budget`` is
-    the run's accuracy budget test. With ``forced`` (``--deploy NAME``), that backend is deployed whatever
-    the timing says, unless it failed or is over the budget (refused, with a note: ``allow_over_budget`` deploys it
-    anyway). ``alternatives``: other models to deploy instead of ``source_dir``, in order
-    of preference (a round with more accuracy headroom; the unpruned original): the chosen backend and those that
-    ran faster but over the budget are built from each too (``out_root / alt-<i> / <backend>``), everything is
-    timed again together, and the fastest within budget is chosen, one of another source only when at least
-    :data:`ALTERNATIVE_MARGIN` faster than the best model's, the original's only when no pruned one is within budget
-    (``DeployChoice.source`` says which). ``prebuilt``:
-    directories of candidates built before (``<dir>/<backend>``), copied instead of built again when their recipe
-    is the same (the original's deployment table).
-
-    int8 is built for ``int8_cpu`` (:mod:`tools.deploy.cpu`). A mixed-precision backend (``*-mixed``) is built only
-    when its full-int8 backend ran over the budget and faster than the original's builds, judged by ``control``
-    (:func:`accuracy_control`, or a function that makes it, called only then); its row says why it was not otherwise.
-
-    ``judging[model_dir]``: how a model's candidates are judged (:class:`Judging`; default ``spec``, no luck).
-    """
+    ``out_root / <backend>`` holds each candidate (``alt-<i>/<backend>`` an alternative's; reused when complete).
+    ``within_budget``: the run's budget test. ``forced`` (``--deploy NAME``, the last of ``backends``): that backend
+    deploys unless it failed or is over the budget (``allow_over_budget`` deploys it anyway). ``prebuilt``: builds
+    of the original made before, copied where their recipe is the same. A mixed-precision backend is built only where
+    its full int8 ran over the budget and can outrun the original's builds, judged by ``control``. ``judging``: how
+    each model's candidates are judged (default ``spec``, no luck). ``ships``: the model each source is."""
     images, calibrated_on = calibration_images(original_dir, shape, spec)
     judge = _Judge(control)
     measure = functools.partial(
-        _measure,
-        original_dir=original_dir,
-        recommendations=recommendations,
-        shape=shape,
-        images=images,
-        within_budget=within_budget,
-        baseline_accuracy=baseline_accuracy,
-        int8_cpu=int8_cpu,
-        control=judge,
-        prebuilt=prebuilt,
-    )
-    full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
-    mixed_backends = [b for b in backends if b not in full]
-    pointless = [] if forced else _linear_only_pointless(full, source_dir, shape) + _off_target(full, int8_cpu)
-    left_out = {c.backend for c in pointless}
+        _measure, original_dir=original_dir, shape=shape, within_budget=within_budget,
+        baseline_accuracy=baseline_accuracy, recommendations=recommendations, images=images, int8_cpu=int8_cpu,
+        control=judge, prebuilt=prebuilt,
+    )  # fmt: skip
     judged_on = {Path(p).resolve(): j for p, j in (judging or {}).items()}
-
-    def judged_by(model_dir: Path) -> Judging:
-        return judged_on.get(Path(model_dir).resolve(), Judging(spec=spec))
-
-    twins = twin_sources(source_dir, alternatives, judged_by)
-
-    def retime(close: dict[str, Path]) -> dict[str, float]:
-        return ops.compare_latency(close, shape, repeats=3 * repeats, seed=spec.seed, max_seconds=RETIMING_SECONDS)
-
-    candidates = [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in full if b not in left_out]
-    candidates += pointless
-    timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
-    one_command = [b for b in ONE_COMMAND_BUILDS if b in full and b not in left_out]
-    at = next((i for i, a in enumerate(alternatives) if Path(a).resolve() == Path(original_dir).resolve()), None)
-    rivals: list[DeployCandidate] = []  # the original's one-command builds: a mixed build must be able to outrun them
-    if timed and at is not None:  # copies of the int8 profile's builds, so cheap; the loop below takes them as built
-        original = functools.partial(measure, source_dir=original_dir, judged=judged_by(original_dir))
-        rivals = [original(b, artifact_dir=out_root / f"alt-{at}" / b, source=str(original_dir)) for b in one_command]
-    if timed:
-        original_latency = _time([*candidates, *rivals], original_dir, shape, repeats, spec.seed)
-    mixed, skipped = _mixed_for(
-        mixed_backends,
-        candidates,
-        judge,
-        within_budget,
-        original_dir=original_dir,
-        always=forced,
-        rivals=rivals,
-        time_alone=retime,
-    )
-    candidates += [measure(b, source_dir, out_root / b, judged=judged_by(source_dir)) for b in mixed] + skipped
-    if mixed or not timed:  # timed again only when mixed candidates joined
-        original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
+    d = _Deployment(
+        source_dir, original_dir, out_root, shape, spec, measure, judge, within_budget,
+        lambda model: judged_on.get(Path(model).resolve(), Judging(spec=spec)), repeats, int8_cpu,
+    )  # fmt: skip
+    others = [] if forced else list(alternatives)
+    at = next((i for i, a in enumerate(others) if Path(a).resolve() == Path(original_dir).resolve()), None)
+    candidates, rivals, latency, one_command = _own_candidates(d, backends, forced, at)
+    twins = twin_sources(source_dir, alternatives, d.judged_by)
     tries = judge_together(candidates, within_budget, original_dir, twins)
-    chosen, why = choose(candidates, original_latency)
-    pool = [c for c in candidates if c.source is None]  # the candidates the deployed one is taken from
-    own: str | None = None  # the source counted as the best model's
-    order: list[str | None] = [None]  # the sources in order of preference
-    if alternatives and not forced:
-        faster = faster_over_budget(candidates, chosen)
-        retry = list(dict.fromkeys([*faster, *([chosen] if chosen != FLOAT else [])]))
-        for i, other in enumerate(alternatives):
-            # a round with more headroom is built only where the best model's faster builds were over the budget; the
-            # original (copies of its prebuilt builds) in every one-command build too: the last timing holds them all
-            is_the_original = i == at
-            rebuilt = list(dict.fromkeys([*retry, *one_command])) if is_the_original else faster
-            if not rebuilt:
-                continue
-            logger.info("deploy: building %s from %s too", ", ".join(rebuilt), other)
-            build = functools.partial(measure, source_dir=other, source=str(other), judged=judged_by(other))
-            done = {c.backend: c for c in rivals} if is_the_original else {}
-            rows = [done.get(b) or build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in rebuilt if not is_mixed(b)]
-            mixed, skipped = _mixed_for(
-                [b for b in rebuilt if is_mixed(b)],
-                [*candidates, *rows],
-                judge,
-                within_budget,
-                original_dir=original_dir,
-                source=str(other),
-                rivals=[] if is_the_original else rivals,
-                time_alone=retime,
-            )
-            candidates += rows + [build(b, artifact_dir=out_root / f"alt-{i}" / b) for b in mixed] + skipped
-        original_latency = _time(candidates, original_dir, shape, repeats, spec.seed)
+    if others:
+        candidates += _alternatives_built(d, candidates, rivals, others, one_command, latency)
+        latency = d.time(candidates)
         tries = judge_together(candidates, within_budget, original_dir, twins)
-        sources = [None, *(str(p) for p in alternatives)]
-        own = own_source(candidates, sources)
-        order = [own, *(s for s in sources if s != own)]  # the best model's, then the alternatives in order
-        pool = eligible(candidates, original_dir, own)
-        chosen, why = choose(pool, original_latency)
-        doubt = unconfirmed_alternative(pool, chosen, retime, own)
-        if doubt:  # the margin was timing noise: the best model deploys
-            pool = [c for c in candidates if c.source == own]
-            chosen, why = choose(pool, original_latency)
-            why = f"{why}; {doubt}"
-    picked: DeployCandidate | None = None  # the runoff's winner, when there was one
-    if not forced:
-        chosen, why, picked = runoff(
-            pool, chosen, why, retime, other_source_margin=ALTERNATIVE_MARGIN, preference=order
-        )
-    refused: str | None = None
-    if forced and backends[-1] != chosen:
-        wanted = next(c for c in candidates if c.backend == backends[-1])
-        if wanted.ran and (wanted.within_budget or allow_over_budget):
-            over = "" if wanted.within_budget else ", over the accuracy budget (--allow-over-budget)"
-            chosen, why = wanted.backend, f"--deploy {wanted.backend} forces it{over} ({why})"
-        elif wanted.ran:  # over the budget: refused, and the fastest within it deploys instead
-            refused = (
-                f"--deploy {wanted.backend} refused: it is over the accuracy budget (drop "
-                f"{wanted.accuracy_drop_points or 0.0:.2f} points, tested with {tries} tries counted); {chosen} "
-                "deploys instead; add --allow-over-budget to deploy it anyway"
-            )
-            why = f"{refused}; {why}"
-        else:  # say why the backend asked for is not the one deployed
-            reason = f"could not run: {wanted.error}" if wanted.error else f"was not built: {wanted.skipped}"
-            why = f"--deploy {wanted.backend} {reason}; {why}"
-    usable = [c for c in pool if c.backend == chosen and c.ran and c.within_budget and c.latency_s]
-    source: str | None = None
-    if picked is not None and picked.backend == chosen:
-        source = picked.source
-    elif usable and not forced:
-        source = preferred(usable, {c.key: c.latency_s or 0.0 for c in usable}, order, ALTERNATIVE_MARGIN).source
-    if not forced:
-        rival, slower = never_slower(candidates, chosen, source, original_dir, retime)
-        if rival is not None:
-            chosen, source, why = rival.backend, rival.source, f"{slower}; {why}"
-    logger.info("deploy: %s%s (%s)", chosen, f" from {source}" if source else "", why)
+    rules = DecisionRules(
+        original_dir=str(original_dir), original_latency_s=latency, alternatives=[str(a) for a in others],
+        forced=backends[-1] if forced else None, allow_over_budget=allow_over_budget,
+        prebuilt=[str(p) for p in prebuilt], ships=dict(ships or {}),
+    )  # fmt: skip
+    decision = _decided(candidates, rules, d.retime)
+    return _choice(decision, latency, calibrated_on, int8_cpu, tries, judge)
+
+
+def _choice(
+    decision: Decision, latency: float | None, calibrated_on: str, int8_cpu: str, tries: int, judge: _Judge
+) -> DeployChoice:
+    """The typed choice the run keeps: the decision, the candidates and how they were judged."""
+    built_from = f" from {decision.source}" if decision.source else ""
+    logger.info("deploy: %s%s (%s)", decision.chosen, built_from, decision.why)
+    control = judge() if judge.made else None
+    shipped = [c for c in decision.candidates if c.backend == decision.chosen and c.source == decision.source]
     return DeployChoice(
-        chosen=chosen,
-        why=why,
-        source=source,
-        original_latency_s=original_latency,
-        candidates=candidates,
+        **decision.model_dump(),  # what ships, why, the steps, the candidates as the decision left them
+        original_latency_s=latency,
         calibration=calibrated_on,
         int8=int8_settings(int8_cpu),
         tries=tries,
-        refused=refused,
-        budget_z=max((c.budget_z for c in candidates if c.budget_z is not None), default=None),
+        budget_z=next((c.budget_z for c in shipped), None),
         accuracy_control=(
-            f"tuned on {len(judged.images)} calibration images (the original's answers, a "
-            f"{judged.max_drop_points:g}-point budget with one standard error), judged on the evaluation images"
-            if judge.made and (judged := judge()) is not None
+            f"tuned on {len(control.images)} calibration images (the original's answers, a "
+            f"{control.max_drop_points:g}-point budget with one standard error), judged on the choose images"
+            if control is not None
             else None
         ),
-    )
-
-
-def latency_in_build(
-    source_dir: Path,
-    original_dir: Path,
-    backend: str,
-    reference: Path,
-    shape: InputShape,
-    spec: ops.EvalSpec,
-    *,
-    int8_cpu: str = "auto",
-    repeats: int = 20,
-    earlier: Mapping[str, Path] | None = None,
-) -> dict[str, float]:
-    """Batch-1 seconds of ``source_dir`` built in ``backend`` as ``<dir>-<backend>`` (int8 as the deployment
-    calibrates; a mixed backend's full int8), ``"model"``; of ``reference``, the original's build; of ``earlier``
-    source dirs built so before, by name: one interleaved timing, ``--objective latency``'s measure of the rounds."""
-    name = BACKENDS[backend].mixed_of or backend if backend in BACKENDS else backend
-
-    def build_of(source: Path) -> Path:
-        return source if name == FLOAT else source.with_name(f"{source.name}-{backend}")
-
-    if name != FLOAT:
-        images, _ = calibration_images(original_dir, shape, spec)
-        config = QuantizationConfig(backend=name, int8_cpu=int8_cpu)
-        recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="every layer, for its latency")]
-        ops.quantize(source_dir, original_dir, recs, build_of(source_dir), config, shape=shape, calibration=images)
-    models = {key: build_of(source) for key, source in (earlier or {}).items() if build_of(source).exists()}
-    return ops.compare_latency(
-        {**models, "model": build_of(source_dir), "reference": reference},
-        shape,
-        repeats=repeats,
-        seed=spec.seed,
-        min_seconds=ROUND_TIMING_SECONDS,
     )

@@ -4,7 +4,7 @@ latency, throughput, size and MACs (re-exported by :mod:`tools.ops` for the node
 A float model whose PyTorch evaluation would be long is evaluated by its OpenVINO FP32 twin
 (``EvalSpec.float_runtime``, :mod:`tools.evaluation.twin`); on an unlabelled dataset each image's target is the
 original's answer, read from the original's predictions on the same part. :func:`judge_together` judges a
-deployment's candidates by the budget test as tries of one choice (:mod:`tools.evaluation.simultaneous`).
+deployment's candidates by the budget test on the choose images, each alone.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from torch import nn
 
 from tools.artifacts.io import deployed_files, load_compressed, load_module, load_original
 from tools.deploy.choice import DeployCandidate, luck_removed
+from tools.evaluation.cross_fitted import cross_fitted
 from tools.evaluation.paired import predictions_path
-from tools.evaluation.simultaneous import budget_zs, cross_fitted
 from tools.models.base import example_input, resolve_device
 from tools.run_data import EvalSpec, preprocess_of
 from tools.schemas import InputShape, Metrics, PairedAccuracy, PartAccuracy
-from tools.stats import Budget
+from tools.stats import CHOOSE_Z
 from tools.store.files import read_json
 
 if TYPE_CHECKING:
@@ -289,50 +289,29 @@ def judge_together(
     original_dir: Path,
     twins: Mapping[str | None, str | None] | None = None,
 ) -> int:
-    """Judge every candidate that ran by the budget test for all of them: the fastest of several that pass favours
-    those the evaluation images happened to be kind to, so each must pass with more standard errors than one, as the
-    kept round must (Timm's Swin, deployed at -1.14 points on unseen images against a 1-point budget, passed alone
-    as the fastest of 15): as many as the tries need together (:func:`tools.evaluation.simultaneous.budget_zs`, builds
-    surely over the budget holding the others to less; a budget in changed answers: Bonferroni). Returns the count
-    tried.
+    """Judge every candidate that ran by the budget test on the choose images, each alone (drop plus
+    :data:`~tools.stats.CHOOSE_Z` standard errors: what ships is judged again on the confirm images, which nothing
+    chose on, ``tools.evaluation.confirm``). Returns the count of tries judged.
 
     ``twins`` pairs the sources (``DeployCandidate.source``, None for the best model) that are a distilled round's
-    two students. A build of one and the same build of the other are one try, judged together on every evaluation
-    image, each student's build on the half its student did not see (``DeployCandidate.cross_fitted``): the round
-    was kept on that cross-fitted estimate, and one build judged on its half alone has 1.4 times its standard error
-    (CIFAR ResNet-20's kept round, +0.06 on 4,744 images: each of its first student's builds failed on its 2,372,
-    -0.13 to -0.55, and a shallower round's build shipped, 1.12x OpenVINO int8 of the original; judged with their
-    twins, the round's OpenVINO int8 ships, -0.13 on every image, 1.43x, -0.36 on 5,000 images no run saw). A build
+    two students. A build of one and the same build of the other are one try, judged together on every choose image,
+    each student's build on the half its student did not see (``DeployCandidate.cross_fitted``): the round was kept
+    on that cross-fitted estimate, and one build judged on its half alone has 1.4 times its standard error. A build
     without its twin is judged on its half, less its student's luck there (:func:`luck_removed`).
     """
     tried = [c for c in candidates if c.ran and c.artifact is not None]
     original = predictions_path(original_dir, "evaluation")
     groups = _twinned([c for c in tried if c.paired is not None], twins or {}, original)
-
-    def passes(group: list[DeployCandidate], z: float) -> bool:
+    for group in groups:
         c = group[0]
         if c.cross_fitted is not None:
-            return within_budget(-c.cross_fitted.delta_points, c.cross_fitted, z)
-        return within_budget(c.accuracy_drop_points, luck_removed(c.paired, c.half_luck_points or 0.0), z)
-
-    simultaneous = isinstance(within_budget, Budget) and within_budget.max_disagreement_pct is None
-    budgets = None
-    if isinstance(within_budget, Budget):  # each try's budget in points of its drop, a lone half's luck taken off
-        luck = [0.0 if g[0].cross_fitted is not None else max(0.0, g[0].half_luck_points or 0.0) for g in groups]
-        budgets = [within_budget.max_drop_points - points for points in luck]
-    zs = budget_zs(
-        original,
-        [[str(c.predictions) for c in g] if all(c.predictions for c in g) else None for g in groups],
-        lambda i, z: passes(groups[i], z),
-        budgets=budgets,
-        simultaneous=simultaneous,
-    )
-    for group, z in zip(groups, zs, strict=True):
-        verdict = passes(group, z)
-        for c in group:
-            c.within_budget, c.budget_z = verdict, z
+            verdict = within_budget(-c.cross_fitted.delta_points, c.cross_fitted, CHOOSE_Z)
+        else:
+            verdict = within_budget(c.accuracy_drop_points, luck_removed(c.paired, c.half_luck_points or 0.0), CHOOSE_Z)
+        for member in group:
+            member.within_budget, member.budget_z = verdict, CHOOSE_Z
     for c in (c for c in tried if c.paired is None):
-        c.within_budget = passes([c], 1.0)
+        c.within_budget = within_budget(c.accuracy_drop_points, None, CHOOSE_Z)
     return len(groups) + sum(1 for c in tried if c.paired is None)
 
 

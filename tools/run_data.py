@@ -1,17 +1,22 @@
 """The run's data: which images a run uses for what, decoded once and preprocessed for the model.
 
-:class:`EvalSpec` names the dataset and the sizes of its disjoint, seeded parts (calibration, evaluation,
-holdout, finetune: ``tools.evaluation.datasets.split_indices``). :func:`calibration_batch` and
-:func:`finetune_batch` give the preprocessed calibration and distillation images; :func:`preprocess_of`
-turns images into the batch the original model expects (greyscale or colour as the model takes them), each
-image once per process. :func:`check_data` decodes the parts a run uses once, up front: images that cannot be
-decoded are left out of every part and named, and too many of them stop the run with a one-line error.
+:class:`EvalSpec` names the dataset and the sizes of its disjoint, seeded parts, each with one job: *fit*
+(calibration and finetune: importance, recovery, calibration, distillation), *choose* (evaluation: every comparison
+that decides) and *confirm* (the one build that ships, once: ``tools.evaluation.datasets.split_indices``). The
+confirm part is sealed: reading it outside :func:`confirming` raises :class:`ConfirmSealed`, and every read of any
+part is recorded (:class:`DataReads`), so that the report's disjointness is what was read, not what was planned.
+:func:`calibration_batch` and :func:`finetune_batch` give the preprocessed calibration and distillation images;
+:func:`preprocess_of` turns images into the batch the original model expects (greyscale or colour as the model
+takes them), each image once per process. :func:`check_data` decodes the parts a run uses once, up front: images
+that cannot be decoded are left out of every part and named, and too many of them stop the run with a one-line error
+(the confirm part's are found, and left out, when it is read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +28,50 @@ from tools.artifacts.io import load_original
 from tools.models.base import build_preprocess
 from tools.schemas import InputShape
 from tools.stats import images_needed
+from tools.store.reads import DataReads, read_log, record_rows
 
 __all__ = [
     "AUTO_EVAL_SAMPLES",
+    "ROLES",
     "Calibration",
+    "ConfirmSealed",
     "DataCheck",
+    "DataReads",
     "EvalSpec",
     "auto_eval_samples",
     "calibration_batch",
     "check_data",
+    "confirming",
     "finetune_batch",
     "first_evaluated_images",
     "match_dataset_labels",
     "part_label",
     "part_sizes",
-    "parts_disjoint",
     "preprocess_of",
+    "read_log",
+    "record_reads",
 ]
+
+#: What each part of the data is for: the role its reads are recorded under (:class:`DataReads`).
+ROLES: dict[str, str] = {"calibration": "fit", "finetune": "fit", "evaluation": "choose", "confirm": "confirm"}
+
+
+class ConfirmSealed(RuntimeError):
+    """The confirm part was read before the confirmation of the build that ships (a bug: nothing may choose on it)."""
+
+
+_CONFIRM_OPEN = [False]
+
+
+@contextlib.contextmanager
+def confirming() -> Iterator[None]:
+    """The one place the confirm part may be read: the confirmation of the build that ships."""
+    before = _CONFIRM_OPEN[0]
+    _CONFIRM_OPEN[0] = True
+    try:
+        yield
+    finally:
+        _CONFIRM_OPEN[0] = before
 
 
 #: Automatic evaluation size (``--eval-samples 0``): the larger of what the accuracy budget's test needs
@@ -50,17 +82,16 @@ AUTO_EVAL_SAMPLES = (1000, 5000)
 AUTO_EVAL_SECONDS = 10.0
 
 
-def auto_eval_samples(macs: int | None, *, other_parts: bool = False, budget_points: float = 1.0) -> int:
+def auto_eval_samples(macs: int | None, *, budget_points: float = 1.0) -> int:
     """Evaluation images for a model of ``macs`` per image and an accuracy budget of ``budget_points`` (see
     :data:`AUTO_EVAL_SAMPLES`): at least what the budget test needs; small models get more, so that selection
-    resolves smaller differences. With ``other_parts`` (holdout rows wanted, which come after evaluation in the
-    split), what the budget needs, at least the floor (distillation rows share what is left with evaluation:
-    ``tools.evaluation.datasets.split_indices``)."""
+    resolves smaller differences. The split gives evaluation at most what the other parts leave
+    (``tools.evaluation.datasets.split_indices``)."""
     from tools.compression.sensitivity import ASSUMED_MACS_PER_SECOND
 
     low, high = AUTO_EVAL_SAMPLES
     needed = max(low, images_needed(budget_points))
-    if other_parts or not macs or macs <= 0:
+    if not macs or macs <= 0:
         return needed
     return max(needed, min(high, int(AUTO_EVAL_SECONDS * ASSUMED_MACS_PER_SECOND / macs)))
 
@@ -68,6 +99,12 @@ def auto_eval_samples(macs: int | None, *, other_parts: bool = False, budget_poi
 def part_label(name: str, half: int | None = None) -> str:
     """The name a part's saved predictions go by: ``evaluation-half<N>`` for one half of the evaluation part."""
     return f"{name}-half{half}" if name == "evaluation" and half is not None else name
+
+
+def record_reads(spec: EvalSpec, role: str, indices: list[int]) -> None:
+    """Record that ``role`` read the dataset rows ``indices`` in ``spec.reads_log`` (nothing without one)."""
+    if spec.reads_log is not None:
+        record_rows(Path(spec.reads_log), role, indices)
 
 
 class EvalSpec(BaseModel):
@@ -78,7 +115,9 @@ class EvalSpec(BaseModel):
     label_match: dict[str, Any] | None = None
     samples: int = 500
     calibration_samples: int = 0
-    holdout_samples: int = 0
+    confirm_samples: int = Field(
+        default=0, description="Rows of the confirm part (``tools.evaluation.datasets.AUTO_CONFIRM``: automatic)."
+    )
     finetune_samples: int = 0
     seed: int = 0
     batch_size: int = 32
@@ -99,6 +138,9 @@ class EvalSpec(BaseModel):
         description="The rows no part takes join evaluation when they are few (the automatic evaluation size: "
         "``tools.evaluation.datasets.SPARE_ROWS_SHARE``); False: evaluation holds ``samples`` rows at most.",
     )
+    reads_log: str | None = Field(
+        default=None, description="Where every read of a part is recorded (:func:`record_reads`); None: nowhere."
+    )
     evaluation_half: int | None = Field(
         default=None,
         ge=0,
@@ -111,21 +153,28 @@ class EvalSpec(BaseModel):
         """Rows of each part besides evaluation (see ``tools.evaluation.datasets.split_indices``)."""
         return {
             "calibration": self.calibration_samples,
-            "holdout": self.holdout_samples,
+            "confirm": self.confirm_samples,
             "finetune": self.finetune_samples,
         }
 
     def part(self, name: str) -> Any:
-        """The decoded rows of one part (calibration, evaluation, holdout, finetune) of this spec's data."""
+        """The decoded rows of one part (calibration, evaluation, confirm, finetune) of this spec's data, recorded as
+        read by the part's role (:data:`ROLES`). The confirm part only inside :func:`confirming`."""
         if self.dataset is None:
             raise ValueError("no dataset")
+        if name == "confirm" and not _CONFIRM_OPEN[0]:
+            raise ConfirmSealed(
+                "the confirm part was asked for before the confirmation of the build that ships: nothing may choose "
+                "on it (read it inside tools.run_data.confirming())"
+            )
         sizes = tuple(sorted(self.sizes().items()))
         data = _dataset(self.dataset, self.split, self.samples, self.seed, name, sizes, self.spare_to_evaluation)
-        if name != "evaluation" or self.evaluation_half is None:
-            return data
-        from tools.evaluation.datasets import evaluation_halves, subset
+        if name == "evaluation" and self.evaluation_half is not None:
+            from tools.evaluation.datasets import evaluation_halves, subset
 
-        return subset(data, evaluation_halves(len(data), self.seed)[self.evaluation_half])
+            data = subset(data, evaluation_halves(len(data), self.seed)[self.evaluation_half])
+        record_reads(self, ROLES.get(name, name), list(data.indices))
+        return data
 
     def part_label(self, name: str) -> str:
         """The name a part's saved predictions go by: ``evaluation-half<N>`` for one half of the evaluation part."""
@@ -196,7 +245,6 @@ class DataCheck(BaseModel):
     unreadable: int = 0
     unreadable_parts: dict[str, int] = Field(default_factory=dict, description="Unreadable images of each part.")
     examples: list[str] = Field(default_factory=list, description="The first unreadable images: 'path (why)'.")
-    disjoint: bool = Field(default=False, description="No row is in two of calibration, evaluation and holdout.")
 
     def note(self) -> str | None:
         """The report's note naming the unreadable images (None when every image was read)."""
@@ -212,11 +260,10 @@ class DataCheck(BaseModel):
 
 
 def _used_parts(spec: EvalSpec) -> dict[str, EvalSpec]:
-    """The parts a run decodes (in ``PARTS`` order), each with the spec that loads it as the run does."""
+    """The parts a run decodes up front (in ``PARTS`` order), each with the spec that loads it as the run does: all
+    but the confirm part, which only the confirmation reads."""
     used = {"calibration": spec} if spec.calibration_samples > 0 else {}
     used["evaluation"] = spec
-    if spec.holdout_samples > 0:
-        used["holdout"] = spec
     if spec.finetune_samples > spec.calibration_samples:
         used["finetune"] = spec.finetune_spec()
     return used
@@ -254,23 +301,12 @@ def check_data(spec: EvalSpec) -> DataCheck:
         )
     return DataCheck(
         total=total,
-        parts={name: len(loaded[name]) if name in loaded else 0 for name in PARTS},
+        parts={name: len(loaded[name]) if name in loaded else len(planned.get(name, [])) for name in PARTS},
         looked_at=looked_at,
         unreadable=len(unreadable),
         unreadable_parts={name: len(data.unreadable) for name, data in loaded.items() if data.unreadable},
         examples=[str(u) for u in unreadable[:UNREADABLE_SHOWN]],
-        disjoint=parts_disjoint(planned),
     )
-
-
-#: The parts a report says are disjoint (finetune reuses calibration rows by design).
-REPORTED_PARTS = ("calibration", "evaluation", "holdout")
-
-
-def parts_disjoint(parts: dict[str, list[int]], names: tuple[str, ...] = REPORTED_PARTS) -> bool:
-    """Whether no row index is in two of the ``names`` parts."""
-    rows = [i for name in names for i in parts.get(name, [])]
-    return len(rows) == len(set(rows))
 
 
 def _in_mode(preprocess: Callable[[list[Any]], torch.Tensor], channels: int) -> Callable[[list[Any]], torch.Tensor]:
@@ -330,13 +366,14 @@ def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]]
 
 
 def part_sizes(spec: EvalSpec) -> dict[str, int]:
-    """Images each part of the spec's data holds as the run uses it (calibration, evaluation, holdout, finetune:
-    the images distillation adds to the calibration ones), ``total`` rows, ``unreadable`` images left out, and
-    ``disjoint`` (1 when no row is in two of calibration, evaluation and holdout, from the drawn index sets)."""
+    """Images each part of the spec's data holds as the run uses it (calibration, evaluation, confirm: the rows
+    planned, read only at the confirmation; finetune: the images distillation adds to the calibration ones), ``total``
+    rows and ``unreadable`` images left out. Whether the roles kept to their rows is what they read
+    (:func:`read_log`), not this plan."""
     check = check_data(spec)
     if not check.total:
         return {}
-    return {**check.parts, "total": check.total, "unreadable": check.unreadable, "disjoint": int(check.disjoint)}
+    return {**check.parts, "total": check.total, "unreadable": check.unreadable}
 
 
 class Calibration(BaseModel):

@@ -343,13 +343,13 @@ class BaselineEntry(ModelEntry):
     (untrained, or labels that do not match: ``tools.evaluation.accuracy.chance_note``)."""
 
     data_parts: dict[str, int] = Field(
-        default_factory=dict, description="calibration, evaluation, holdout, finetune, total, unreadable, disjoint."
+        default_factory=dict, description="calibration, evaluation, confirm, finetune, total, unreadable."
     )
     at_chance: bool = False
 
 
 class PartAccuracy(BaseModel):
-    """A model's accuracy on one part of the data (the holdout), with the original's on the same images."""
+    """A model's accuracy on one part of the data (the confirm part), with the original's on the same images."""
 
     part: str
     accuracy: float | None
@@ -361,11 +361,10 @@ class PartAccuracy(BaseModel):
 
 class PrunedEntry(ModelEntry):
     """The best pruned model (the original's metrics, ``round`` None, where no round stayed within budget): its
-    round's plan and planner, and its accuracy on the holdout images."""
+    round's plan and planner."""
 
     plan: OptimizationPlan | None = None
     source: str | None = Field(default=None, description="Who wrote the round's plan (rules, llm, human ...).")
-    holdout: PartAccuracy | None = None
     selected_round: int | None = Field(
         default=None, description="The round selection kept, where a round with more headroom deploys instead."
     )
@@ -388,6 +387,11 @@ class DeployedEntry(ModelEntry):
     backend: str | None = None
     runtime: str | None = None
     precision: str | None = None
+    confirmed: PartAccuracy | None = Field(
+        default=None,
+        description="The shipped build on the confirm part, which nothing chose on (paired with the original there); "
+        "its other figures are on the choose part.",
+    )
 
 
 class RuntimeReference(BaseModel):
@@ -537,6 +541,11 @@ class RunReport(BaseModel):
     )
     original_deployment: dict[str, Any] | None = Field(
         default=None, description="DeployChoice of the original, every int8 in full precision (before pruning)."
+    )
+    confirmation: dict[str, Any] | None = Field(
+        default=None,
+        description="Confirmation: the shipped build judged on the confirm part (the rule, the declared sequence, "
+        "each look).",
     )
     accuracy_budget: AccuracyBudget | None = Field(
         default=None, description="How --max-accuracy-drop was split between pruning and int8."

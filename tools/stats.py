@@ -20,6 +20,7 @@ from tools.schemas import PairedAccuracy
 
 __all__ = [
     "ASSUMED_CHANGE_RATE",
+    "CHOOSE_Z",
     "SEQUENTIAL_Z",
     "Z95",
     "agreement_images_needed",
@@ -30,7 +31,6 @@ __all__ = [
     "disagreement_bound_pct",
     "drop_points",
     "images_needed",
-    "images_to_confirm",
     "is_budget_note",
     "paired_accuracy",
     "resolution_note",
@@ -73,16 +73,6 @@ def images_needed(budget_points: float, change_rate: float = ASSUMED_CHANGE_RATE
     return math.ceil(change_rate / (budget_points / 200.0) ** 2)
 
 
-def images_to_confirm(paired: PairedAccuracy, z: float, budget_points: float) -> int | None:
-    """Evaluation images on which ``paired``'s drop, were it measured the same, would pass the budget test at ``z``
-    standard errors: the standard error shrinks as one over the root of the images, so ``n (z se / (B - drop))^2``.
-    None when the drop alone is at or past the budget, or ``paired`` has no spread or images."""
-    drop, se = -paired.delta_points, standard_error_points(paired)
-    if drop >= budget_points or se <= 0 or paired.samples <= 0:
-        return None
-    return math.ceil(paired.samples * (z * se / (budget_points - drop)) ** 2)
-
-
 def resolution_note(images: int, budget_points: float) -> str | None:
     """One line when ``images`` evaluation images cannot resolve the accuracy budget (None when they can)."""
     needed = images_needed(budget_points)
@@ -94,8 +84,7 @@ def resolution_note(images: int, budget_points: float) -> str | None:
         "test, drop + one standard error, only on that many), so pruned and int8 candidates will mostly be refused: "
         "give more images or raise --max-accuracy-drop, or budget the share of answers changed against the original, "
         f"which needs no labels and bounds the drop: --max-disagreement PCT on a folder of unlabelled images (about "
-        f"{agreement_images_needed(budget_points):,} resolve {budget_points:g} % for one candidate, "
-        f"{agreement_images_needed(budget_points, selection_z(TYPICAL_DEPLOY_TRIES)):,} for the deployment's test)"
+        f"{agreement_images_needed(budget_points):,} resolve {budget_points:g} %)"
     )
 
 
@@ -103,11 +92,6 @@ def is_budget_note(note: str) -> bool:
     """Whether a run's note is :func:`resolution_note`'s, :func:`unlabelled_note`'s or :func:`at_chance_note`'s: what
     the budget is and what the data resolves, which a report says in its first lines."""
     return note.startswith(("no labels:", "at chance:")) or " evaluation images resolve about " in note
-
-
-#: About how many builds a deployment tries (kept round, original and alternatives in each runtime and precision):
-#: what the first lines assume when they say what the images resolve for the deployment's test.
-TYPICAL_DEPLOY_TRIES = 12
 
 
 def agreement_images_needed(budget_pct: float, z: float = 1.0) -> int:
@@ -119,19 +103,11 @@ def agreement_images_needed(budget_pct: float, z: float = 1.0) -> int:
 
 
 def agreement_resolution(images: int, budget_pct: float, more: str = "unlabelled images") -> str:
-    """What ``images`` resolve of an agreement budget of ``budget_pct`` % of answers changed: for one candidate (one
-    standard error) and for the deployment's test, which counts its tries (:func:`selection_z`); ``more``: what to
-    give more of."""
+    """What ``images`` resolve of an agreement budget of ``budget_pct`` % of answers changed, for a candidate judged
+    alone (one standard error); ``more``: what to give more of."""
     needed = agreement_images_needed(budget_pct)
-    needed_deploy = agreement_images_needed(budget_pct, selection_z(TYPICAL_DEPLOY_TRIES))
-    if images >= needed_deploy:
-        return f"{images:,} images resolve it, also for the deployment's test of about {TYPICAL_DEPLOY_TRIES} tries"
     if images >= needed:
-        return (
-            f"{images:,} images resolve it for one candidate, but the deployment's test, counting about "
-            f"{TYPICAL_DEPLOY_TRIES} tries, needs about {needed_deploy:,}: builds that change any answers will mostly "
-            f"be refused (give more {more})"
-        )
+        return f"{images:,} images resolve it"
     return f"{images:,} images resolve it only roughly (about {needed:,} are needed: give more {more})"
 
 
@@ -250,6 +226,11 @@ def budget_drop_points(
     result = PairedAccuracy.model_validate(paired)
     return -result.delta_points + z * standard_error_points(result)
 
+
+#: Standard errors every choice on the choose images holds a candidate's drop under the budget by: one, each
+#: candidate judged alone (``within_budget``'s default). What ships is judged again on the confirm images, which
+#: nothing chose on (``tools.evaluation.confirm``), so the choice needs no margin for the number of candidates.
+CHOOSE_Z = 1.0
 
 #: The one-sided level of the budget test for one candidate: drop + one standard error (z = 1).
 ONE_SE_LEVEL = 1.0 - NormalDist().cdf(1.0)

@@ -277,10 +277,9 @@ def test_automatic_evaluation_size_follows_the_budget_and_the_model_macs() -> No
     assert auto_eval_samples(17_600_000_000) == 2000  # ViT-B/16: what a 1-point budget needs
     assert auto_eval_samples(17_600_000_000, budget_points=2.0) == 1000  # the floor
     assert auto_eval_samples(150_000_000) == 3333  # between the bounds: about 10 s at 5e10 MAC/s
-    assert auto_eval_samples(None) == auto_eval_samples(15_000_000, other_parts=True) == 2000
+    assert auto_eval_samples(None) == 2000
     state = typed_state({"dataset": "d", "profile_summary": {"total_macs": 15_000_000}})
     assert eval_spec(state, Context()).samples == 5000
-    assert eval_spec(state, Context(holdout_samples=100)).samples == 2000  # the holdout keeps its rows
     assert eval_spec(state, Context(eval_samples=300)).samples == 300
     assert (
         eval_spec(typed_state({"dataset": "d"}), Context()).samples == 2000

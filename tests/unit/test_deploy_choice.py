@@ -347,7 +347,7 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     monkeypatch.setattr(deployment_module, "_time", time_all)
     monkeypatch.setattr(deployment_module, "calibration_images", lambda *_: (torch.zeros(1, 3, 8, 8), "none"))
     monkeypatch.setattr(ops, "compare_latency", again)
-    monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
+    monkeypatch.setattr("tools.deploy.decide.runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
     monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
     choice = deployment_module.deploy(
         tmp_path / "best",
@@ -688,11 +688,11 @@ def test_the_note_says_why_the_unpruned_original_deploys() -> None:
     assert "no runtime of the pruned model (round-02)" in _original_note(over, pruned, original)
 
 
-def test_the_budget_test_counts_every_candidate_tried() -> None:
-    """Each candidate that ran is judged with the standard errors of the best of all tried: one that passed alone by
-    a standard error is refused as one of twelve, and the choice says how many were tried."""
+def test_every_candidate_is_judged_alone_on_the_choose_images() -> None:
+    """Each candidate that ran is judged alone, drop plus one standard error (the confirmation then judges the one
+    that ships on images nothing chose on): twelve builds that each pass alone all pass, and the count is returned."""
     from tools.judging import judge_together
-    from tools.stats import selection_z, within_budget
+    from tools.stats import CHOOSE_Z, within_budget
 
     paired = PairedAccuracy(
         delta_points=-0.7,
@@ -709,7 +709,11 @@ def test_the_budget_test_counts_every_candidate_tried() -> None:
     ]
     assert within_budget(0.7, 1.0, paired)  # alone: drop + one standard error (0.3) = 1.0
     tried = judge_together(rows, lambda drop, p, z: within_budget(drop, 1.0, p, z=z), Path("/a/original"))
-    assert tried == 12 and selection_z(12) > 2 and not any(c.within_budget for c in rows)
+    assert tried == 12 and all(c.within_budget and c.budget_z == CHOOSE_Z == 1.0 for c in rows)
+    worse = paired.model_copy(update={"delta_points": -0.75})
+    over = [rows[0].model_copy(update={"accuracy_drop_points": 0.75, "paired": worse})]
+    judge_together(over, lambda drop, p, z: within_budget(drop, 1.0, p, z=z), Path("/a/original"))
+    assert not over[0].within_budget  # 0.75 + 0.3 > 1
 
 
 def test_a_forced_backend_over_the_budget_is_refused_unless_allowed(
@@ -839,7 +843,7 @@ def _deploy_with_alternatives(
         return {k: slower[k] * latency_ms.get(Path(p).name, 9.0) / 1e3 for k, p in pair.items()}
 
     monkeypatch.setattr(ops, "compare_latency", time_alone)
-    monkeypatch.setattr(deployment_module, "runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
+    monkeypatch.setattr("tools.deploy.decide.runoff", lambda pool, chosen, why, *_, **__: (chosen, why, None))
     monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
     return deployment_module.deploy(
         tmp_path / "best",
@@ -960,7 +964,8 @@ def test_a_kept_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_
         row = DeployCandidate(
             backend="openvino-int8", runtime="openvino", precision="int8", ran=True, within_budget=True, latency_s=1e-3
         )
-        return DeployChoice(chosen="openvino-int8", why="test", source=None, candidates=[row])
+        ships = kwargs["ships"][""]  # the model the candidates of no other source are: the node says which
+        return DeployChoice(chosen="openvino-int8", why="test", source=None, candidates=[row], ships=ships)
 
     monkeypatch.setattr(agents.quantization, "deploy", fake_deploy)
     ctx = Context(run_dir=str(tmp_path / "run"), max_accuracy_drop=1.0, progress=False, quant_backend="auto")

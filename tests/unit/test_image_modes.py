@@ -19,7 +19,7 @@ from tools.evaluation.datasets import (
     too_many_unreadable,
 )
 from tools.evaluation.sources import DatasetError
-from tools.run_data import EvalSpec, _in_mode, check_data, part_sizes
+from tools.run_data import EvalSpec, _in_mode, check_data, confirming, part_sizes
 
 RNG = np.random.default_rng(0)
 
@@ -146,18 +146,22 @@ def test_parts_skip_unreadable_images_and_the_share_is_checked_over_all_parts(tm
     seed = next(
         s for s in range(100) if broken & set(split_indices(85, {"calibration": 4, "evaluation": 70}, s)["calibration"])
     )
-    spec = EvalSpec(dataset=str(root), samples=70, calibration_samples=4, holdout_samples=11, seed=seed)
+    spec = EvalSpec(dataset=str(root), samples=70, calibration_samples=4, confirm_samples=11, seed=seed)
     check = check_data(spec)
-    assert check.total == 85 and check.looked_at == 85 and check.unreadable == 3
-    parts = {name: spec.part(name) for name in ("calibration", "evaluation", "holdout")}
-    assert check.parts == {name: len(data) for name, data in parts.items()} | {"finetune": 0}
-    assert sum(check.parts.values()) == 82 and check.unreadable_parts["calibration"] >= 1
-    assert check.unreadable_parts == {name: len(d.unreadable) for name, d in parts.items() if d.unreadable}
+    assert check.total == 85 and check.looked_at == 85 - 11  # the confirm part is read at the confirmation
+    with confirming():  # the confirm part is decoded only when the confirmation reads it
+        parts = {name: spec.part(name) for name in ("calibration", "evaluation", "confirm")}
+    decoded = {name: len(data) for name, data in parts.items() if name != "confirm"}
+    assert check.parts == decoded | {"confirm": 11, "finetune": 0}  # the confirm part as planned: read later
+    assert check.unreadable_parts["calibration"] >= 1
+    assert check.unreadable_parts == {
+        name: len(d.unreadable) for name, d in parts.items() if d.unreadable and name != "confirm"
+    }
     seen = [row for data in parts.values() for row in data.indices]
-    assert len(seen) == len(set(seen)) == 82 and not broken & set(seen), "disjoint parts, none of them broken"
-    assert part_sizes(spec) == {**check.parts, "total": 85, "unreadable": 3, "disjoint": 1}
+    assert len(seen) == len(set(seen)) and not broken & set(seen), "disjoint parts, none of them broken"
+    assert part_sizes(spec) == {**check.parts, "total": 85, "unreadable": check.unreadable}
     note = check.note()
-    assert note is not None and note.startswith("3 of 85 images could not be read and were left out (calibration ")
+    assert note is not None and note.startswith("3 of 74 images could not be read and were left out (calibration ")
     assert all(name in note for name in ("cat/cut.jpg", "dog/notes.jpg", "dog/empty.jpg"))
 
 

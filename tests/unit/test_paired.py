@@ -204,9 +204,14 @@ def test_evaluate_pairs_every_artifact_but_the_original(original: Path) -> None:
     assert p.ci95_low_points <= p.delta_points <= p.ci95_high_points
     assert p.gained - p.lost == round(p.delta_points * 40 / 100)
 
-    holdout = ops.evaluate_accuracy_on(pruned_dir, original, _shape(), spec.model_copy(update={"holdout_samples": 30}))
-    assert holdout is not None and holdout.samples == 30 and holdout.paired is not None
-    assert holdout.paired.samples == 30 and holdout.baseline_accuracy is not None
+    from tools.run_data import confirming
+
+    with confirming():
+        confirm = ops.evaluate_accuracy_on(
+            pruned_dir, original, _shape(), spec.model_copy(update={"confirm_samples": 30}), "confirm"
+        )
+    assert confirm is not None and confirm.samples == 30 and confirm.paired is not None
+    assert confirm.paired.samples == 30 and confirm.baseline_accuracy is not None
     evaluation_rows = set(_saved_key(pruned_dir, "evaluation")["indices"])
-    holdout_rows = set(_saved_key(pruned_dir, "holdout")["indices"])
-    assert len(holdout_rows) == 30 and not evaluation_rows & holdout_rows
+    confirm_rows = set(_saved_key(pruned_dir, "confirm")["indices"])
+    assert len(confirm_rows) == 30 and not evaluation_rows & confirm_rows

@@ -46,7 +46,7 @@ def test_a_round_is_timed_with_the_earlier_rounds_and_they_take_the_new_timing(
         calls.append({"source": source, "earlier": dict(earlier)})
         return {"model": 0.80e-3, "reference": 1.00e-3, "0": 0.97e-3, "1": 0.88e-3}
 
-    monkeypatch.setattr("tools.deployment.latency_in_build", fake_latency_in_build)
+    monkeypatch.setattr("tools.ops.latency_in_build", fake_latency_in_build)
     state = typed_state(
         {
             "run_dir": str(tmp_path),
@@ -97,7 +97,7 @@ def test_latency_in_build_times_the_earlier_builds_in_the_same_call(tmp_path: Pa
     from tests.helpers import save_tiny, tiny_resnet
     from tools import ops
     from tools.deploy.config import QuantizationConfig
-    from tools.deployment import latency_in_build
+    from tools.ops import latency_in_build
     from tools.run_data import EvalSpec
 
     original = tmp_path / "original"

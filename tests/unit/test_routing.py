@@ -22,6 +22,7 @@ from tests.helpers import typed_state
 
 TESTED = {
     "route_after_analyze_profile",
+    "route_after_confirm_deployment",
     "route_after_distill_over_budget_round",
     "route_after_evaluate_model",
     "route_after_iterate_pruning",
@@ -236,3 +237,22 @@ def test_what_ships_is_one_choice_and_the_graph_draws_its_branch(ships: str, nod
     assert ("quantize_model", node) in edges
     assert node == "build_deployed_model" or (node, "build_deployed_model") in edges
     assert ("build_deployed_model", "evaluate_quantized") in edges
+
+
+def test_a_build_that_fails_its_confirmation_gives_way_to_the_next_which_is_built_and_confirmed() -> None:
+    from tools.evaluation.confirm import Confirmation, ConfirmLook, ConfirmRule, ConfirmStep
+
+    steps = [
+        ConfirmStep(backend="openvino-int8", name="openvino-int8"),
+        ConfirmStep(backend="openvino", source="/o", ships="original", name="openvino (original)", tested=False),
+    ]
+    failed = Confirmation(
+        rule=ConfirmRule(max_drop_points=1.0), sequence=steps, looks=[ConfirmLook(step=steps[0], passed=False)]
+    )
+    assert routing.route_after_confirm_deployment(typed_state({"confirmation": failed})) == "build_deployed_model"
+    done = failed.model_copy(update={"looks": [*failed.looks, ConfirmLook(step=steps[1], passed=True)]})
+    assert routing.route_after_confirm_deployment(typed_state({"confirmation": done})) == "measure_latencies"
+    passed = failed.model_copy(update={"looks": [ConfirmLook(step=steps[0], passed=True)]})
+    assert routing.route_after_confirm_deployment(typed_state({"confirmation": passed})) == "measure_latencies"
+    edges = {(e.source, e.target) for e in build_graph().compile().get_graph().edges}
+    assert {("evaluate_quantized", "confirm_deployment"), ("confirm_deployment", "build_deployed_model")} <= edges

@@ -270,10 +270,10 @@ def test_a_round_planned_at_the_distillation_target_says_so() -> None:
     assert AT_TARGET not in planner.next_plan(_ctx(history)).planner_state
 
 
-def test_calibration_evaluation_and_holdout_are_disjoint() -> None:
-    parts = split_indices(100, {"calibration": 30, "evaluation": 50, "holdout": 10, "finetune": 5}, seed=3)
+def test_calibration_evaluation_and_confirm_are_disjoint() -> None:
+    parts = split_indices(100, {"calibration": 30, "evaluation": 50, "confirm": 10, "finetune": 5}, seed=3)
     sets = {k: set(v) for k, v in parts.items()}
-    assert [len(parts[k]) for k in ("calibration", "evaluation", "holdout", "finetune")] == [30, 50, 10, 5]
+    assert [len(parts[k]) for k in ("calibration", "evaluation", "confirm", "finetune")] == [30, 50, 10, 5]
     assert sum(len(s) for s in sets.values()) == len(set().union(*sets.values()))
     small = split_indices(40, {"calibration": 30, "evaluation": 50}, seed=3)
     assert len(small["calibration"]) == 20 and len(small["evaluation"]) == 20  # evaluation keeps half

@@ -1,5 +1,5 @@
 """Counts the report states are computed, not asserted: MACs no rule counted are named with their module types (and
-said first), and ``parts_disjoint`` comes from the drawn index sets."""
+said first)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tools.profiling.static import is_count_note, static_details, uncounted_note
-from tools.run_data import parts_disjoint
 
 
 class _FunctionalConv(nn.Module):
@@ -41,6 +40,3 @@ def test_a_model_counted_in_full_has_no_note() -> None:
     assert details.uncounted == {} and uncounted_note(details.uncounted) is None
 
 
-def test_parts_disjoint_is_computed_from_the_index_sets() -> None:
-    assert parts_disjoint({"calibration": [0, 1], "evaluation": [2, 3], "holdout": [4], "finetune": [0, 1, 5]})
-    assert not parts_disjoint({"calibration": [0, 1], "evaluation": [1, 2]})

@@ -24,6 +24,7 @@ __all__ = [
     "ALTERNATIVE_MARGIN",
     "RUNOFF_MARGIN",
     "TIE_MARGIN",
+    "DecisionStep",
     "DeployCandidate",
     "DeployChoice",
     "Ships",
@@ -116,8 +117,8 @@ class DeployCandidate(BaseModel):
     )
     budget_z: float | None = Field(
         default=None,
-        description="Standard errors its drop had to stay under the budget by, as one of the tries "
-        "(tools.evaluation.simultaneous).",
+        description="Standard errors its drop had to stay under the budget by on the choose images (one: "
+        "tools.stats.CHOOSE_Z).",
     )
 
     @property
@@ -133,6 +134,15 @@ class DeployCandidate(BaseModel):
 
 #: The models a deployment may ship, besides the kept round (``DeployChoice.ships``).
 Ships = Literal["kept_round", "second_student", "headroom_round", "original"]
+
+
+class DecisionStep(BaseModel):
+    """One rule of the deployment's decision (``tools.deploy.decide.STEPS``) that changed what is chosen, and why."""
+
+    name: str
+    chosen: str
+    source: str | None = None
+    why: str
 
 
 class DeployChoice(BaseModel):
@@ -157,12 +167,16 @@ class DeployChoice(BaseModel):
     )
     budget_z: float | None = Field(
         default=None,
-        description="Standard errors each candidate's drop had to stay under the budget by, for the tries counted.",
+        description="Standard errors the shipped candidate's drop had to stay under the budget by on the choose "
+        "images.",
     )
     ships: Ships = Field(
         default="kept_round",
         description="Which model the chosen build is of: the kept round, its second student, the round with more "
         "headroom, or the unpruned original; the graph branches on it.",
+    )
+    steps: list[DecisionStep] = Field(
+        default_factory=list, description="The rules that changed what is chosen, in the order they applied."
     )
     candidates: list[DeployCandidate] = Field(default_factory=list)
 

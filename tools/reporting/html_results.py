@@ -25,7 +25,7 @@ from tools.reporting.html_parts import (
     speedup_html,
     table,
 )
-from tools.reporting.paired_text import agreement, delta_ci_html, holdout_text, selection_text, split_text
+from tools.reporting.paired_text import agreement, confirmed_text, delta_ci_html, selection_text, split_text
 from tools.reporting.plots import layer_latency_chart, tradeoff_charts
 from tools.schemas import RunReport
 
@@ -222,9 +222,9 @@ def budget(report: RunReport) -> str:
     extra = f'<p class="muted small">Selection: {esc(selection)} ({esc(rule)}).</p>' if selection else ""
     if rounds and report.dataset.get("spec"):
         extra += f'<p class="muted small">{esc(selection_text(report))}</p>'
-    holdout = holdout_text(report)
-    if holdout:
-        extra = f'<p id="holdout">{esc(holdout)}</p>' + extra
+    confirmed = confirmed_text(report)
+    if confirmed:
+        extra = f'<p id="confirmed"><strong>{esc(confirmed)}</strong></p>' + extra
     return section("budget", "Accuracy budget", box + extra)
 
 

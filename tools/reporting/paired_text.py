@@ -1,4 +1,4 @@
-"""How reports word paired accuracy, the data split, the selection and the holdout (report.md, HTML, CLI).
+"""How reports word paired accuracy, the data split, the selection and the confirmation (report.md, HTML, CLI).
 
 Plain text (the HTML page escapes it), but for :func:`delta_ci_html`. A model's change is the candidate's
 accuracy minus the original's on the same images, in points, with its 95 % interval (see
@@ -11,7 +11,6 @@ from typing import Any
 
 from tools.reporting.format import DASH, accuracy_pct, drop_as_change
 from tools.schemas import PairedAccuracy, RunReport
-from tools.stats import selection_z
 
 
 def change_ci(drop_points: float | None, paired: PairedAccuracy | dict[str, float] | None, missing: str = DASH) -> str:
@@ -45,15 +44,34 @@ def agreement(paired: PairedAccuracy | dict[str, float] | None, missing: str = D
     return f"{100 * PairedAccuracy.model_validate(paired).agreement:.1f}%"
 
 
+#: How the report names each role's reads overlapping another's (``DataReads.overlaps``).
+OVERLAP_TEXT = {
+    "choose&fit": "{n:,} choose images also trained the distilled students (each judged on the half it did not "
+    "train on)",
+}
+
+
 def split_text(dataset: dict[str, Any]) -> str | None:
-    """``calibration 256, evaluation 1000, holdout 0 images (disjoint, seeded)``; None without a dataset."""
+    """``fit 256, choose 1,000, confirm 400 images (seeded; as read: disjoint)``; None without a dataset. Whether
+    the parts stayed apart is what each role recorded reading (``DataReads``), not what was planned."""
     if not dataset.get("spec") or "evaluation_samples" not in dataset:
         return None
-    sizes = ", ".join(
-        f"{part} {dataset.get(f'{part}_samples', 0)}" for part in ("calibration", "evaluation", "holdout")
+    fit = f"fit {dataset.get('calibration_samples', 0):,}"
+    if dataset.get("finetune_samples"):
+        fit += f" (+{dataset['finetune_samples']:,} for distillation)"
+    confirm = dataset.get("confirm_samples", dataset.get("holdout_samples", 0))
+    sizes = f"{fit}, choose {dataset.get('evaluation_samples', 0):,}, confirm {confirm:,} images"
+    overlaps = dataset.get("overlaps") or {}
+    if dataset.get("parts_disjoint") is None:
+        return f"{sizes} (seeded)"
+    if not overlaps:
+        return f"{sizes} (seeded; as read: disjoint)"
+    shared = "; ".join(
+        OVERLAP_TEXT.get(pair, "{n:,} images read as both " + pair.replace("&", " and ")).format(n=n)
+        for pair, n in overlaps.items()
     )
-    disjoint = {True: "disjoint, ", False: "OVERLAPPING, ", None: ""}[dataset.get("parts_disjoint")]
-    return f"{sizes} images ({disjoint}seeded)"
+    untouched = "; the confirm images read by nothing else" if dataset.get("confirm_untouched") else ""
+    return f"{sizes} (seeded; as read: {shared}{untouched})"
 
 
 def selection_text(report: RunReport) -> str:
@@ -63,24 +81,49 @@ def selection_text(report: RunReport) -> str:
     limit = report.settings.get("max_accuracy_drop")
     budget = f"{limit:g} point{'' if limit == 1 else 's'}" if isinstance(limit, int | float) else "the budget"
     return (
-        f"The best round was chosen on the evaluation subset{images}. A round is within budget when its accuracy "
-        f"drop against the original, plus one standard error of the paired difference, is at most {budget}."
+        f"The best round was chosen on the choose images{images}. A round is within budget there when its accuracy "
+        f"drop against the original, plus one standard error of the paired difference, is at most {budget}; the "
+        "build that ships is then judged once on the confirm images."
     )
 
 
-def holdout_text(report: RunReport) -> str | None:
-    """The chosen model on the holdout images, against the original on the same images; None without one."""
-    holdout = (report.pruned.model_extra or {}).get("holdout") if report.pruned is not None else None
-    if not holdout:
+def confirmed_text(report: RunReport) -> str | None:
+    """What ships, judged on the confirm images nothing chose on: its figure, the rule, and each look; None for a
+    run that did not confirm (no deployment)."""
+    confirmation = report.confirmation
+    if not confirmation or not confirmation.get("looks"):
         return None
-    paired = holdout.get("paired")
-    change = change_ci(holdout.get("accuracy_drop_points"), paired)
-    agree = f", agreement {agreement(paired)}" if paired else ""
-    return (
-        f"Holdout ({holdout.get('samples', 0)} images used by neither calibration nor selection): best pruned "
-        f"{accuracy_pct(holdout.get('accuracy'))} vs original {accuracy_pct(holdout.get('baseline_accuracy'))}, "
-        f"change {change} points{agree}."
+    looks = confirmation["looks"]
+    last = looks[-1]
+    result, step, rule = last.get("result"), last["step"], confirmation.get("rule") or {}
+    if result is None:
+        return (
+            f"Not confirmed: no confirm images (the split left none, or no labels). {step['name']} ships on the "
+            "figure of the images that chose it."
+        )
+    budget = f"{float(rule.get('max_drop_points', 0.0)):g}-point budget"
+    how = (
+        "the point estimate holds it"
+        if rule.get("confidence") is None
+        else f"its {100 * float(rule['confidence']):g} % one-sided bound holds it ({rule.get('looks', 1)} tested "
+        "builds counted)"
     )
+    verdict = "within the" if last["passed"] and step.get("tested", True) else "shipped under the"
+    if not step.get("tested", True):
+        verdict, how = "ships under the", "the original's answers, untested"
+    failed = [f"{look['step']['name']} {_look_change(look)}" for look in looks[:-1]]
+    before = f" Failed first: {'; '.join(failed)} (look {len(looks)} at the confirm part)." if failed else ""
+    return (
+        f"Confirmed on {result.get('samples', 0):,} images nothing chose on: {step['name']} "
+        f"{accuracy_pct(result.get('accuracy'))} vs original {accuracy_pct(result.get('baseline_accuracy'))}, "
+        f"change {change_ci(result.get('accuracy_drop_points'), result.get('paired'))} points, "
+        f"{verdict} {budget} ({how}).{before}"
+    )
+
+
+def _look_change(look: dict[str, Any]) -> str:
+    result = look.get("result") or {}
+    return change_ci(result.get("accuracy_drop_points"), result.get("paired"))
 
 
 def _signed(points: float) -> str:
@@ -95,19 +138,17 @@ def float_twins_text(candidates: list[dict[str, Any]]) -> str | None:
     return f"Float runtimes checked by their outputs instead of run on every image ({'; '.join(twins)})."
 
 
-def tries_text(candidates: list[dict[str, Any]]) -> str | None:
-    """One line on the standard errors the deployment's candidates were held to as tries, None without them."""
-    zs = [float(c["budget_z"]) for c in candidates if c.get("budget_z") is not None]
-    if not zs:
+def tries_text(deployment: dict[str, Any]) -> str | None:
+    """One line on the test the deployment's candidates were held to on the choose images, None without them. A build
+    of a distilled round's two students judged together counts once, as the test counted it (``tries``)."""
+    zs = {round(float(c["budget_z"]), 3) for c in deployment.get("candidates") or [] if c.get("budget_z") is not None}
+    tries = int(deployment.get("tries") or 0)
+    if not zs or not tries:
         return None
-    bonferroni = round(selection_z(len(zs)), 3)
-    if min(zs) >= bonferroni:
-        return f"Within budget: drop + {bonferroni:.2f} standard errors, as one of {len(zs)} tries (Bonferroni)."
+    z = "one standard error" if zs == {1.0} else f"{min(zs):.2f} to {max(zs):.2f} standard errors"
     return (
-        f"Within budget: drop + z standard errors, as one of {len(zs)} tries: z {max(zs):.2f} to {min(zs):.2f}, from "
-        "a step-down simultaneous test resampling the evaluation images (builds of one model give nearly the same "
-        "answers and count nearly as one try, and tries surely over the budget count for little; Bonferroni would hold "
-        f"each to {bonferroni:.2f})."
+        f"Within budget on the choose images: drop + {z}, each of the {tries} builds judged "
+        "(the two students' builds of a distilled round together, as one); the one that ships is then confirmed."
     )
 
 

@@ -30,8 +30,8 @@ from tools.reporting.int8_view import markdown_lines as int8_lines
 from tools.reporting.paired_text import (
     agreement,
     change_ci,
+    confirmed_text,
     float_twins_text,
-    holdout_text,
     selection_text,
     split_text,
     stopped_text,
@@ -62,13 +62,17 @@ class ArtifactFile(TypedDict):
 
 
 class DataSplit(TypedDict):
-    """Images in each part of the data, and whether the parts were drawn disjoint (None: not recorded)."""
+    """Images in each part of the data (calibration and finetune fit, evaluation chooses, confirm confirms), and
+    whether the roles kept to their own rows as read (None: the run recorded no reads)."""
 
     calibration_samples: int
     evaluation_samples: int
-    holdout_samples: int
+    confirm_samples: int
+    finetune_samples: int
     unreadable_images: int
     parts_disjoint: bool | None
+    confirm_untouched: bool | None
+    overlaps: dict[str, int]
 
 
 def artifact_inventory(run_dir: Path) -> list[ArtifactFile]:
@@ -83,18 +87,27 @@ def artifact_inventory(run_dir: Path) -> list[ArtifactFile]:
 
 
 def data_split(state: dict[str, Any], settings: dict[str, Any]) -> DataSplit:
-    """Images in each disjoint part of the data: as drawn (the baseline's ``data_parts``), else as asked."""
+    """Images in each part of the data: as drawn (the baseline's ``data_parts``), else as asked; whether the parts
+    were kept apart, from the rows each role recorded reading (``RUN/data_reads.json``), not from the plan."""
+    from tools.store.reads import read_log
+    from tools.store.run_paths import RunPaths
+
     parts = (state.get("baseline") or {}).get("data_parts") or {}
     if not parts and state.get("dataset"):
-        names = {"calibration": "calibration_samples", "evaluation": "eval_samples", "holdout": "holdout_samples"}
-        parts = {part: int(settings.get(key) or 0) for part, key in names.items()}
+        names = {"calibration": "calibration_samples", "evaluation": "eval_samples", "confirm": "confirm_samples"}
+        parts = {part: max(0, int(settings.get(key) or 0)) for part, key in names.items()}
+    reads_path = RunPaths(state["run_dir"]).data_reads if state.get("run_dir") else None
+    reads = read_log(reads_path) if reads_path is not None and reads_path.is_file() else None
     return {
         "calibration_samples": int(parts.get("calibration", 0)),
         "evaluation_samples": int(parts.get("evaluation", 0)),
-        "holdout_samples": int(parts.get("holdout", 0)),
+        "confirm_samples": int(parts.get("confirm", parts.get("holdout", 0))),
+        "finetune_samples": int(parts.get("finetune", 0)),
         "unreadable_images": int(parts.get("unreadable", 0)),  # left out; the notes name them
-        # from the drawn index sets; unknown (None) for a run that recorded no split
-        "parts_disjoint": bool(parts["disjoint"]) if "disjoint" in parts else None,
+        # from the rows each role read; unknown (None) for a run that recorded none
+        "parts_disjoint": reads.disjoint() if reads is not None else None,
+        "confirm_untouched": (not any("confirm" in pair for pair in reads.overlaps()) if reads is not None else None),
+        "overlaps": reads.overlaps() if reads is not None else {},
     }
 
 
@@ -132,6 +145,7 @@ def _report_fields(state: dict[str, Any], settings: dict[str, Any]) -> dict[str,
         "quantized": metrics_view(state.get("quantized")),
         "quantized_original": metrics_view(state.get("quantized_original")),
         "deployment": state.get("deployment"),
+        "confirmation": state.get("confirmation"),
         "speedup": state.get("speedup"),
         "original_deployment": state.get("original_deployment"),
         "accuracy_budget": state.get("accuracy_budget"),
@@ -207,9 +221,15 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
             "the original (its own is 100 %) and a drop is the share of answers changed, which bounds the accuracy "
             "drop on labelled images of this kind"
         )
+    confirmed = confirmed_text(report)
+    if confirmed:
+        lines.append(f"- **what ships**: {confirmed}")
     lines += [
         "",
         "## Summary",
+        "",
+        "Figures on the choose images, which made every choice; the shipped build's figure on images nothing chose "
+        "on is the confirmation's (above).",
         "",
         "| model | accuracy | Δacc (pts, 95 % CI) | agreement | params | MACs | latency (batch 1) | speed-up | "
         "memory (MB) | memory saved |",
@@ -230,9 +250,6 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         ]
     if report.rounds and report.dataset.get("spec"):
         lines += ["", selection_text(report)]
-    holdout = holdout_text(report)
-    if holdout:
-        lines += ["", holdout]
     lines += ["", "## Plan (analysis agent)", "", f"source: {report.plan.source}", ""]
     for rec in report.plan.pruning_recommendations:
         lines.append(f"- prune `{rec.layer}` ({rec.pruning_type}, ratio {rec.pruning_ratio}): {rec.justification}")
@@ -330,14 +347,23 @@ def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves
     lines += ["", stopped] if stopped else []
     twins = float_twins_text(deployment.get("candidates") or [])
     lines += ["", twins] if twins else []
-    tries = tries_text(deployment.get("candidates") or [])
+    tries = tries_text(deployment)
     lines += ["", tries] if tries else []
+    steps = deployment.get("steps") or []
+    if steps:  # the decision's rules that changed what ships, in order (tools.deploy.decide.STEPS)
+        lines += ["", "How the choice was made:", ""]
+        lines += [f"{i}. **{step['name']}**: {_step_label(step)}" for i, step in enumerate(steps, 1)]
     original = deployment.get("original_latency_s")
     if original:
         lines += ["", f"The original FP32 PyTorch model in the same comparison: {millis(original)}."]
     if deployment.get("calibration"):
         lines += [f"Static int8 candidates were calibrated on {deployment['calibration']}."]
     return lines
+
+
+def _step_label(step: dict[str, Any]) -> str:
+    """``openvino-int8 (original)``: what a decision step left chosen."""
+    return candidate_label({"backend": step["chosen"], "source": step.get("source")})
 
 
 def _built_from(deployment: dict[str, Any]) -> str:

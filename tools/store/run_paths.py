@@ -20,6 +20,11 @@ class RunPaths:
         return self.root / "checkpoints.sqlite"
 
     @property
+    def data_reads(self) -> Path:
+        """The dataset rows each role (fit, choose, confirm) read (``tools.run_data.DataReads``)."""
+        return self.root / "data_reads.json"
+
+    @property
     def original(self) -> Path:
         return self.root / "models" / "original"
 
