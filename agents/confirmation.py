@@ -19,9 +19,18 @@ from graph.context import Context
 from graph.state import State
 from tools import ops
 from tools.deploy.choice import DeployCandidate
-from tools.evaluation.confirm import Confirmation, ConfirmLook, ConfirmRule, confirm_sequence, fallback_choice
+from tools.deploy.registry import FLOAT
+from tools.evaluation.confirm import (
+    Confirmation,
+    ConfirmLook,
+    ConfirmRule,
+    ConfirmStep,
+    confirm_sequence,
+    fallback_choice,
+)
 from tools.reporting.paired_text import change_ci
 from tools.run_data import confirming
+from tools.schemas import PartAccuracy, PrunedEntry
 
 
 def _declared(state: State, ctx: Context) -> tuple[Confirmation, DeployCandidate]:
@@ -30,31 +39,71 @@ def _declared(state: State, ctx: Context) -> tuple[Confirmation, DeployCandidate
     sequence, last = confirm_sequence(choice, paths(state).original)
     if state.confirmation is not None:
         return state.confirmation, last
-    rule = ConfirmRule(
+    rows = int(need(state.baseline, "baseline").data_parts.get("confirm", 0))
+    return Confirmation(rule=_rule(state, ctx, sequence), sequence=sequence, rows=rows), last
+
+
+def _rule(state: State, ctx: Context, sequence: list[ConfirmStep]) -> ConfirmRule:
+    return ConfirmRule(
         max_drop_points=budget_points(state, ctx),
         max_disagreement_pct=disagreement_budget(state, ctx),
         confidence=ctx.confidence,
         looks=max(1, sum(step.tested for step in sequence)),
     )
+
+
+def _confirmed_on(state: State, ctx: Context, artifact: Path, rows: int) -> PartAccuracy | None:
+    """``artifact``'s figure on the confirm part (None without one): the one place the run reads it."""
+    if rows <= 0:
+        return None
+    with confirming():
+        spec = eval_spec(state, ctx)
+        return ops.evaluate_accuracy_on(artifact, paths(state).original, shape_of(state), spec, "confirm")
+
+
+def _confirm_float(state: State, ctx: Context) -> dict[str, object]:
+    """``--no-quantize``: what ships is the kept round's float model, judged on the confirm part the same way; when
+    it fails, the original ships (``pruned`` reports it, as when no round was within the budget)."""
+    pruned = state.pruned
+    if pruned is None or pruned.round is None or not pruned.artifact or state.confirmation is not None:
+        return {}  # the original ships as it is: nothing to confirm
+    original = str(paths(state).original)
+    sequence = [
+        ConfirmStep(backend=FLOAT, name=f"round {pruned.round} (float)"),
+        ConfirmStep(backend=FLOAT, source=original, ships="original", name="the original", tested=False),
+    ]
     rows = int(need(state.baseline, "baseline").data_parts.get("confirm", 0))
-    return Confirmation(rule=rule, sequence=sequence, rows=rows), last
+    confirmation = Confirmation(rule=_rule(state, ctx, sequence), sequence=sequence, rows=rows)
+    result = _confirmed_on(state, ctx, Path(pruned.artifact), rows)
+    rule = confirmation.rule
+    passed = result is None or rule.passes(result)
+    bound = rule.bound_points(result) if result is not None else None
+    looks = [ConfirmLook(step=sequence[0], result=result, bound_points=bound, passed=passed)]
+    confirmation = confirmation.model_copy(update={"looks": looks})
+    update: dict[str, object] = {"notes": [_look_note(confirmation, looks[0])]}
+    if passed:
+        return {**update, "confirmation": confirmation, "pruned": pruned.model_copy(update={"confirmed": result})}
+    baseline = need(state.baseline, "baseline").model_dump(exclude={"data_parts"})
+    original_entry = PrunedEntry.model_validate(
+        {**baseline, "round": None, "within_budget": False, "accuracy_drop_points": 0.0}
+    )
+    confirmation.looks.append(ConfirmLook(step=sequence[1], passed=True))
+    return {**update, "confirmation": confirmation, "pruned": original_entry}
 
 
 def confirm_deployment(state: State, runtime: Runtime[Context]) -> dict[str, object]:
-    """Judge the shipped build on the confirm part; on a failure, choose the next build of the declared sequence."""
+    """Judge the shipped build on the confirm part; on a failure, choose the next build of the declared sequence
+    (with ``--no-quantize``, the kept round's float model, else the original)."""
     ctx = settings(runtime)
+    if state.deployment is None:
+        return _confirm_float(state, ctx)
     confirmation, last = _declared(state, ctx)
     step = confirmation.next_step()
     quantized = state.quantized
     artifact = need(quantized.artifact if quantized is not None else None, "quantized model's artifact")
     if step is None:  # a resumed run that had finished confirming
         return {}
-    result = None
-    if confirmation.rows > 0:
-        with confirming():
-            result = ops.evaluate_accuracy_on(
-                Path(artifact), paths(state).original, shape_of(state), eval_spec(state, ctx), "confirm"
-            )
+    result = _confirmed_on(state, ctx, Path(artifact), confirmation.rows)
     rule = confirmation.rule
     passed = not step.tested or result is None or rule.passes(result)
     bound = rule.bound_points(result) if result is not None else None

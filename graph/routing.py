@@ -10,13 +10,14 @@ from graph.context import Context, context_of
 from graph.state import State
 
 
-def after_pruning_stage(ctx: Context) -> Literal["quantize_model", "measure_latencies"]:
-    return "quantize_model" if ctx.quantize else "measure_latencies"
+def after_pruning_stage(ctx: Context) -> Literal["quantize_model", "confirm_deployment"]:
+    """Quantize and deploy, or with ``--no-quantize`` confirm the kept round's float model as what ships."""
+    return "quantize_model" if ctx.quantize else "confirm_deployment"
 
 
 def route_after_analyze_profile(
     state: State, runtime: Runtime[Context]
-) -> Literal["review_plan", "prune_model", "quantize_model", "measure_latencies"]:
+) -> Literal["review_plan", "prune_model", "quantize_model", "confirm_deployment"]:
     ctx = context_of(runtime)
     if not ctx.prune:
         return after_pruning_stage(ctx)
@@ -30,7 +31,7 @@ def route_after_iterate_pruning(state: State, runtime: Runtime[Context]) -> Lite
 
 def route_after_review_plan(
     state: State, runtime: Runtime[Context]
-) -> Literal["prune_model", "select_best_model", "quantize_model", "measure_latencies"]:
+) -> Literal["prune_model", "select_best_model", "quantize_model", "confirm_deployment"]:
     if state.review is None or state.review.action != "reject":
         return "prune_model"
     if state.rounds:
@@ -90,7 +91,7 @@ def route_after_distill_over_budget_round(
 
 def route_after_select_best_model(
     state: State, runtime: Runtime[Context]
-) -> Literal["quantize_model", "measure_latencies"]:
+) -> Literal["quantize_model", "confirm_deployment"]:
     return after_pruning_stage(context_of(runtime))
 
 

@@ -317,6 +317,17 @@ class Metrics(BaseModel):
 # --- records of a run: what the nodes write, and what the report, plots, CLI and bench read -----------
 
 
+class PartAccuracy(BaseModel):
+    """A model's accuracy on one part of the data (the confirm part), with the original's on the same images."""
+
+    part: str
+    accuracy: float | None
+    samples: int
+    baseline_accuracy: float | None = None
+    accuracy_drop_points: float | None = Field(default=None, description="Points lost against the original.")
+    paired: PairedAccuracy | None = None
+
+
 class ModelEntry(Metrics):
     """A model the run produced (baseline, best pruned, quantized) with its metrics.
 
@@ -335,6 +346,11 @@ class ModelEntry(Metrics):
         description="Best pruned model of a round distilled after the search: 2 when its second student deploys "
         "(the first was over the budget on the half it was judged on).",
     )
+    confirmed: PartAccuracy | None = Field(
+        default=None,
+        description="What ships, on the confirm part, which nothing chose on (paired with the original there); the "
+        "entry's other figures are on the choose part.",
+    )
 
 
 class BaselineEntry(ModelEntry):
@@ -346,17 +362,6 @@ class BaselineEntry(ModelEntry):
         default_factory=dict, description="calibration, evaluation, confirm, finetune, total, unreadable."
     )
     at_chance: bool = False
-
-
-class PartAccuracy(BaseModel):
-    """A model's accuracy on one part of the data (the confirm part), with the original's on the same images."""
-
-    part: str
-    accuracy: float | None
-    samples: int
-    baseline_accuracy: float | None = None
-    accuracy_drop_points: float | None = Field(default=None, description="Points lost against the original.")
-    paired: PairedAccuracy | None = None
 
 
 class PrunedEntry(ModelEntry):
@@ -387,11 +392,6 @@ class DeployedEntry(ModelEntry):
     backend: str | None = None
     runtime: str | None = None
     precision: str | None = None
-    confirmed: PartAccuracy | None = Field(
-        default=None,
-        description="The shipped build on the confirm part, which nothing chose on (paired with the original there); "
-        "its other figures are on the choose part.",
-    )
 
 
 class RuntimeReference(BaseModel):

@@ -240,3 +240,34 @@ def test_a_failed_confirmation_chooses_the_next_build_of_the_declared_sequence(
     assert "deployment" not in second and done.done and done.shipped is not None and done.shipped.passed
     assert "(look 2 at the confirm part: the builds before it failed)" in second["notes"][0]
     assert opened == [True, True] and not run_data._CONFIRM_OPEN[0]
+
+
+def test_without_quantization_the_kept_rounds_float_model_is_confirmed_and_gives_way_to_the_original(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--no-quantize ships the kept round's float model: it is judged on the confirm images too; over the budget
+    there, the original ships and ``pruned`` reports it."""
+    from langgraph.runtime import Runtime
+
+    import agents.confirmation as confirmation
+    from graph.context import Context
+    from tests.helpers import typed_state
+
+    figures = iter([_part(-0.4, 0.3), _part(-1.5, 0.3)])
+    monkeypatch.setattr(confirmation.ops, "evaluate_accuracy_on", lambda *args, **kwargs: next(figures))
+    monkeypatch.setattr(confirmation, "eval_spec", lambda *_: EvalSpec(dataset="d", progress=False))
+    entry = {"params": 5, "latency_s": 1.0, "memory_mb": 1.0, "accuracy": 0.8}
+    values = {
+        "run_dir": str(tmp_path),
+        "input_shape": {"channels": 3, "height": 8, "width": 8},
+        "baseline": {**entry, "params": 9, "data_parts": {"confirm": 500}},
+        "pruned": {**entry, "round": 3, "artifact": str(tmp_path / "rounds" / "round-03" / "model")},
+    }
+    runtime = Runtime(context=Context(max_accuracy_drop=1.0, quantize=False))
+    held = confirmation.confirm_deployment(typed_state(values), runtime)
+    assert held["pruned"].round == 3 and held["pruned"].confirmed.accuracy_drop_points == pytest.approx(0.4)
+    assert held["confirmation"].done and "round 3 (float) holds the 1-point budget" in held["notes"][0]
+    failed = confirmation.confirm_deployment(typed_state(values), runtime)
+    assert failed["pruned"].round is None and failed["pruned"].params == 9  # the original ships
+    assert failed["confirmation"].shipped.step.name == "the original"
+    assert "round 3 (float) fails the 1-point budget" in failed["notes"][0]

@@ -72,7 +72,7 @@ def test_every_router_is_tested_and_wired_after_the_node_it_names() -> None:
 
 def test_after_pruning_stage_quantizes_only_when_asked() -> None:
     assert after_pruning_stage(Context(quantize=True)) == "quantize_model"
-    assert after_pruning_stage(Context(quantize=False)) == "measure_latencies"
+    assert after_pruning_stage(Context(quantize=False)) == "confirm_deployment"
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_after_pruning_stage_quantizes_only_when_asked() -> None:
         ({"prune": True, "approve_plan": False}, "prune_model"),
         ({"prune": True, "approve_plan": True}, "review_plan"),
         ({"prune": False, "approve_plan": True, "quantize": True}, "quantize_model"),  # no plan to review
-        ({"prune": False, "approve_plan": False, "quantize": False}, "measure_latencies"),
+        ({"prune": False, "approve_plan": False, "quantize": False}, "confirm_deployment"),
     ],
 )
 def test_route_after_analyze_profile(settings: dict[str, Any], expected: str) -> None:
@@ -119,7 +119,7 @@ def test_a_rejected_analysis_plan_skips_pruning() -> None:
     for rounds in (None, []):
         state: Any = {"review": {"action": "reject"}, "rounds": rounds}
         assert route_after_review_plan(state, _rt(quantize=True)) == "quantize_model"
-        assert route_after_review_plan(state, _rt(quantize=False)) == "measure_latencies"
+        assert route_after_review_plan(state, _rt(quantize=False)) == "confirm_deployment"
 
 
 def test_no_review_yet_is_not_a_rejection() -> None:
@@ -206,7 +206,7 @@ def test_no_distillation_after_the_search_when_it_cannot_help(settings: dict[str
 def test_route_after_select_best_model() -> None:
     state: Any = {"rounds": _rounds(2)}
     assert route_after_select_best_model(state, _rt(quantize=True)) == "quantize_model"
-    assert route_after_select_best_model(state, _rt(quantize=False)) == "measure_latencies"
+    assert route_after_select_best_model(state, _rt(quantize=False)) == "confirm_deployment"
 
 
 def test_routers_read_settings_given_as_a_dict() -> None:
