@@ -157,3 +157,32 @@ def test_rounds_are_recovered_and_reload_as_evaluated(report: dict[str, Any]) ->
         with torch.inference_mode():
             logits = load_compressed(artifact)(preprocess(list(images)))
         assert getattr(logits, "logits", logits).argmax(-1).tolist() == stored.predictions
+
+
+def test_a_build_that_fails_its_confirmation_gives_way_to_the_original_end_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph's loop: the shipped build fails on the confirm images (a rule no build can pass), the next build of
+    the declared sequence, the original as it is, is built, evaluated and confirmed, and the report says so."""
+    from tools.evaluation.confirm import ConfirmRule
+
+    monkeypatch.setattr(ConfirmRule, "passes", lambda self, result: False)
+    report = digits_vit_report(
+        tmp_path / "run",
+        iterations=0,
+        eval_samples=CHOOSE,
+        calibration_samples=CALIBRATION,
+        confirm_samples=CONFIRM,
+        max_accuracy_drop=BUDGET_POINTS,
+        batch_size=60,
+        quantize=True,
+        quant_backend="torch",
+        distill_rescues=0,
+    )
+    looks = report["confirmation"]["looks"]
+    assert [look["passed"] for look in looks] == [False, True] and not looks[1]["step"]["tested"]
+    assert report["deployment"]["ships"] == "original" and report["deployment"]["source"]
+    assert report["quantized"]["params"] == report["baseline"]["params"]  # the original ships
+    assert report["quantized"]["confirmed"]["accuracy_drop_points"] == pytest.approx(0.0, abs=1e-9)
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "Failed first: torch" in md and "(look 2 at the confirm part)" in md

@@ -271,3 +271,16 @@ def test_without_quantization_the_kept_rounds_float_model_is_confirmed_and_gives
     assert failed["pruned"].round is None and failed["pruned"].params == 9  # the original ships
     assert failed["confirmation"].shipped.step.name == "the original"
     assert "round 3 (float) fails the 1-point budget" in failed["notes"][0]
+
+
+def test_an_original_float_build_that_ships_is_its_own_sequence() -> None:
+    original = Path("/run/original")
+    rows = [
+        _row("openvino-int8", 0.3, None, ok=False),
+        _row("openvino-int8", 0.9, str(original)),  # within the budget, but slower than the FP32 build chosen
+        _row("openvino", 0.5, str(original), precision="fp32"),
+    ]
+    choice = DeployChoice(chosen="openvino", source=str(original), ships="original", why="w", candidates=rows)
+    steps, last = confirm_sequence(choice, original)
+    assert [(s.backend, s.source, s.tested) for s in steps] == [("openvino", str(original), False)]
+    assert last.backend == "openvino"

@@ -109,7 +109,7 @@ class Confirmation(BaseModel):
     @property
     def shipped(self) -> ConfirmLook | None:
         """The look whose build ships: the last, once it passed or the sequence ended."""
-        return self.looks[-1] if self.looks and (self.looks[-1].passed or self.done) else None
+        return self.looks[-1] if self.done else None
 
     @property
     def done(self) -> bool:
@@ -150,12 +150,14 @@ def confirm_sequence(choice: DeployChoice, original_dir: Path) -> tuple[list[Con
         (c for c in choice.candidates if c.backend == choice.chosen and c.source == choice.source),
         None,
     )
+    if chosen is not None and is_original(chosen, original_dir) and chosen.precision == PRECISION_FP32:
+        return [_step(chosen, choice.ships, tested=False)], chosen  # the original's answers: nothing to fall back to
     last = _original_float(choice.candidates, original_dir)
-    steps: list[ConfirmStep] = []
-    if chosen is not None and not (is_original(chosen, original_dir) and chosen.precision == PRECISION_FP32):
-        steps.append(_step(chosen, choice.ships))
-    elif chosen is None:
-        steps.append(ConfirmStep(backend=choice.chosen, source=choice.source, ships=choice.ships, name=choice.chosen))
+    steps = [
+        _step(chosen, choice.ships)
+        if chosen is not None
+        else ConfirmStep(backend=choice.chosen, source=choice.source, ships=choice.ships, name=choice.chosen)
+    ]
     within = [
         c
         for c in choice.candidates
@@ -168,7 +170,7 @@ def confirm_sequence(choice: DeployChoice, original_dir: Path) -> tuple[list[Con
     fastest = min(within, key=lambda c: c.latency_s or 0.0, default=None)
     if fastest is not None and not any(s.backend == fastest.backend and s.source == fastest.source for s in steps):
         steps.append(_step(fastest, "original"))
-    if not any(s.backend == last.backend and s.source == last.source for s in steps) or not steps:
+    if not any(s.backend == last.backend and s.source == last.source for s in steps):
         steps.append(_step(last, "original", tested=False))
     return steps, last
 

@@ -81,6 +81,7 @@ def header(report: RunReport) -> tuple[str, str]:
         ("classes", classes or None),
         ("evaluation samples", settings.get("eval_samples")),
         ("data split", split_text(dataset)),
+        ("what ships", confirmed_text(report)),
         ("device", settings.get("device")),
         ("planner", settings.get("planner")),
         ("pruning rounds", settings.get("iterations")),
