@@ -73,7 +73,7 @@ class ConfirmRule(BaseModel):
         """``the point estimate`` or ``the bound at 95 % (z 1.96 over 2 tested builds)``."""
         if self.confidence is None:
             return "the point estimate holds the budget"
-        tried = f" over {self.looks} tested builds" if self.looks > 1 else ""
+        tried = f", split over {self.looks} tested builds" if self.looks > 1 else ""
         return f"the {100 * self.confidence:g} % bound holds the budget (drop + {self.z:.2f} standard errors{tried})"
 
 

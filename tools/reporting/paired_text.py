@@ -105,8 +105,8 @@ def confirmed_text(report: RunReport) -> str | None:
     how = (
         "the point estimate holds it"
         if rule.get("confidence") is None
-        else f"its {100 * float(rule['confidence']):g} % one-sided bound holds it ({rule.get('looks', 1)} tested "
-        "builds counted)"
+        else f"its {100 * float(rule['confidence']):g} % one-sided bound holds it, counting "
+        f"{_builds(int(rule.get('looks', 1)))} the sequence may test"
     )
     verdict = "within the" if last["passed"] and step.get("tested", True) else "shipped under the"
     if not step.get("tested", True):
@@ -119,6 +119,10 @@ def confirmed_text(report: RunReport) -> str | None:
         f"change {change_ci(result.get('accuracy_drop_points'), result.get('paired'))} points, "
         f"{verdict} {budget} ({how}).{before}"
     )
+
+
+def _builds(count: int) -> str:
+    return "the one build" if count == 1 else f"the {count} builds"
 
 
 def _look_change(look: dict[str, Any]) -> str:
