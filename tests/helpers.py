@@ -11,6 +11,7 @@ from torch import nn
 if TYPE_CHECKING:
     from agents.planning.base import PlanningContext
     from graph.state import State
+    from tools.deploy.choice import DeployCandidate
     from tools.schemas import RoundResult
 
 DIGIT_LABELS = {
@@ -149,3 +150,23 @@ def typed_state(values: Any) -> State:
     if isinstance(data.get("review"), dict):
         data["review"] = _filled({"stage": "round", "round": 0}, data["review"])
     return State.model_validate(data)
+
+
+def deploy_row(
+    backend: str, ms: float, source: str | None = None, ok: bool = True, precision: str = "int8"
+) -> DeployCandidate:
+    """A measured deployment candidate: ``backend`` built from ``source`` (None: the kept model), ``ms`` at batch 1,
+    within the budget (0.2 points down) or not (3 points)."""
+    from tools.deploy.choice import DeployCandidate
+
+    return DeployCandidate(
+        backend=backend,
+        runtime=backend.split("-")[0],
+        precision=precision,
+        artifact=f"{source or '/run/pruned'}/{backend}",
+        source=source,
+        within_budget=ok,
+        latency_s=ms / 1e3,
+        accuracy_drop_points=0.2 if ok else 3.0,
+        memory_mb=1.0,
+    )

@@ -19,6 +19,16 @@ from tools.evaluation.paired import predictions_path
 BUDGET_POINTS = 50.0
 #: The settings' sizes of the parts.
 CALIBRATION, CHOOSE, CONFIRM = 64, 120, 150
+#: The runs' settings: those parts, the budget, and the float model forced as the deployed build (fast to build).
+RUN: dict[str, Any] = {
+    "eval_samples": CHOOSE,
+    "calibration_samples": CALIBRATION,
+    "confirm_samples": CONFIRM,
+    "max_accuracy_drop": BUDGET_POINTS,
+    "batch_size": 60,
+    "quantize": True,
+    "quant_backend": "torch",
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +59,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     patch.setattr(datasets, "_decode_rows", sentinel)
     patch.setattr(confirmation, "confirming", opening)
     try:
-        yield digits_vit_report(
-            tmp_path_factory.mktemp("confirm") / "run",
-            iterations=1,
-            eval_samples=CHOOSE,
-            calibration_samples=CALIBRATION,
-            confirm_samples=CONFIRM,
-            max_accuracy_drop=BUDGET_POINTS,
-            batch_size=60,
-            quantize=True,
-            quant_backend="torch",
-        )
+        yield digits_vit_report(tmp_path_factory.mktemp("confirm") / "run", **RUN, iterations=1)
     finally:
         patch.undo()
     assert opened, "the confirmation read the confirm part"
@@ -167,18 +167,7 @@ def test_a_build_that_fails_its_confirmation_gives_way_to_the_original_end_to_en
     from tools.evaluation.confirm import ConfirmRule
 
     monkeypatch.setattr(ConfirmRule, "passes", lambda self, result: False)
-    report = digits_vit_report(
-        tmp_path / "run",
-        iterations=0,
-        eval_samples=CHOOSE,
-        calibration_samples=CALIBRATION,
-        confirm_samples=CONFIRM,
-        max_accuracy_drop=BUDGET_POINTS,
-        batch_size=60,
-        quantize=True,
-        quant_backend="torch",
-        distill_rescues=0,
-    )
+    report = digits_vit_report(tmp_path / "run", **RUN, iterations=0, distill_rescues=0)
     looks = report["confirmation"]["looks"]
     assert [look["passed"] for look in looks] == [False, True] and not looks[1]["step"]["tested"]
     assert report["deployment"]["ships"] == "original" and report["deployment"]["source"]

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tools.deploy.choice import DeployCandidate, DeployChoice
+from tests.helpers import deploy_row
+from tools.deploy.choice import DeployChoice
 from tools.deploy.registry import FLOAT
 from tools.evaluation.confirm import ConfirmRule, confirm_sequence
 from tools.evaluation.datasets import AUTO_CONFIRM, CONFIRM_MAX, confirm_rows, split_indices
@@ -99,27 +100,14 @@ def test_the_budget_holds_on_the_confirmed_point_estimate_or_its_bound() -> None
     assert two.z == pytest.approx(1.96, abs=1e-3) and not two.passes(_part(-0.2, 0.42))
 
 
-def _row(backend: str, ms: float, source: str | None, precision: str = "int8", ok: bool = True) -> DeployCandidate:
-    return DeployCandidate(
-        backend=backend,
-        runtime=backend.split("-")[0],
-        precision=precision,
-        artifact=f"{source or '/run/pruned'}/{backend}",
-        source=source,
-        within_budget=ok,
-        latency_s=ms / 1e3,
-        accuracy_drop_points=0.1,
-    )
-
-
 def test_the_sequence_is_declared_from_the_choose_part_and_ends_with_the_originals_float_build() -> None:
     original = Path("/run/original")
     rows = [
-        _row("openvino-int8", 0.3, None),
-        _row("openvino-int8", 0.45, str(original)),
-        _row("onnxruntime", 0.5, str(original)),
-        _row("openvino", 0.9, str(original), precision="fp32"),
-        _row("onnxruntime-fp32", 1.1, str(original), precision="fp32"),
+        deploy_row("openvino-int8", 0.3, None),
+        deploy_row("openvino-int8", 0.45, str(original)),
+        deploy_row("onnxruntime", 0.5, str(original)),
+        deploy_row("openvino", 0.9, str(original), precision="fp32"),
+        deploy_row("onnxruntime-fp32", 1.1, str(original), precision="fp32"),
     ]
     choice = DeployChoice(chosen="openvino-int8", why="fastest", candidates=rows)
     steps, last = confirm_sequence(choice, original)
@@ -129,7 +117,7 @@ def test_the_sequence_is_declared_from_the_choose_part_and_ends_with_the_origina
         ("openvino", str(original), "original", False),  # the original's answers: ships untested
     ]
     assert last.backend == "openvino"
-    forced = DeployChoice(chosen="onnxruntime", why="forced", candidates=[_row("onnxruntime", 0.4, None)])
+    forced = DeployChoice(chosen="onnxruntime", why="forced", candidates=[deploy_row("onnxruntime", 0.4, None)])
     steps, last = confirm_sequence(forced, original)  # no build of the original was made: PyTorch's own model
     assert [(s.backend, s.tested) for s in steps] == [("onnxruntime", True), (FLOAT, False)]
     assert last.backend == FLOAT and last.artifact == str(original)
@@ -140,9 +128,9 @@ def test_tries_are_counted_as_the_test_counted_them() -> None:
     from tools.reporting.paired_text import tries_text
 
     rows = [
-        _row("openvino-int8", 0.3, "/run/s1").model_copy(update={"budget_z": 1.0}),
-        _row("openvino-int8", 0.3, "/run/s2").model_copy(update={"budget_z": 1.0}),
-        _row("onnxruntime", 0.4, None).model_copy(update={"budget_z": 1.0}),
+        deploy_row("openvino-int8", 0.3, "/run/s1").model_copy(update={"budget_z": 1.0}),
+        deploy_row("openvino-int8", 0.3, "/run/s2").model_copy(update={"budget_z": 1.0}),
+        deploy_row("onnxruntime", 0.4, None).model_copy(update={"budget_z": 1.0}),
     ]
     text = tries_text({"tries": 2, "candidates": [r.model_dump() for r in rows]}) or ""
     assert "each of the 2 builds judged" in text and "one standard error" in text
@@ -160,7 +148,7 @@ def test_a_forced_backend_over_the_budget_is_refused_whatever_its_name(
     from tools import ops
 
     def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
-        return _row(backend, 1.0, source, ok=False).model_copy(
+        return deploy_row(backend, 1.0, source, ok=False).model_copy(
             update={"artifact": str(artifact_dir), "accuracy_drop_points": 3.0}
         )
 
@@ -203,9 +191,9 @@ def test_a_failed_confirmation_chooses_the_next_build_of_the_declared_sequence(
 
     original = tmp_path / "models" / "original"
     rows = [
-        _row("openvino-int8", 0.3, None),
-        _row("openvino-int8", 0.45, str(original)),
-        _row("openvino", 0.9, str(original), precision="fp32"),
+        deploy_row("openvino-int8", 0.3, None),
+        deploy_row("openvino-int8", 0.45, str(original)),
+        deploy_row("openvino", 0.9, str(original), precision="fp32"),
     ]
     choice = DeployChoice(chosen="openvino-int8", why="the fastest within budget", candidates=rows)
     figures = iter([_part(-1.4, 0.4), _part(-0.3, 0.4)])
@@ -276,9 +264,9 @@ def test_without_quantization_the_kept_rounds_float_model_is_confirmed_and_gives
 def test_an_original_float_build_that_ships_is_its_own_sequence() -> None:
     original = Path("/run/original")
     rows = [
-        _row("openvino-int8", 0.3, None, ok=False),
-        _row("openvino-int8", 0.9, str(original)),  # within the budget, but slower than the FP32 build chosen
-        _row("openvino", 0.5, str(original), precision="fp32"),
+        deploy_row("openvino-int8", 0.3, None, ok=False),
+        deploy_row("openvino-int8", 0.9, str(original)),  # within the budget, but slower than the FP32 build chosen
+        deploy_row("openvino", 0.5, str(original), precision="fp32"),
     ]
     choice = DeployChoice(chosen="openvino", source=str(original), ships="original", why="w", candidates=rows)
     steps, last = confirm_sequence(choice, original)

@@ -7,27 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tools.deploy.choice import DeployCandidate
+from tests.helpers import deploy_row
 from tools.deploy.decide import STEPS, DecisionRules, NeedTimes, decide
 from tools.deploy.registry import FLOAT
 
 ORIGINAL = "/run/models/original"
-
-
-def _row(
-    backend: str, ms: float, source: str | None = None, ok: bool = True, precision: str = "int8"
-) -> DeployCandidate:
-    return DeployCandidate(
-        backend=backend,
-        runtime=backend.split("-")[0],
-        precision=precision,
-        artifact=f"{source or '/run/pruned'}/{backend}",
-        source=source,
-        within_budget=ok,
-        latency_s=ms / 1e3,
-        accuracy_drop_points=0.2 if ok else 3.0,
-        memory_mb=1.0,
-    )
 
 
 def _times(answers: dict[str, float]) -> dict[frozenset[str], dict[str, float]]:
@@ -36,11 +20,11 @@ def _times(answers: dict[str, float]) -> dict[frozenset[str], dict[str, float]]:
 
 def test_the_decision_asks_for_the_timings_it_needs_and_is_the_same_given_them() -> None:
     rows = [
-        _row(FLOAT, 5.0, precision="fp32"),
-        _row("openvino-int8", 1.0),
-        _row("onnxruntime", 1.2),
-        _row("openvino-int8", 1.1, ORIGINAL),
-        _row("openvino", 3.0, ORIGINAL, precision="fp32"),
+        deploy_row(FLOAT, 5.0, precision="fp32"),
+        deploy_row("openvino-int8", 1.0),
+        deploy_row("onnxruntime", 1.2),
+        deploy_row("openvino-int8", 1.1, ORIGINAL),
+        deploy_row("openvino", 3.0, ORIGINAL, precision="fp32"),
     ]
     rules = DecisionRules(original_dir=ORIGINAL, original_latency_s=5e-3)
     with pytest.raises(NeedTimes) as runoff:  # the two close ones are timed again alone first
@@ -65,7 +49,7 @@ def test_the_decision_asks_for_the_timings_it_needs_and_is_the_same_given_them()
 
 
 def test_nothing_within_the_budget_ships_the_original_as_it_is() -> None:
-    rows = [_row(FLOAT, 5.0, ok=False, precision="fp32"), _row("openvino-int8", 1.0, ok=False)]
+    rows = [deploy_row(FLOAT, 5.0, ok=False, precision="fp32"), deploy_row("openvino-int8", 1.0, ok=False)]
     decision = decide(rows, DecisionRules(original_dir=ORIGINAL, original_latency_s=5e-3), {})
     assert (decision.chosen, decision.source, decision.ships) == (FLOAT, ORIGINAL, "original")
     assert decision.steps[-1].name == "within the budget by construction"
@@ -76,7 +60,7 @@ def test_nothing_within_the_budget_ships_the_original_as_it_is() -> None:
 def test_a_forced_build_slower_than_the_originals_says_so(tmp_path: Path) -> None:
     prebuilt = tmp_path / "deploy-original"
     (prebuilt / "openvino-int8").mkdir(parents=True)
-    rows = [_row(FLOAT, 5.0, precision="fp32"), _row("onnxruntime", 1.0)]
+    rows = [deploy_row(FLOAT, 5.0, precision="fp32"), deploy_row("onnxruntime", 1.0)]
     rules = DecisionRules(original_dir=ORIGINAL, forced="onnxruntime", prebuilt=[str(prebuilt)])
     with pytest.raises(NeedTimes) as need:
         decide(rows, rules, {})
