@@ -239,7 +239,7 @@ def other_student(state: State, model_dir: Path) -> Path | None:
 
 def quantize_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Every candidate (the kept round, its second student, a round with more headroom, the original) in every
-    runtime and precision: built, judged by the budget test counting every try, timed interleaved; returns the one
+    runtime and precision: built, judged on the choose images, timed interleaved, decided; returns the one
     typed choice of what ships and why. The graph branches on ``choice.ships``; :func:`build_deployed_model`
     builds it. Everything the deployment needs from the run is read here, once, as values: it calls nothing back."""
     ctx = settings(runtime)
