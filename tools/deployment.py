@@ -557,10 +557,15 @@ def deploy(
     rules = DecisionRules(
         original_dir=str(original_dir), original_latency_s=latency, alternatives=[str(a) for a in others],
         forced=backends[-1] if forced else None, allow_over_budget=allow_over_budget,
-        prebuilt=[str(p) for p in prebuilt], ships=dict(ships or {}),
+        original_builds=_original_builds(prebuilt), ships=dict(ships or {}),
     )  # fmt: skip
     decision = _decided(candidates, rules, d.retime)
     return _choice(decision, latency, calibrated_on, int8_cpu, tries, judge)
+
+
+def _original_builds(prebuilt: Sequence[Path]) -> dict[str, str]:
+    """The original's one-command builds made before (``<dir>/<backend>``), backend -> artifact."""
+    return {b: str(Path(root) / b) for root in prebuilt for b in ONE_COMMAND_BUILDS if (Path(root) / b).is_dir()}
 
 
 def _choice(

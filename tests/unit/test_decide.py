@@ -61,7 +61,9 @@ def test_a_forced_build_slower_than_the_originals_says_so(tmp_path: Path) -> Non
     prebuilt = tmp_path / "deploy-original"
     (prebuilt / "openvino-int8").mkdir(parents=True)
     rows = [deploy_row(FLOAT, 5.0, precision="fp32"), deploy_row("onnxruntime", 1.0)]
-    rules = DecisionRules(original_dir=ORIGINAL, forced="onnxruntime", prebuilt=[str(prebuilt)])
+    rules = DecisionRules(
+        original_dir=ORIGINAL, forced="onnxruntime", original_builds={"openvino-int8": str(prebuilt / "openvino-int8")}
+    )
     with pytest.raises(NeedTimes) as need:
         decide(rows, rules, {})
     alone = _times({"/run/pruned/onnxruntime": 1.0e-3, str(prebuilt / "openvino-int8"): 0.7e-3})

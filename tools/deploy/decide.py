@@ -30,7 +30,7 @@ from tools.deploy.choice import (
     runoff,
     unconfirmed_alternative,
 )
-from tools.deploy.registry import FLOAT, ONE_COMMAND_BUILDS, runtime_and_precision
+from tools.deploy.registry import FLOAT, runtime_and_precision
 
 __all__ = ["STEPS", "Decision", "DecisionRules", "DecisionStep", "NeedTimes", "decide"]
 
@@ -56,8 +56,8 @@ class DecisionRules(BaseModel):
     alternatives: list[str] = Field(default_factory=list, description="Other sources, in order of preference.")
     forced: str | None = Field(default=None, description="``--deploy NAME``: the backend asked for.")
     allow_over_budget: bool = False
-    prebuilt: list[str] = Field(
-        default_factory=list, description="Directories of the original's builds (``<dir>/<backend>``)."
+    original_builds: dict[str, str] = Field(
+        default_factory=dict, description="The original's one-command builds made before: backend -> artifact."
     )
     ships: dict[str, Ships] = Field(
         default_factory=dict, description="The model each source is (key: the source; '' for the best model)."
@@ -207,7 +207,7 @@ def _forced_against_the_original(
     row = next((c for c in rows if c.backend == pick.chosen and c.source == pick.source), None)
     if rules.forced is None or row is None or row.source is not None or row.artifact is None:
         return None
-    builds = {b: Path(root) / b for root in rules.prebuilt for b in ONE_COMMAND_BUILDS if (Path(root) / b).is_dir()}
+    builds = {b: Path(path) for b, path in rules.original_builds.items()}
     if not builds:
         return None
     times = time({"forced": Path(row.artifact), **builds})
