@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
@@ -41,7 +42,7 @@ from agents.planning.selection import (
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
-from tools.compression.distill import AUTO_DISTILL_SECONDS, auto_distill_floor_seconds
+from tools.compression.distill_budget import AUTO_DISTILL_SECONDS, auto_distill_floor_seconds
 from tools.compression.units import sheds_layers
 from tools.cross_fit import cross_fit_distill, extends_by_blocks
 from tools.deploy.choice import TIE_MARGIN
@@ -157,6 +158,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         (folder / "model", folder / "model-second"),
         config,
         None if start is None else _student_artifacts(start),
+        workers=ctx.threads or torch.get_num_threads(),
     )
     first = result.students[0]
     half = spec.model_copy(update={"evaluation_half": first.judged_on_half})
@@ -249,7 +251,7 @@ def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundR
 
 def _shrunk_steps_note(state: State) -> str:
     """Where the later pairs' students took fewer steps than the first's (``rescue_steps``), how many and why."""
-    from tools.compression.distill import AUTO_RESCUE_SECONDS, DEPTH_STEPS_FACTOR, MIN_RESCUES
+    from tools.compression.distill_budget import AUTO_RESCUE_SECONDS, DEPTH_STEPS_FACTOR, MIN_RESCUES
 
     pairs = distilled_pairs(state)
     widths = [p.steps // DEPTH_STEPS_FACTOR if p.sheds_layers else p.steps for p in pairs if p.steps]

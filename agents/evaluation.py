@@ -40,7 +40,8 @@ from tools.stats import at_chance_note, drop_points, resolution_note, unlabelled
 from tools.store.files import atomic_write_json
 
 if TYPE_CHECKING:
-    from tools.compression.distill import DistillConfig, DistilledPair, Precision
+    from tools.compression.distill import DistillConfig, PrecisionSetting
+    from tools.compression.distill_budget import DistilledPair
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ SLOWER_FACTOR = 0.95
 MIN_CROSS_FIT_IMAGES = 100
 
 
-def distill_precision(ctx: Context) -> Precision:
-    """``--distill-precision``, with ``auto`` resolved: bf16 where distillation runs on a device that computes it
-    natively (a CPU with AMX-BF16 or AVX512-BF16, ``tools.deploy.cpu``; a GPU with bf16 tensor cores), else fp32."""
+def distill_precision(ctx: Context) -> PrecisionSetting:
+    """``--distill-precision``, with ``auto`` resolved: bf16 on a GPU with bf16 tensor cores; on a CPU that computes
+    bf16 natively (AMX-BF16 or AVX512-BF16, ``tools.deploy.cpu``), the faster of the two for the model, timed
+    (``fastest``: CIFAR ViT-tiny's steps are faster in FP32 there, ResNet-20's in bf16); else fp32."""
     if ctx.distill_precision != "auto":
         return "bf16" if ctx.distill_precision == "bf16" else "fp32"
     import torch
@@ -65,7 +67,7 @@ def distill_precision(ctx: Context) -> Precision:
     device = resolve_device(ctx.device)
     if device.type == "cuda":  # bf16 tensor cores from Ampere (compute capability 8.0) on; older GPUs emulate it
         return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp32"
-    return "bf16" if detect_cpu().bf16 else "fp32"
+    return "fastest" if detect_cpu().bf16 else "fp32"
 
 
 def total_macs(state: State) -> int | None:
@@ -90,8 +92,9 @@ def data_parts(state: State) -> dict[str, int]:
 
 def distill_config(state: State, ctx: Context) -> DistillConfig | None:
     """The run's distillation recipe (None: off): the settings' steps, or with ``--finetune-steps auto`` what the
-    model's MACs allow (``tools.compression.distill.auto_distill_config``; none before the profile)."""
-    from tools.compression.distill import DistillConfig, auto_distill_config
+    model's MACs allow (``tools.compression.distill_budget.auto_distill_config``; none before the profile)."""
+    from tools.compression.distill import DistillConfig
+    from tools.compression.distill_budget import auto_distill_config
 
     precision = distill_precision(ctx)
     if ctx.finetune_steps == AUTO_STEPS:
@@ -110,7 +113,7 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
     its steps after the pairs distilled so far); with ``auto``, not for an original at chance level (untrained, or
     labels that do not match). None otherwise. ``sheds_layers``: for a round that removes whole layers (more steps:
     ``DEPTH_STEPS_FACTOR``)."""
-    from tools.compression.distill import auto_rescue_config
+    from tools.compression.distill_budget import auto_rescue_config
 
     if ctx.distill_rescues == 0 or ctx.finetune_steps != 0 or not state.dataset:
         return None
@@ -133,7 +136,7 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
 
 def distilled_pairs(state: State) -> list[DistilledPair]:
     """The pairs distilled after the search so far, with the time they took (``tools.compression.distill``)."""
-    from tools.compression.distill import DistilledPair, training_seconds
+    from tools.compression.distill_budget import DistilledPair, training_seconds
     from tools.compression.units import sheds_layers
 
     return [
@@ -150,8 +153,8 @@ def distilled_pairs(state: State) -> list[DistilledPair]:
 def rescues_wanted(state: State, ctx: Context) -> int:
     """Cross-fitted distillations after the search the run makes at most: ``--distill-rescues N``, or with ``auto``
     what the model's MACs allow, or more where the pairs distilled so far took less time than that assumed
-    (``tools.compression.distill.auto_rescues``); 0 where :func:`rescue_config` is off."""
-    from tools.compression.distill import auto_rescues
+    (``tools.compression.distill_budget.auto_rescues``); 0 where :func:`rescue_config` is off."""
+    from tools.compression.distill_budget import auto_rescues
 
     if rescue_config(state, ctx) is None:
         return 0
@@ -175,7 +178,7 @@ def finetune_samples(state: State, ctx: Context) -> int:
     model is distilled at all."""
     if ctx.finetune_steps != AUTO_STEPS:
         return ctx.finetune_samples
-    from tools.compression.distill import AUTO_DISTILL_IMAGES
+    from tools.compression.distill_budget import AUTO_DISTILL_IMAGES
 
     return (ctx.finetune_samples or AUTO_DISTILL_IMAGES[1]) if distill_config(state, ctx) else 0
 

@@ -60,7 +60,7 @@ def _distillation(
 ) -> tuple[DistillConfig | None, torch.Tensor | None, list[str]]:
     """The round's distillation recipe and images (None, None when it is off), and, in round 0 with automatic
     steps, a note saying what was decided and why."""
-    from tools.compression.distill import AUTO_DISTILL_IMAGES, AUTO_DISTILL_SECONDS, AUTO_DISTILL_STEPS
+    from tools.compression.distill_budget import AUTO_DISTILL_IMAGES, AUTO_DISTILL_SECONDS, AUTO_DISTILL_STEPS
 
     config = distill_config(state, ctx)
     images = ops.finetune_batch(paths(state).original, shape_of(state), spec) if config is not None else None

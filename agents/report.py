@@ -15,7 +15,7 @@ def write_report(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
     run = paths(state)
     report = build_report(state.model_dump(), ctx.to_dict())  # the report reads the state's JSON form
-    written = write_report_files(report, run.report_json, run.report_md)
+    written = write_report_files(report, run.report_json, run.report_md, (state.time_spent, state.started_at))
     summary = RunSummary.model_validate(
         {key: written[key] for key in ("baseline", "pruned", "quantized", "quantized_original")}
     )

@@ -27,7 +27,8 @@ from figure_common import machine_line, read_run, run_images, top1
 from torch import nn
 
 from tools import load_compressed, ops
-from tools.compression.distill import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, DistillConfig, distill_
+from tools.compression.distill import DistillConfig, distill_
+from tools.compression.distill_budget import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR
 from tools.compression.kinds.blocks import removable_blocks
 from tools.deploy.cpu import detect_cpu
 from tools.deploy.onnxruntime.export import export_onnx

@@ -23,13 +23,8 @@ from figure_common import read_run, run_images, top1
 
 from agents.planning.selection import selection_z
 from tools import load_compressed, ops
-from tools.compression.distill import (
-    AUTO_DISTILL_BATCH,
-    AUTO_DISTILL_LR,
-    DISTILL_TEMPERATURE,
-    DistillConfig,
-    distill_,
-)
+from tools.compression.distill import DISTILL_TEMPERATURE, DistillConfig, distill_
+from tools.compression.distill_budget import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR
 
 #: The multiplicity factor the figures print beside each estimate: the kept round's check for the best of 4 rounds.
 Z_FOUR_ROUNDS = round(selection_z(4), 2)

@@ -28,7 +28,8 @@ from figure_common import REPO, machine_line
 from PIL import Image
 from torch import nn
 
-from tools.compression.distill import AUTO_DISTILL_BATCH, DistillConfig, distill_
+from tools.compression.distill import DistillConfig, distill_
+from tools.compression.distill_budget import AUTO_DISTILL_BATCH
 from tools.compression.pruning import apply_pruning
 from tools.compression.recipes import PruningConfig
 from tools.compression.recovery import RecoveryConfig, recover_

@@ -85,8 +85,7 @@ def calibration_images(run: RunInfo, calibration: str | None) -> tuple[torch.Ten
     ctx = run.context
     spec = ops.EvalSpec(
         dataset=calibration or run.dataset,
-        samples=int(ctx.get("eval_samples", 500))
-        or ops.auto_eval_samples(run.report.profile.get("total_macs")),
+        samples=int(ctx.get("eval_samples", 500)) or ops.auto_eval_samples(run.report.profile.get("total_macs")),
         calibration_samples=int(ctx.get("calibration_samples", 256)),
         confirm_samples=int(ctx.get("confirm_samples", ctx.get("holdout_samples", 0))),
         seed=int(ctx.get("seed", 0)),

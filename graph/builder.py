@@ -11,6 +11,7 @@ of the declared sequence is built, evaluated and confirmed) → measure latencie
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,8 @@ from graph.routing import (
     route_after_select_best_model,
 )
 from graph.state import InputState, OutputState, State, as_json
+from tools.clock import ledger
+from tools.schemas import NodeTime
 
 NODES: dict[str, Callable[..., Any]] = {
     "acquire_model": acquire_model,
@@ -74,16 +77,21 @@ NODES: dict[str, Callable[..., Any]] = {
 }
 
 
-def updating_with_json(node: Callable[..., Any]) -> Callable[..., Any]:
+def updating_with_json(node: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
     """``node`` as the graph runs it: its update with every record as its JSON form (:func:`graph.state.as_json`), so
     that the checkpoint's pending writes, which a history read (``get_state_history``, a fork) deserializes, hold no
     project type that LangGraph's serializer would have to allow (it warns of each today, and will refuse them).
     LangGraph reads the node's signature and type hints through ``functools.wraps``; called directly, in the node
-    tests, a node still returns its records."""
+    tests, a node still returns its records. The graph adds the node's time to ``time_spent``: its seconds, and those
+    of each kind of work inside it (:mod:`tools.clock`)."""
 
     @functools.wraps(node)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return as_json(node(*args, **kwargs))
+        started, start = time.time(), time.perf_counter()
+        with ledger() as spent:
+            update = node(*args, **kwargs)
+        took = NodeTime(node=name or node.__name__, started_at=started, seconds=time.perf_counter() - start, work=spent)
+        return as_json({**(update or {}), "time_spent": [took]})
 
     return run
 
@@ -91,7 +99,7 @@ def updating_with_json(node: Callable[..., Any]) -> Callable[..., Any]:
 def build_graph() -> StateGraph[Any, Any, Any, Any]:
     builder = StateGraph(State, context_schema=Context, input_schema=InputState, output_schema=OutputState)
     for name, node in NODES.items():
-        builder.add_node(name, updating_with_json(node))  # type: ignore[call-overload]
+        builder.add_node(name, updating_with_json(node, name))  # type: ignore[call-overload]
     builder.add_edge(START, "acquire_model")
     builder.add_edge("acquire_model", "resolve_input_shape")
     builder.add_edge("resolve_input_shape", "profile_model")

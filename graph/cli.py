@@ -25,27 +25,63 @@ if TYPE_CHECKING:
 logger = logging.getLogger("profiling_agent")
 
 
-class _Progress:
-    """One line per finished node, with its duration."""
+#: The stage each node belongs to, as the progress line names it.
+STAGES = {
+    "acquire_model": "loading",
+    "resolve_input_shape": "loading",
+    "profile_model": "profiling",
+    "evaluate_baseline": "profiling",
+    "profile_int8": "profiling",
+    "profile_sensitivity": "profiling",
+    "analyze_profile": "planning",
+    "review_plan": "planning",
+    "prune_model": "pruning",
+    "evaluate_model": "pruning",
+    "iterate_pruning": "pruning",
+    "distill_over_budget_round": "distilling",
+    "select_best_model": "deploying",
+}
+#: Nodes whose time is one pruning round's.
+ROUND_NODES = ("prune_model", "evaluate_model", "iterate_pruning")
 
-    def __init__(self) -> None:
+
+class _Progress:
+    """One line per finished node: its stage, its duration and, during the search, about how long the rounds
+    still planned take at the pace of those done (distillation after the search and the deployment not counted)."""
+
+    def __init__(self, rounds_planned: int | None = None) -> None:
         self.last = time.perf_counter()
+        self.rounds_planned = rounds_planned
+        self.rounds_done = 0
+        self.round_seconds = 0.0
 
     def __call__(self, node: str, update: dict[str, object]) -> None:
         now = time.perf_counter()
         extra, seconds = "", now - self.last
         rounds = update.get("rounds")
         baseline = update.get("baseline")
+        if node in ROUND_NODES:
+            self.round_seconds += seconds
         if node == "evaluate_model" and isinstance(rounds, list) and rounds:
             r = RoundResult.model_validate(rounds[-1])
             m = r.metrics
             acc = "n/a" if m.accuracy is None else f"{100 * m.accuracy:.2f}%"
             extra = f"  round {r.round}: accuracy {acc}, params {m.params / 1e6:.3f} M{_rate(m, seconds)}"
             extra += "" if r.within_budget else "  (over budget)"
+            self.rounds_done += 1
+            extra += self._left()
         elif node == "evaluate_baseline" and baseline is not None:
             extra = "  original" + _rate(Metrics.model_validate(baseline), seconds)
-        print(f"  done {node:<20} {seconds:6.1f}s{extra}", file=sys.stderr, flush=True)
+        stage = STAGES.get(node, "deploying" if node != "write_report" else "reporting")
+        print(f"  done {node:<26} {seconds:6.1f}s  [{stage}]{extra}", file=sys.stderr, flush=True)
         self.last = now
+
+    def _left(self) -> str:
+        """``; about 40 s of rounds left`` while the search has planned rounds to go."""
+        if not self.rounds_planned or self.rounds_done >= self.rounds_planned:
+            return ""
+        pace = self.round_seconds / self.rounds_done
+        return f"; about {pace * (self.rounds_planned - self.rounds_done):.0f} s of rounds left"
 
 
 def _rate(metrics: Metrics, seconds: float) -> str:
@@ -124,7 +160,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
         split=args.split,
         ctx=ctx,
         thread_id=args.thread_id,
-        on_update=_Progress(),
+        on_update=_Progress(ctx.iterations + 1),
         model_options=factory_options(args),
     )
     _finish(result)
@@ -154,7 +190,9 @@ def _cmd_demo(args: argparse.Namespace) -> None:
                         path.unlink()
             ctx = _context(args, str(run_dir))
             extra = {"command": "demo"}
-            result = start_run(DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(), extra=extra)
+            result = start_run(
+                DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(ctx.iterations + 1), extra=extra
+            )
     except BaseException:
         with contextlib.suppress(OSError):
             run_dir.rmdir()  # only if empty: a demo that saved nothing leaves no directory behind
@@ -175,7 +213,7 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
             llms=args.llms,
             out_dir=Path(args.out),
             ctx=_context(args, args.out),
-            on_update=_Progress(),
+            on_update=_Progress(args.iterations + 1),
         )
     from tools.reporting.report import render_llm_comparison
 

@@ -188,9 +188,9 @@ class Context:
         parse_steps,
     )
     distill_precision: str = _setting(
-        "Precision of distillation's forward passes (weights and optimizer stay FP32): auto (bf16 on a device that "
-        "computes it natively: a CPU with AMX-BF16 or AVX512-BF16, about 2x faster there, or a GPU with bf16 tensor "
-        "cores; else fp32), fp32 or bf16.",
+        "Precision of distillation's forward passes (weights and optimizer stay FP32): auto (bf16 on a GPU with "
+        "bf16 tensor cores; on a CPU with AMX-BF16 or AVX512-BF16 whichever of bf16 and fp32 a few timed steps find "
+        "faster for the model; else fp32), fp32 or bf16.",
         "DISTILL_PRECISION",
         "auto",
     )

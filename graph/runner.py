@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -184,13 +185,16 @@ def start_run(
     model_options: dict[str, JsonValue] | None = None,
 ) -> RunResult:
     """Start a new checkpointed run in ``ctx.run_dir``; run it to the end or to a pause for approval."""
+    started_at = time.time()  # the report's time table counts the start, before the first node
     if not ctx.run_dir:
         raise RunError("a run needs --run-dir")
     run_dir = Path(ctx.run_dir).resolve()
     check_planner(ctx)
     try:
         with run_dir_lock(run_dir, hint=status_hint(run_dir)):
-            return _start_locked(model, run_dir, dataset, ctx, split, thread_id, on_update, extra, model_options)
+            return _start_locked(
+                model, run_dir, dataset, ctx, split, thread_id, on_update, extra, model_options, started_at
+            )
     except BaseException:
         with contextlib.suppress(OSError):
             run_dir.rmdir()  # only if empty: a start that saved nothing leaves no directory behind
@@ -212,6 +216,7 @@ def _start_locked(
     on_update: UpdateHook | None,
     extra: dict[str, str] | None,
     model_options: dict[str, JsonValue] | None,
+    started_at: float,
 ) -> RunResult:
     prepare_run_dir(run_dir)
     ctx = replace(ctx, run_dir=str(run_dir))
@@ -223,7 +228,7 @@ def _start_locked(
     atomic_write_json(RunPaths(run_dir).settings, {**settings, **(extra or {})})
     try:
         with checkpointed_graph(run_dir) as graph:
-            _stream(graph, inputs, thread_id, ctx, on_update)
+            _stream(graph, {**inputs, "started_at": started_at}, thread_id, ctx, on_update)
             return _outcome(graph, run_dir, thread_id)
     except BaseException:
         if not RunPaths(run_dir).original.exists():

@@ -35,6 +35,7 @@ from tools.schemas import (
     InputShape,
     Int8ProfileSummary,
     ModelInfo,
+    NodeTime,
     PendingRound,
     PlanResult,
     ProfileSummary,
@@ -92,6 +93,13 @@ def add_notes(existing: list[str] | None, new: list[str] | None) -> list[str]:
     return notes
 
 
+def add_times(
+    existing: Sequence[NodeTime | Mapping[str, object]] | None, new: Sequence[NodeTime | Mapping[str, object]] | None
+) -> list[object]:
+    """Node times in the order the nodes ran, as JSON."""
+    return [as_json(NodeTime.model_validate(t)) for t in [*(existing or []), *(new or [])]]
+
+
 class InputState(TypedDict, total=False):
     model: str
     """Hugging Face hub id, save_pretrained directory, or built-in name (vit-b16, deit-b16, swin-b, resnet-101)."""
@@ -100,6 +108,8 @@ class InputState(TypedDict, total=False):
     dataset: str | None
     """Hub id, image folder, save_to_disk directory, or ``digits``; None only for untrained built-ins."""
     dataset_split: str | None
+    started_at: float | None
+    """When the run was started (unix seconds): the report's time table counts the start before the first node."""
 
 
 class OutputState(TypedDict, total=False):
@@ -118,6 +128,7 @@ class State(BaseModel):
     model_options: dict[str, JsonValue] | None = None
     dataset: str | None = None
     dataset_split: str | None = None
+    started_at: float | None = None
     # --- the output (OutputState) ---
     report_path: str | None = None
     summary: Record[RunSummary | None] = None
@@ -158,6 +169,8 @@ class State(BaseModel):
     review: Record[Review | None] = None
     """The last human decision: stage (analysis or round), round, action (approve, edit or reject)."""
     notes: Annotated[list[str], add_notes] = Field(default_factory=list)
+    time_spent: Annotated[list[NodeTime], add_times] = Field(default_factory=list)
+    """Every node's run, in order: its seconds and their kinds of work (added by the graph, not the nodes)."""
 
 
 class StateError(ValueError):

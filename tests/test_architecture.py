@@ -24,7 +24,7 @@ MAX_LINES = 600
 TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer)
     for layer in (
-        {"tools.text", "tools.schemas"},
+        {"tools.text", "tools.schemas", "tools.clock"},
         {"tools.stats"},
         {"tools.store"},
         {"tools.llm"},

@@ -12,14 +12,13 @@ from graph import Context
 from graph.cli import build_parser
 from graph.context import AUTO_STEPS
 from tests.helpers import digits_vit_report, typed_state
-from tools.compression import distill
-from tools.compression.distill import (
+from tools.compression import distill_budget as distill
+from tools.compression.distill_budget import (
     AUTO_DISTILL_IMAGES,
     AUTO_DISTILL_LR,
     AUTO_DISTILL_LR_ATTENTION,
     AUTO_DISTILL_STEPS,
     AUTO_FEATURE_WEIGHT,
-    AUTO_RESCUE_SECONDS,
     auto_distill_config,
     auto_distill_steps,
     auto_rescue_config,
@@ -95,14 +94,14 @@ def test_distillations_after_the_search_follow_the_macs() -> None:
     assert auto_rescues(None) == 0 and auto_rescues(253_000_000) == 0  # where automatic distillation is off
     # CIFAR ResNet-56: one pair of 1,000 steps would take 3,270 s estimated: one of 300 (980 s)
     assert auto_rescue_plan(127_881_866) == (1, 300)
-    assert auto_rescue_plan(41_398_922) == (1, 1000)  # CIFAR ResNet-20: 1,060 s a pair of 1,000 steps
-    assert auto_rescue_plan(32_637_706) == (1, 1000)  # the shared CIFAR ViT-tiny: 835 s
-    assert auto_rescue_plan(5_247_242) == (AUTO_RESCUE_SECONDS[1], 1000)  # the shared ResNet-tiny: the cap
-    assert auto_rescue_plan(69_000_000) == (2, 300)  # a CIFAR ResNet-32: 530 s a pair of 300 steps
+    assert auto_rescue_plan(41_398_922) == (1, 300)  # CIFAR ResNet-20: 318 s a pair of 300 steps
+    assert auto_rescue_plan(32_637_706) == (2, 359)  # the shared CIFAR ViT-tiny: 300 s a pair of 359
+    assert auto_rescue_plan(5_247_242) == (4, 1000)  # the shared ResNet-tiny: 134 s a pair of 1,000 planned
+    assert auto_rescue_plan(69_000_000) == (1, 300)  # a CIFAR ResNet-32: 530 s a pair of 300 steps
     assert auto_rescues(41_398_922) == auto_rescue_plan(41_398_922)[0]
     rescue, per_round = auto_rescue_config(41_398_922, seed=3), auto_distill_config(41_398_922, seed=3)
     assert rescue is not None and per_round is not None and auto_rescue_config(253_000_000) is None
-    assert rescue.steps == 1000 and rescue.model_copy(update={"steps": per_round.steps}) == per_round
+    assert rescue.steps == 300 and rescue.model_copy(update={"steps": per_round.steps}) == per_round
     assert rescue.feature_weight == AUTO_FEATURE_WEIGHT > 0 and rescue.seed == 3
     # a transformer's students take the higher rate its measurements chose (a CNN's keeps its BatchNorm answers lower)
     assert rescue.lr == AUTO_DISTILL_LR < AUTO_DISTILL_LR_ATTENTION
@@ -158,4 +157,4 @@ def test_students_shrink_only_where_auto_chose_the_count() -> None:
         }
     )
     auto, fixed = rescue_config(state, Context()), rescue_config(state, Context(distill_rescues=5))
-    assert auto is not None and fixed is not None and (auto.steps, fixed.steps) == (300, 1000)
+    assert auto is not None and fixed is not None and (auto.steps, fixed.steps) == (300, 300)

@@ -17,7 +17,7 @@ from graph.context import Context
 from graph.routing import route_after_quantize_model
 from graph.state import state_of
 from tests.helpers import digits_vit_report, round_result, typed_state
-from tools.compression import distill
+from tools.compression import distill_budget as distill
 from tools.deployment import accuracy_control
 from tools.evaluation.datasets import evaluation_halves
 from tools.evaluation.paired import ImagePredictions, merge_halves
@@ -171,6 +171,41 @@ def test_a_distilled_model_of_the_same_recipe_is_reused_not_trained_again(tmp_pa
     assert (tmp_path / "student" / "artifact.json").stat().st_mtime_ns == mtime  # reused
     other = distill_saved(tmp_path / "pruned", original, tmp_path / "student", images[:8], config)
     assert other["samples"] == 8  # other images: another recipe, distilled again
+
+
+def test_students_trained_side_by_side_are_those_trained_one_after_the_other(tmp_path: Path) -> None:
+    import torch
+
+    from tests.helpers import save_tiny, tiny_vit
+    from tools import load_compressed, ops
+    from tools.compression.distill import DistillConfig
+    from tools.compression.recipes import PruningConfig
+    from tools.cross_fit import _distil_both
+    from tools.schemas import OptimizationPlan, PruningRecommendation
+
+    original = tmp_path / "original"
+    ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "vit", 16)), original)
+    shape = ops.resolve_input_shape(original)
+    fc1 = PruningRecommendation(layer=r"^vit\.layers\.\d+\.mlp\.fc1$", pruning_type="structured", pruning_ratio=0.5)
+    ops.prune(original, OptimizationPlan(pruning_recommendations=[fc1]), shape, tmp_path / "p", PruningConfig())
+    config = DistillConfig(steps=4, batch_size=8)
+    halves = [torch.randn(16, *shape.as_tuple(), generator=torch.Generator().manual_seed(i)) for i in (0, 1)]
+
+    def jobs(folder: str) -> list[Any]:
+        return [(tmp_path / "p", original, tmp_path / folder / str(i), halves[i], config, None) for i in (0, 1)]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = _distil_both(jobs("alone"), workers=1)
+        together = _distil_both(jobs("together"), workers=2)  # the second student in a spawned process
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads or threads != 1
+    assert [r["steps"] for r in together] == [r["steps"] for r in alone] == [4, 4]
+    for i in (0, 1):
+        a, b = load_compressed(tmp_path / "alone" / str(i)), load_compressed(tmp_path / "together" / str(i))
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
 
 
 def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_half(

@@ -12,6 +12,7 @@ three further blocks removed (-54 points before training), gained 0.61 / 0.54.""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from torch import nn
 from tools.artifacts.hashes import distill_recipe_hash, stale_reason
 from tools.artifacts.io import is_complete, load_compressed, load_original, save_compressed
 from tools.artifacts.structure import blocks_added
+from tools.clock import work
 from tools.compression.kinds.blocks import SkippedBlock
 from tools.compression.shortcuts import replace_module
 from tools.ops import calibration_batch, evaluate_accuracy_on, predictions_on
@@ -93,6 +95,31 @@ def distill_saved(
     return done
 
 
+#: One student's training: :func:`distill_saved`'s arguments.
+_Job = tuple[Path, Path, Path, torch.Tensor, "DistillConfig", Path | None]
+
+
+def _distil_both(jobs: list[_Job], workers: int) -> list[dict[str, Any]]:
+    """Each student's training (:func:`distill_saved`), in order: one after the other, or with ``workers`` of two or
+    more side by side, the second in a spawned process (its images shared, not copied), each on half the threads:
+    a small model's steps use one core no better than two, so the pair takes the time of one student."""
+    if workers < 2 or len(jobs) < 2:
+        return [distill_saved(*job) for job in jobs]
+    threads, half = torch.get_num_threads(), max(1, workers // 2)
+    context = torch.multiprocessing.get_context("spawn")
+    with (
+        work("distil"),
+        ProcessPoolExecutor(1, mp_context=context, initializer=torch.set_num_threads, initargs=(half,)) as pool,
+    ):
+        second = pool.submit(distill_saved, *jobs[1])
+        torch.set_num_threads(max(1, workers - half))
+        try:
+            first = distill_saved(*jobs[0])
+        finally:
+            torch.set_num_threads(threads)
+        return [first, second.result(), *(distill_saved(*job) for job in jobs[2:])]
+
+
 class CrossFitResult(BaseModel):
     """:func:`cross_fit_distill`'s answer: each student and the merged paired result on the whole evaluation part."""
 
@@ -111,13 +138,15 @@ def cross_fit_distill(
     out_dirs: tuple[Path, Path],
     config: DistillConfig,
     starts: tuple[Path, Path] | None = None,
+    workers: int = 1,
 ) -> CrossFitResult:
     """Distil the saved pruned model at ``source_dir`` twice (``out_dirs``), each time on the calibration images plus
     one half of the evaluation images (``tools.evaluation.datasets.evaluation_halves``), judge each student on the
     half it did not see, and merge their answers into a paired result on the whole evaluation part: an estimate of
     what distilling this model gives that takes no image it is judged on. The first student is distilled on half
     0 and judged on half 1. ``starts``: each student starts from that saved model instead (see the module doc; the
-    first distilled on half 0 too)."""
+    first distilled on half 0 too). ``workers``: threads given; with two or more the students train side by side
+    (:func:`_distil_both`)."""
     from tools.evaluation.datasets import evaluation_halves
     from tools.evaluation.labels import LabelMatch
     from tools.evaluation.paired import merge_halves
@@ -131,10 +160,14 @@ def cross_fit_distill(
     students: list[CrossFitStudent] = []
     answers: dict[int, ImagePredictions] = {}
     rows = list(whole.part("evaluation").indices)
-    for trained, (out_dir, judged) in enumerate(zip(out_dirs, (1, 0), strict=True)):
+    jobs: list[_Job] = []
+    for trained, out_dir in enumerate(out_dirs):
         images = torch.cat([calibration.images, evaluation.images[halves[trained]]])
         record_reads(whole, "fit", [rows[i] for i in halves[trained]])  # these choose images train a student too
-        done = distill_saved(source_dir, original_dir, out_dir, images, config, starts[trained] if starts else None)
+        jobs.append((source_dir, original_dir, out_dir, images, config, starts[trained] if starts else None))
+    trainings = _distil_both(jobs, workers)
+    for trained, (out_dir, judged) in enumerate(zip(out_dirs, (1, 0), strict=True)):
+        done = trainings[trained]
         half = whole.model_copy(update={"evaluation_half": judged})
         part = evaluate_accuracy_on(out_dir, original_dir, shape, half, "evaluation", f"student {trained}")
         predictions = predictions_on(out_dir, original_dir, shape, half, "evaluation")

@@ -20,6 +20,7 @@ from torch import nn
 
 from tools import ops
 from tools.artifacts.io import load_compressed, load_module
+from tools.clock import counts_as
 from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
 from tools.deploy.budget import mixed_to_build, split_budget
@@ -233,6 +234,7 @@ class _Recipe:
     prebuilt: Sequence[Path]
 
 
+@counts_as("build")
 def _build_artifact(
     candidate: DeployCandidate,
     source_dir: Path,
@@ -345,6 +347,7 @@ def _off_target(backends: list[str], int8_cpu: str) -> list[DeployCandidate]:
     ]
 
 
+@counts_as("time")
 def _time(
     candidates: list[DeployCandidate], original_dir: Path, shape: InputShape, repeats: int, seed: int
 ) -> float | None:

@@ -26,6 +26,7 @@ from tools.artifacts.io import (
     save_original,
     save_quantized,
 )
+from tools.clock import counts_as
 from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import BACKENDS, FLOAT
@@ -161,6 +162,7 @@ def resolve_input_shape(original_dir: Path, device: str = "cpu", hints: ImageHin
 # --- profiling --------------------------------------------------------------------------------------
 
 
+@counts_as("profile")
 def profile(
     original_dir: Path, shape: InputShape, out_dir: Path, device: str = "cpu", progress: bool = False
 ) -> ModelProfile:
@@ -185,6 +187,7 @@ def profile(
     return result
 
 
+@counts_as("profile")
 def prunable(original_dir: Path, shape: InputShape, out_dir: Path) -> dict[str, Any]:
     """What the pruner can act on (cached as ``prunable.json``): structured layers and attention heads."""
     from tools.compression.pruning import prunable_layers
@@ -199,6 +202,7 @@ def prunable(original_dir: Path, shape: InputShape, out_dir: Path) -> dict[str, 
     return result
 
 
+@counts_as("profile")
 def sensitivity(
     original_dir: Path,
     shape: InputShape,
@@ -258,6 +262,7 @@ def sensitivity(
     return result
 
 
+@counts_as("profile")
 def int8_sensitivity(
     original_dir: Path, shape: InputShape, out_dir: Path, spec: EvalSpec, int8_cpu: str = "auto", samples: int = 0
 ) -> Int8Sensitivity | None:
@@ -343,6 +348,7 @@ def _artifact_key(original_dir: Path) -> str:
     return f"{original_dir.resolve()}@{meta.stat().st_mtime_ns if meta.is_file() else 0}"
 
 
+@counts_as("prune")
 def prune(
     original_dir: Path,
     plan: OptimizationPlan,
@@ -444,6 +450,7 @@ def prune(
     return {**report.model_dump(), "recovery": repaired.model_dump(), "finetune": tuned, "rebuilt": stale}
 
 
+@counts_as("build")
 def quantize(
     source_dir: Path,
     original_dir: Path,

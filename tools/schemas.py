@@ -246,7 +246,7 @@ class ModelProfile(BaseModel):
         default=0, description="Of total_macs, those of grouped (depthwise) convolutions (twin.GROUPED_CONV_COST)."
     )
     attention: bool = Field(
-        default=False, description="The model has attention modules (distill.AUTO_DISTILL_LR_ATTENTION)."
+        default=False, description="The model has attention modules (distill_budget.AUTO_DISTILL_LR_ATTENTION)."
     )
     latency_s: float = Field(description="Mean forward latency at batch size 1, seconds.")
     peak_memory_mb: float = 0.0
@@ -522,6 +522,35 @@ class PlanRecord(BaseModel):
     planner_state: dict[str, Any] | None = None
 
 
+class NodeTime(BaseModel):
+    """One run of a graph node: when it started (unix seconds), how long it took, and its seconds by kind of work
+    (:data:`tools.clock.WORK_KINDS`; what no kind covers is the node's own)."""
+
+    node: str
+    started_at: float
+    seconds: float
+    work: dict[str, float] = Field(default_factory=dict)
+
+
+class TimeRow(BaseModel):
+    """A line of the report's time table: a node (every run of it together), or the time between them."""
+
+    name: str
+    runs: int = 1
+    seconds: float
+    work: dict[str, float] = Field(default_factory=dict)
+
+
+class TimeSpent(BaseModel):
+    """Where the run's time went: seconds by node and by kind of work; ``total_s`` is the run's wall clock less any
+    pause (a wait for approval, a resume later) longer than ``tools.reporting.time_table.PAUSE_S``."""
+
+    rows: list[TimeRow] = Field(default_factory=list)
+    by_kind: dict[str, float] = Field(default_factory=dict)
+    total_s: float = 0.0
+    paused_s: float = 0.0
+
+
 class RunReport(BaseModel):
     """``report.json``: everything a finished run measured, read by report.md/html, plots, CLI and bench."""
 
@@ -557,3 +586,4 @@ class RunReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
     settings: dict[str, Any] = Field(default_factory=dict)
     artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    time_spent: TimeSpent | None = Field(default=None, description="Seconds by node and by kind of work.")

@@ -55,7 +55,7 @@ LATENCY_RESCUE_BUDGETS = 5.0
 #: back far more of what depth loses than of what width loses. Measured (``benchmarks/block_removal.py``, unseen
 #: images, 1-point budget): block sets that lost 9.5-18.7 points training-free came back within a point distilled
 #: (ResNet-20's one and two blocks, ResNet-56's nine, 1.49x OpenVINO int8 of the original). With a depth round's
-#: longer distillation (``tools.compression.distill.DEPTH_STEPS_FACTOR``), ResNet-20's three came back at -0.40 /
+#: longer distillation (``tools.compression.distill_budget.DEPTH_STEPS_FACTOR``), ResNet-20's three came back at -0.40 /
 #: -0.68 unseen from the unrecovered blocks (``block_removal.py``); in a run (21 points lost, recovered), where 20
 #: budgets had kept it from being distilled, at -0.27 cross-fitted and -1.54 unseen, refused as the best of 10 by
 #: the multiplicity check; its four (31 points) at -3.12. A round that lost more is beyond any distillation here.

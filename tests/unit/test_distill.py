@@ -253,3 +253,15 @@ def test_matching_block_outputs_brings_the_hidden_states_closer() -> None:
         errors[weight] = _block_error(student, teacher, held_out)
         assert not any(m._forward_hooks for m in [*student.modules(), *teacher.modules()])
     assert errors[1.0] < 0.7 * errors[0.0]
+
+
+def test_the_fastest_precision_is_timed_on_a_copy_and_trains_as_that_precision_would() -> None:
+    teacher = _teacher_cnn()
+    train = _images(64, 16, seed=11)
+    timed, fixed = _damaged(teacher), _damaged(teacher)
+    report = distill_(timed, teacher, train, DistillConfig(steps=8, lr=1e-2, batch_size=16, precision="fastest"))
+    assert report.precision in ("fp32", "bf16")
+    config = DistillConfig(steps=8, lr=1e-2, batch_size=16, precision=report.precision)
+    assert distill_(fixed, teacher, train, config).precision == report.precision
+    # the trial steps left nothing behind: the same student as a run told the precision outright
+    assert all(torch.equal(v, fixed.state_dict()[k]) for k, v in timed.state_dict().items())

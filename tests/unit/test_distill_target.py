@@ -29,7 +29,7 @@ from agents.planning.selection import distillation_target, round_to_distill
 from graph.context import Context
 from graph.routing import route_after_evaluate_model
 from tests.helpers import typed_state
-from tools.compression.distill import (
+from tools.compression.distill_budget import (
     AUTO_DISTILL_STEPS,
     AUTO_RESCUE_SECONDS,
     DEPTH_STEPS_FACTOR,
@@ -37,10 +37,11 @@ from tools.compression.distill import (
     auto_rescue_config,
     auto_rescue_plan,
     auto_rescues,
+    depth_rescue_steps,
     rescue_steps,
     training_seconds,
 )
-from tools.compression.distill import DistilledPair as Pair
+from tools.compression.distill_budget import DistilledPair as Pair
 from tools.schemas import CrossFitStudent, ModelProfile, OptimizationPlan, RoundResult
 from tools.stats import selection_z
 
@@ -229,7 +230,7 @@ def test_distillations_follow_the_time_the_pairs_took() -> None:
     assert auto_rescue_plan(macs)[0] == 1
     assert auto_rescues(macs) == auto_rescues(macs, []) == 1
     seconds, most = AUTO_RESCUE_SECONDS
-    assert auto_rescues(macs, [Pair(256.0)]) == 4  # measured on one Xeon core: four fit in 1,200 s
+    assert auto_rescues(macs, [Pair(256.0)]) == 2  # measured on one Xeon core: two fit in 600 s
     assert auto_rescues(macs, [Pair(110.0)]) == most  # CIFAR ResNet-32's pairs in bf16: ten would fit, at most the cap
     assert auto_rescues(macs, [Pair(seconds / 2 + 1)]) == 1  # a slower CPU: no more than planned
     assert auto_rescues(macs, [Pair(500.0), Pair(500.0)]) == 2  # 1,000 s spent, the next would not fit
@@ -237,51 +238,52 @@ def test_distillations_follow_the_time_the_pairs_took() -> None:
     assert auto_rescues(macs, [Pair(0.0)]) == 1  # a pair whose time was not recorded measures nothing
     # a depth round's pair of three times the steps counts at the plan's steps: its extra time is outside the budget
     depth = Pair(600.0, 3 * 300, sheds_layers=True)
-    assert auto_rescues(macs, [depth]) == min(most, 1 + int((seconds - 200.0) / 200.0)) == most
-    assert auto_rescues(macs, [Pair(256.0, 300), Pair(768.0, 900, True)]) == 2 + int((seconds - 512.0) / 256.0) == 4
-    assert auto_rescues(macs, [Pair(600.0, 300)]) == 2  # the same time at the plan's steps: one more fits
+    assert auto_rescues(macs, [depth]) == min(most, 1 + int((seconds - 200.0) / 200.0)) == 3
+    assert auto_rescues(macs, [Pair(256.0, 300), Pair(768.0, 900, True)]) == 2 + int((seconds - 512.0) / 256.0) == 2
+    assert auto_rescues(macs, [Pair(300.0, 300)]) == 2  # the same time at the plan's steps: one more fits
     assert auto_rescues(macs, [Pair(256.0), Pair(600.0, 300)]) == auto_rescues(macs, [Pair(256.0), Pair(600.0)])
 
 
-def test_students_shrink_to_the_floor_where_pairs_of_the_top_leave_room_for_too_few() -> None:
-    macs = 41_398_922  # CIFAR ResNet-20: one pair of 1,000-step students planned
-    low, high = AUTO_DISTILL_STEPS
-    assert auto_rescue_plan(macs) == (1, high) and rescue_steps(macs) == high
-    # FP32 on an AVX2-only AMD EPYC: 643 s a pair of 1,000 steps; the budget's 557 s left fit two pairs of 300, not
-    # one of 1,000, so the later students take 300 steps and the run makes three distillations instead of one
-    slow = [Pair(643.0, high)]
-    assert rescue_steps(macs, slow) == low and auto_rescues(macs, slow) == 1 + int((1200 - 643.0) / (0.643 * low)) == 3
+def test_students_shrink_to_the_floor_where_pairs_of_the_plan_leave_room_for_too_few() -> None:
+    macs = 20_000_000  # a small model: students of automatic distillation's 585 steps planned
+    low, _ = AUTO_DISTILL_STEPS
+    planned = auto_rescue_plan(macs)[1]
+    assert planned == 585 and rescue_steps(macs) == planned
+    # a pair of 585 steps that took 350 s: the budget's 250 s left fit no pair of 585, one of 300, so the later
+    # students take 300 steps and the run makes two distillations instead of one
+    slow = [Pair(350.0, planned)]
+    assert rescue_steps(macs, slow) == low and auto_rescues(macs, slow) == 2
     config = auto_rescue_config(macs, pairs=slow)
     assert config is not None and config.steps == low
     depth = auto_rescue_config(macs, pairs=slow, sheds_layers=True)  # a removed block is learnt anew: never shrunk
-    assert depth is not None and depth.steps == DEPTH_STEPS_FACTOR * high
-    # a CPU where pairs of 1,000 steps leave room for MIN_RESCUES of them: the steps stay
-    for first in (291.0, 556.0):
-        fast = [Pair(first, high)]
-        assert rescue_steps(macs, fast) == high
-        assert auto_rescues(macs, fast) == 1 + int((1200 - first) / first) >= MIN_RESCUES
+    assert depth is not None and depth.steps == depth_rescue_steps(macs) == DEPTH_STEPS_FACTOR * AUTO_DISTILL_STEPS[1]
+    # a CPU where pairs of the plan's steps leave room for MIN_RESCUES of them: the steps stay
+    for first in (150.0, 290.0):
+        fast = [Pair(first, planned)]
+        assert rescue_steps(macs, fast) == planned
+        assert auto_rescues(macs, fast) == 1 + int((600 - first) / first) >= MIN_RESCUES
     # ResNet-56's plan is already the floor: it never changes
     assert rescue_steps(127_881_866, [Pair(1100.0, low)]) == low
 
 
 def test_a_pair_distilled_beside_other_jobs_counts_at_its_cpu_time() -> None:
     macs = 127_881_866  # CIFAR ResNet-56: one pair of 300 steps planned
-    idle = {"seconds": 256.0, "cpu_seconds": 255.0}
-    loaded = {"seconds": 384.0, "cpu_seconds": 256.0}  # three jobs on two cores: two thirds of a core each
-    assert training_seconds(idle) == 255.0 and training_seconds(loaded) == 256.0
+    idle = {"seconds": 128.0, "cpu_seconds": 127.5}
+    loaded = {"seconds": 192.0, "cpu_seconds": 128.0}  # three jobs on two cores: two thirds of a core each
+    assert training_seconds(idle) == 127.5 and training_seconds(loaded) == 128.0
     pair_loaded, pair_idle = Pair(2 * training_seconds(loaded)), Pair(2 * training_seconds(idle))
     assert auto_rescues(macs, [pair_loaded]) == auto_rescues(macs, [pair_idle]) == 2
-    assert auto_rescues(macs, [Pair(2 * 384.0)]) == 1  # counted at its wall time, the load would cost a distillation
+    assert auto_rescues(macs, [Pair(2 * 192.0)]) == 1  # counted at its wall time, the load would cost a distillation
     assert training_seconds({"seconds": 300.0}) == 300.0  # an older run's report, or another device: the wall time
     assert training_seconds({"seconds": 300.0, "cpu_seconds": None}) == 300.0
     assert training_seconds({"seconds": 300.0, "cpu_seconds": 450.0}) == 300.0  # never more than the wall time
 
 
 def test_a_round_that_removes_layers_gets_more_steps() -> None:
-    macs = 41_398_922  # CIFAR ResNet-20: students of 1,000 steps planned
+    macs = 41_398_922  # CIFAR ResNet-20: a round of widths' students take 300 steps, a depth round's 3,000
     width, depth = auto_rescue_config(macs), auto_rescue_config(macs, sheds_layers=True)
     assert width is not None and depth is not None
-    assert depth.steps == DEPTH_STEPS_FACTOR * width.steps == DEPTH_STEPS_FACTOR * auto_rescue_plan(macs)[1]
+    assert depth.steps == DEPTH_STEPS_FACTOR * AUTO_DISTILL_STEPS[1] and width.steps == auto_rescue_plan(macs)[1] == 300
     assert depth.model_copy(update={"steps": width.steps}) == width  # nothing else changes
     assert auto_rescue_config(253_000_000, sheds_layers=True) is None  # off where the plan is off
 
@@ -299,7 +301,7 @@ def test_distillation_precision_follows_the_setting_and_the_cpu(monkeypatch: pyt
 
     assert evaluation.distill_precision(Context(distill_precision="fp32")) == "fp32"
     assert evaluation.distill_precision(Context(distill_precision="bf16")) == "bf16"
-    for features, expected in ((["avx2"], "fp32"), (["avx2", "amx_bf16"], "bf16")):
+    for features, expected in ((["avx2"], "fp32"), (["avx2", "amx_bf16"], "fastest")):
         found = cpu.CpuFeatures(model_name="x", machine="x86_64", features=features)
         monkeypatch.setattr(cpu, "detect_cpu", lambda found=found: found)
         assert evaluation.distill_precision(Context()) == expected

@@ -261,5 +261,3 @@ def test_the_budget_as_a_value_is_the_budget_test_and_serializes() -> None:
     strict = Budget(max_drop_points=1.0, max_disagreement_pct=4.0)
     assert not strict(0.6, paired, 1.0)  # 5 % of the answers changed
     assert Budget.model_validate(strict.model_dump()) == strict
-
-

@@ -38,5 +38,3 @@ def test_modules_no_rule_counts_are_named_with_their_type() -> None:
 def test_a_model_counted_in_full_has_no_note() -> None:
     details = static_details(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), (3, 8, 8))
     assert details.uncounted == {} and uncounted_note(details.uncounted) is None
-
-

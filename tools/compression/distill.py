@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from tools.clock import counts_as
 from tools.compression.forward import forward_logits
 from tools.models.base import resolve_device
 from tools.profiling.modules import first_tensor
@@ -29,66 +29,17 @@ from tools.profiling.modules import first_tensor
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "AUTO_DISTILL_BATCH",
-    "AUTO_DISTILL_IMAGES",
-    "AUTO_DISTILL_LR",
-    "AUTO_DISTILL_LR_ATTENTION",
-    "AUTO_DISTILL_SECONDS",
-    "AUTO_DISTILL_STEPS",
-    "AUTO_FEATURE_WEIGHT",
-    "AUTO_RESCUE_SECONDS",
-    "DEPTH_STEPS_FACTOR",
     "DISTILL_TEMPERATURE",
-    "MIN_RESCUES",
-    "TRAINING_MACS_PER_SECOND",
     "DistillConfig",
     "DistillReport",
-    "DistilledPair",
     "Precision",
     "augment_batch",
-    "auto_distill_config",
-    "auto_distill_floor_seconds",
-    "auto_distill_steps",
-    "auto_rescue_config",
-    "auto_rescue_plan",
-    "auto_rescues",
     "distill_",
     "distill_loss",
     "feature_loss",
     "matched_blocks",
-    "rescue_steps",
-    "training_seconds",
 ]
 
-#: Automatic distillation (``--finetune-steps auto``): as many steps as take about the first of these per round,
-#: at least the floor of :data:`AUTO_DISTILL_STEPS` where that many take at most the second (seconds) ...
-AUTO_DISTILL_SECONDS = (150.0, 600.0)
-#: ... at this MAC rate of a step (the teacher's forward pass, the student's and its backward pass, counted as four
-#: forward passes of the batch), measured on one AVX2 core (CIFAR ResNet-20 and -56, batches of 32 and 64:
-#: 0.9-1.2e10): a fixed figure, so the count never depends on timing ...
-TRAINING_MACS_PER_SECOND = 1e10
-#: ... between these bounds. Fewer steps do not repair (CIFAR ResNet-20, 13.9 % fewer parameters, -2.36 points
-#: after recovery: 100 steps of 32 images at 1e-3 -1.98, 150 at 2e-3 -1.08, 300 at 1e-3 -0.14), so a model
-#: whose 300 steps take longer than the limit (CIFAR ResNet-110, a 224-px mobile CNN) is not distilled.
-AUTO_DISTILL_STEPS = (300, 1000)
-#: Images per step and peak learning rate of automatic distillation. 3e-4, not 1e-3: the higher rate moved answers
-#: the repair had kept (unseen images, 300 steps of 32 on 1,680 images; change of accuracy, agreement with the
-#: original): CIFAR ResNet-56 23.7 % fewer, repaired -1.38 / 93.1 %: 1e-3 -0.62 / 88.3 %, 3e-4 -0.10 / 92.6 %,
-#: 1e-4 -0.32 / 93.3 %; ResNet-20 9.4 % fewer (repaired -0.32 / 94.0 %): 1e-3 +0.76 / 91.4 %, 1e-4 +0.34 / 94.5 %;
-#: ResNet-20 23.5 % fewer (-3.56 / 86.9 %): 1e-3 -1.12 / 87.4 %, 3e-4 -0.96 / 88.6 %, 1e-4 -1.18 / 88.2 %. Whole
-#: runs: the distilled rounds agree with the original on 96.6-98.7 % of unseen images instead of 91.8-96.2 %
-#: (ViT-tiny, the CIFAR ResNets' lightly pruned rounds), so their paired intervals are narrower.
-AUTO_DISTILL_BATCH = 32
-AUTO_DISTILL_LR = 3e-4
-#: The peak learning rate of automatic distillation for a model with attention (transformers: LayerNorm, no BatchNorm
-#: statistics to keep). Measured with ``benchmarks/cross_fit_distill.py`` (1,000 steps, block outputs matched, bf16,
-#: one AMD EPYC core; in the run = the two students cross-fitted on the run's evaluation images, unseen = the other
-#: half of CIFAR-10's test split), 3e-4 -> 1e-3: Swin-tiny 38.8 % fewer parameters (-0.59 repaired) in the run -0.13 ->
-#: -0.06, unseen -0.44/-0.42 -> -0.26/-0.36, agreement with the original in the run 96.1 -> 96.8 %; its 31.0 % round
-#: (-0.61) -0.42 -> -0.23, -0.16/-0.12 -> -0.28/-0.28 (the one figure that fell), 96.4 -> 96.6 %; ViT-tiny 63.9 %
-#: (-0.74) -0.25 -> -0.23, -0.56/-0.68 -> -0.50/-0.58, 96.0 -> 96.4 %. The agreement, which sets the budget test's
-#: standard error, rose in every case. At 2e-3 Swin-tiny's 38.8 % round came back at -0.17 in the run (96.2 %).
-AUTO_DISTILL_LR_ATTENTION = 1e-3
 #: The default softmax temperature (:attr:`DistillConfig.temperature`). Measured with
 #: ``benchmarks/cross_fit_distill.py`` (the rounds distillation after the search took, two students each, one Xeon
 #: core, bf16; in the run = cross-fitted on the evaluation images, unseen = the other half of CIFAR-10's test split),
@@ -98,12 +49,16 @@ AUTO_DISTILL_LR_ATTENTION = 1e-3
 #: -0.46/-0.72 -> -0.52/-0.74, 94.6/94.6 -> 94.8/94.7 %; CIFAR ResNet-20 11.8 % (1,000 steps) -0.51 -> -0.57,
 #: +0.34/-0.24 -> +0.10/-0.28, 92.0/92.1 -> 92.6/92.8 %. Agreement rose in every case, accuracy by +0.04 on average.
 DISTILL_TEMPERATURE = 4.0
-#: Unlabelled images automatic distillation asks for (the calibration ones included), and the fewest it runs on.
-AUTO_DISTILL_IMAGES = (1024, 4096)
-
-
-#: The precision of distillation's forward passes (:attr:`DistillConfig.precision`).
+#: The precision of distillation's forward passes (:attr:`DistillReport.precision`) ...
 Precision = Literal["fp32", "bf16"]
+#: ... and what a config may ask for: ``fastest`` times :data:`FASTEST_TRIAL_STEPS` steps in each before training
+#: and takes bf16 only where it is :data:`BF16_MIN_GAIN` faster. Measured (one AMD EPYC Zen 4 core with AVX512-BF16,
+#: batches of 32, block outputs matched, beside another job): CIFAR ViT-tiny's students 127 ms a step in bf16 and
+#: 88 in FP32; ResNet-20's 109 and 139; Swin-tiny's 117 and 137. Where the CPU has bf16 natively, no one precision
+#: is the faster for every model.
+PrecisionSetting = Literal["fp32", "bf16", "fastest"]
+FASTEST_TRIAL_STEPS = 3
+BF16_MIN_GAIN = 0.10
 
 
 class DistillConfig(BaseModel):
@@ -130,11 +85,12 @@ class DistillConfig(BaseModel):
         "whose output has the same shape in both models), each as a mean squared error relative to the "
         "teacher's mean square; 0: logits only.",
     )
-    precision: Precision = Field(
+    precision: PrecisionSetting = Field(
         default="fp32",
         description="Precision of the forward passes: bf16 runs them under autocast (weights, gradients and the "
         "optimizer stay FP32); worth it only where the device computes bf16 natively (AMX-BF16, AVX512-BF16, "
-        "CUDA), elsewhere slower than FP32.",
+        "CUDA), elsewhere slower than FP32, and not for every model even there; fastest: time a few steps in "
+        "each first (FASTEST_TRIAL_STEPS) and take the faster (bf16 only by BF16_MIN_GAIN).",
     )
 
 
@@ -155,195 +111,6 @@ class DistillReport(BaseModel):
     lr: float = 0.0
     temperature: float = 0.0
     precision: str = "fp32"
-
-
-def auto_distill_steps(macs: int | None) -> int:
-    """Steps per round of automatic distillation for a model of ``macs`` per image (see
-    :data:`AUTO_DISTILL_SECONDS`); 0 when the floor of :data:`AUTO_DISTILL_STEPS` takes longer than the limit, or
-    the MACs are unknown."""
-    if not macs or macs <= 0:
-        return 0
-    (low, high), (target, limit) = AUTO_DISTILL_STEPS, AUTO_DISTILL_SECONDS
-    seconds_per_step = _seconds_per_step(macs)
-    if low * seconds_per_step > limit:
-        return 0
-    return max(low, min(high, int(target / seconds_per_step)))
-
-
-#: Distillation after the search (``--distill-rescues auto``): cross-fitted distillations (two students each) within
-#: about this many seconds in all at :data:`TRAINING_MACS_PER_SECOND`, at most the second figure. Each student takes
-#: the top of :data:`AUTO_DISTILL_STEPS` where one pair of that many fits: measured on the rounds distillation
-#: after the search left over the budget (one Xeon core, unseen images), 1,000 steps instead of 300 raised the
-#: students' agreement with the original from 94.7 to 96.5 % (ViT-tiny, 63.9 % fewer parameters) and cut their
-#: drop from -0.56/-0.92 to -0.38/-0.58 (CIFAR ResNet-20, 14.7 % fewer). So ViT-tiny, Swin-tiny and ResNet-20 get
-#: one pair of 1,000 steps, ResNet-tiny the cap, ResNet-56 one pair of automatic distillation's 300. At most five: the
-#: CIFAR ResNets' pairs take 100-300 s on one Xeon core, and a run whose distilled rounds keep coming back within
-#: budget grows its target one step a distillation (``agents.planning.recovery``: ``COMPLETE_RECOVERY_STEP``, or
-#: ``WHOLE_RECOVERY_STEP`` where every one came back whole); with three,
-#: CIFAR ResNet-32 and -44 stopped at 13.7 % and 15.4 % with time left.
-AUTO_RESCUE_SECONDS = (1200.0, 5)
-
-#: The steps of each student of distillation after the search for a round that removes whole layers (blocks), as a
-#: multiple of :func:`auto_rescue_plan`'s: a removed block's function is learnt anew by the layers around it, which
-#: the plan's steps, enough for width, are not. Measured (``benchmarks/block_removal.py``, one Xeon core, bf16,
-#: 1-point budget; unseen = the other half of CIFAR-10's test split): CIFAR ResNet-20's three cheapest blocks
-#: (10.3 % fewer parameters, 57 points lost training-free, 1.35x OpenVINO int8 of the original) came back at
-#: -1.28 / -2.06 unseen with students of 1,000 steps (-2.34 cross-fitted in the run) and at -0.40 / -0.68 with 3,000
-#: (-0.04 in the run). A pair takes that many times longer; :func:`auto_rescues` counts it per step.
-DEPTH_STEPS_FACTOR = 3
-
-#: Weight of matching the teacher's block outputs in automatic distillation (:attr:`DistillConfig.feature_weight`):
-#: ViT-tiny's students, 1,000 steps, agreed with the original on 96.5-96.6 % of unseen images with it and 95.8 %
-#: without; Swin-tiny's (300 steps) lost -0.72/-1.02 instead of -0.92/-1.02.
-AUTO_FEATURE_WEIGHT = 1.0
-
-
-def _seconds_per_step(macs: int) -> float:
-    return 4 * macs * AUTO_DISTILL_BATCH / TRAINING_MACS_PER_SECOND
-
-
-def auto_distill_floor_seconds(macs: int) -> float:
-    """Seconds the fewest steps of automatic distillation (:data:`AUTO_DISTILL_STEPS`) take for a model of ``macs``
-    per image at the planned rate (:data:`TRAINING_MACS_PER_SECOND`): over the limit of :data:`AUTO_DISTILL_SECONDS`,
-    automatic distillation is off."""
-    return AUTO_DISTILL_STEPS[0] * _seconds_per_step(macs)
-
-
-def auto_rescue_plan(macs: int | None) -> tuple[int, int]:
-    """``(rescues, steps of each student)`` of distillation after the search for a model of ``macs`` per image
-    (see :data:`AUTO_RESCUE_SECONDS`); ``(0, 0)`` where automatic distillation is off."""
-    steps = auto_distill_steps(macs)
-    if steps == 0 or not macs:
-        return 0, 0
-    seconds, most = AUTO_RESCUE_SECONDS
-    longest = AUTO_DISTILL_STEPS[1]
-    if 2 * longest * _seconds_per_step(macs) <= seconds:
-        steps = longest
-    return max(1, min(most, int(seconds / (2 * steps * _seconds_per_step(macs))))), steps
-
-
-def training_seconds(report: Mapping[str, Any]) -> float:
-    """How long a distillation (a :class:`DistillReport` as saved) takes on an otherwise idle machine: its wall time,
-    or on a CPU its CPU time over its threads where less, so that another job on the machine does not shrink the
-    count :func:`auto_rescues` allows (CIFAR ViT-tiny's pairs of 1,000-step students took 380 and 420 s at 1 thread
-    beside one other job on a 2-core AMD EPYC, and that run made two distillations; beside two other jobs a pair took
-    726 s, and the run made one)."""
-    wall = float(report.get("seconds") or 0.0)
-    cpu = report.get("cpu_seconds")
-    return min(wall, float(cpu)) if cpu is not None and float(cpu) > 0 else wall
-
-
-class DistilledPair(NamedTuple):
-    """A pair of students distilled after the search, as :func:`auto_rescues` and :func:`rescue_steps` count it."""
-
-    seconds: float  #: both students' training time (:func:`training_seconds`)
-    steps: int = 0  #: each student's steps; 0: not known, taken as the plan's
-    sheds_layers: bool = False  #: a round that removes whole layers (:data:`DEPTH_STEPS_FACTOR` times the steps)
-
-
-#: Distillations after the search that the students' steps leave room for where the measured time can: where pairs
-#: of the top of :data:`AUTO_DISTILL_STEPS` would let fewer than these fit :data:`AUTO_RESCUE_SECONDS` in all at the
-#: time the pairs took, the later students take the floor and more pairs fit (:func:`rescue_steps`). On a CPU without
-#: bf16 a pair of CIFAR ResNet-20's 1,000-step students took 643 s of the 1,200 (AVX2 AMD EPYC, FP32): that run made
-#: one distillation and kept 6.0 %. Two, not three: a run whose first pair took 556 s and whose second students took
-#: 300 steps (three would have fit, not two of 1,000) got back less of the second round's drop (48 % against the
-#: first's 73 %), and the smallest share recovered sets the target (``agents.planning.recovery``): no room was left,
-#: and three distillations went unspent.
-MIN_RESCUES = 2
-
-
-def _fits(planned_steps: int, pairs: Sequence[DistilledPair], steps: int) -> int:
-    """Pairs that fit :data:`AUTO_RESCUE_SECONDS` in all: those made, each counted at its width steps (a depth
-    round's extra steps are outside the budget), and more of ``steps`` at the slowest pair's time per step."""
-    seconds = AUTO_RESCUE_SECONDS[0]
-    spent, per_step = 0.0, 0.0
-    for pair in pairs:
-        factor = DEPTH_STEPS_FACTOR if pair.sheds_layers else 1
-        taken = pair.steps or planned_steps * factor
-        spent += pair.seconds / factor
-        per_step = max(per_step, pair.seconds / taken)
-    return len(pairs) + int((seconds - spent) / (per_step * steps))
-
-
-def _measured(pairs: Sequence[DistilledPair]) -> bool:
-    return bool(pairs) and min(p.seconds for p in pairs) > 0
-
-
-def rescue_steps(macs: int | None, pairs: Sequence[DistilledPair] = ()) -> int:
-    """Steps of each student of the next pair for a round of widths (a depth round's: :func:`auto_rescue_config`):
-    the plan's (:func:`auto_rescue_plan`), or where the plan gives the top of :data:`AUTO_DISTILL_STEPS` and, at the
-    time the ``pairs`` made so far took, fewer than :data:`MIN_RESCUES` pairs of that many would fit in all, the
-    floor, where more of those fit; 0 where automatic distillation is off."""
-    planned, steps = auto_rescue_plan(macs)
-    floor = AUTO_DISTILL_STEPS[0]
-    if planned == 0 or steps <= floor or not _measured(pairs) or _fits(steps, pairs, steps) >= MIN_RESCUES:
-        return steps
-    return floor if _fits(steps, pairs, floor) > _fits(steps, pairs, steps) else steps
-
-
-def auto_rescues(macs: int | None, pairs: Sequence[DistilledPair] = ()) -> int:
-    """Cross-fitted distillations after the search for a model of ``macs`` per image (:func:`auto_rescue_plan`), or,
-    once pairs were distilled (``pairs``: each pair's measured training time, :func:`training_seconds`, and steps),
-    as many as fit :data:`AUTO_RESCUE_SECONDS` at the slowest pair's time per step with students of
-    :func:`rescue_steps`, if more (at most its cap): the plan assumes one AVX2 core's rate, which the CPUs measured
-    beat 2-6x (one Xeon core: a pair of ViT-tiny's 1,000-step students took 158 s, of CIFAR ResNet-44's 300-step ones
-    220 s, where the plan assumed 1,200 s and over 600 s). Each pair counts at its width steps, so a depth round's
-    longer pair (:data:`DEPTH_STEPS_FACTOR`) takes its extra time outside the budget and does not count as the time of
-    every pair after it: CIFAR ResNet-56's pairs of 900 steps took 725-768 s on one Xeon core beside another run,
-    and two of them spent the budget before the depth ladder reached the blocks that pay."""
-    planned, steps = auto_rescue_plan(macs)
-    if planned == 0 or not _measured(pairs):  # none measured yet
-        return planned
-    return max(planned, min(AUTO_RESCUE_SECONDS[1], _fits(steps, pairs, rescue_steps(macs, pairs))))
-
-
-def auto_distill_config(
-    macs: int | None,
-    *,
-    device: str = "cpu",
-    seed: int = 0,
-    precision: Precision = "fp32",
-    attention: bool = False,
-) -> DistillConfig | None:
-    """The :class:`DistillConfig` of automatic distillation for a model of ``macs`` per image (None: off);
-    ``attention``: the model has attention modules (:data:`AUTO_DISTILL_LR_ATTENTION`)."""
-    steps = auto_distill_steps(macs)
-    if steps == 0:
-        return None
-    return DistillConfig(
-        steps=steps,
-        lr=AUTO_DISTILL_LR_ATTENTION if attention else AUTO_DISTILL_LR,
-        batch_size=AUTO_DISTILL_BATCH,
-        feature_weight=AUTO_FEATURE_WEIGHT,
-        device=device,
-        seed=seed,
-        precision=precision,
-    )
-
-
-def auto_rescue_config(
-    macs: int | None,
-    *,
-    device: str = "cpu",
-    seed: int = 0,
-    precision: Precision = "fp32",
-    sheds_layers: bool = False,
-    pairs: Sequence[DistilledPair] = (),
-    attention: bool = False,
-) -> DistillConfig | None:
-    """The :class:`DistillConfig` of each student of distillation after the search (:func:`rescue_steps`' steps
-    after the ``pairs`` made so far; None: off). The steps never grow with the measured time: where the plan gives
-    300, the time a pair of 1,000 would take buys more pairs instead, which count more (CIFAR ResNet-44: a second pair
-    of 1,000 steps left no time for a third distillation, 11.8 % fewer parameters kept, against 16.1 % with three
-    pairs of 300); where pairs of 1,000 take so long that fewer than :data:`MIN_RESCUES` fit, they shrink to 300.
-    ``sheds_layers``: the round removes whole layers, and its students take :data:`DEPTH_STEPS_FACTOR` times the
-    plan's steps, shrunk never: a removed block is learnt anew, and ResNet-20's three blocks came back at -1.28 /
-    -2.06 unseen with 1,000 steps, at -0.40 / -0.68 with 3,000. ``attention``: as :func:`auto_distill_config`'s."""
-    config = auto_distill_config(macs, device=device, seed=seed, precision=precision, attention=attention)
-    if config is None:
-        return None
-    steps = DEPTH_STEPS_FACTOR * auto_rescue_plan(macs)[1] if sheds_layers else rescue_steps(macs, pairs)
-    return config.model_copy(update={"steps": steps})
 
 
 def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -456,6 +223,68 @@ def _device_of(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
+class _Step:
+    """One optimizer step of distillation: the teacher's logits (and block outputs) on a batch, the student's loss
+    against them, its gradient clipped at norm 1, and the optimizer's step; returns the loss."""
+
+    def __init__(
+        self, student: nn.Module, teacher: nn.Module, config: DistillConfig, blocks: list[str], device: torch.device
+    ) -> None:
+        self.student, self.teacher, self.config, self.device = student, teacher, config, device
+        self.teacher_dtype = _float_dtype(teacher)
+        self.trainable = [p for p in student.parameters() if p.requires_grad]
+        self.student_outputs, self.teacher_outputs = _Outputs(student, blocks), _Outputs(teacher, blocks)
+        self.blocks = blocks
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.trainable, lr=self.config.lr, weight_decay=self.config.weight_decay)
+
+    def __call__(self, batch: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision) -> float:
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+        with torch.no_grad(), autocast:
+            target = forward_logits(self.teacher, batch.to(self.teacher_dtype)).float()
+        with autocast:
+            logits = forward_logits(self.student, batch)
+        loss = distill_loss(logits, target, self.config.temperature)
+        if self.blocks:
+            teacher = {k: v.detach() for k, v in self.teacher_outputs.values.items()}
+            loss = loss + self.config.feature_weight * feature_loss(self.student_outputs.values, teacher)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
+        optimizer.step()
+        return float(loss.detach())
+
+    def fastest(self, batch: torch.Tensor) -> Precision:
+        """The precision whose steps on ``batch`` take less time (bf16 only by :data:`BF16_MIN_GAIN`), each timed
+        over :data:`FASTEST_TRIAL_STEPS` after one to warm up; the student comes back as it was."""
+        saved = {k: v.detach().clone() for k, v in self.student.state_dict().items()}
+        seconds: dict[Precision, float] = {}
+        try:
+            for precision in ("fp32", "bf16"):
+                optimizer = self.optimizer()
+                self(batch, optimizer, precision)
+                start = time.perf_counter()
+                for _ in range(FASTEST_TRIAL_STEPS):
+                    self(batch, optimizer, precision)
+                seconds[precision] = time.perf_counter() - start
+        finally:
+            self.student.load_state_dict(saved)
+        chosen: Precision = "bf16" if seconds["bf16"] < (1.0 - BF16_MIN_GAIN) * seconds["fp32"] else "fp32"
+        logger.info(
+            "distillation steps: %.0f ms in FP32, %.0f ms in bf16: %s",
+            1000 * seconds["fp32"] / FASTEST_TRIAL_STEPS,
+            1000 * seconds["bf16"] / FASTEST_TRIAL_STEPS,
+            chosen,
+        )
+        return chosen
+
+    def remove(self) -> None:
+        self.student_outputs.remove()
+        self.teacher_outputs.remove()
+
+
+@counts_as("distil")
 def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, config: DistillConfig) -> DistillReport:
     """Fine-tune ``student`` IN PLACE to match ``teacher``'s logits on ``images``; see the module doc.
 
@@ -466,72 +295,53 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
         return DistillReport(samples=len(images), lr=config.lr, temperature=config.temperature)
     device = resolve_device(config.device)
     student_device, student_dtype = _device_of(student), _float_dtype(student)
-    teacher_device, teacher_dtype, teacher_training = _device_of(teacher), _float_dtype(teacher), teacher.training
+    teacher_device, teacher_training = _device_of(teacher), teacher.training
     flags = {name: p.requires_grad for name, p in student.named_parameters()}
     if not any(flags.values()):
         raise ValueError("the student has no trainable parameter (all requires_grad=False)")
-    n, batch_size = len(images), min(config.batch_size, len(images))
-    steps, temperature = config.steps, config.temperature
+    n, batch_size, steps = len(images), min(config.batch_size, len(images)), config.steps
     student.to(device=device, dtype=torch.float32)
     teacher.to(device=device).eval()
-    trainable = [p for p in student.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
     generator = torch.Generator().manual_seed(config.seed)
     losses: list[float] = []
     order = torch.empty(0, dtype=torch.long)
     log_every = max(1, steps // 10)
-    bf16 = config.precision == "bf16"
-
-    def autocast() -> Any:
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-
     blocks = matched_blocks(student, teacher, images[:1].to(device)) if config.feature_weight > 0 else []
-    student_outputs, teacher_outputs = _Outputs(student, blocks), _Outputs(teacher, blocks)
     if blocks:
         logger.info(
             "matching %d block outputs: %s", len(blocks), ", ".join(blocks[:4]) + (" ..." if len(blocks) > 4 else "")
         )
+    step = _Step(student, teacher, config, blocks, device)
+    precision: Precision = "fp32" if config.precision == "fastest" else config.precision
     start, cpu_start = time.perf_counter(), time.process_time()
-    logger.info("distilling %d steps on %d images (batch %d) on %s%s", steps, n, batch_size, device, " in bf16" * bf16)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(config.seed)  # dropout
             _train_mode(student)
-            for step in range(steps):
+            if config.precision == "fastest":
+                precision = step.fastest(images[:batch_size].to(device=device, dtype=torch.float32))
+            torch.manual_seed(config.seed)  # dropout
+            logger.info(
+                "distilling %d steps on %d images (batch %d) on %s in %s", steps, n, batch_size, device, precision
+            )
+            optimizer = step.optimizer()
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: _lr_factor(i, steps))
+            for i in range(steps):
                 if len(order) < batch_size:  # a new epoch: every image once, in a seeded order
                     order = torch.cat([order, torch.randperm(n, generator=generator)])
                 index, order = order[:batch_size], order[batch_size:]
                 batch = images[index].to(device=device, dtype=torch.float32)
-                if config.augment:
-                    batch = augment_batch(batch, generator)
-                with torch.no_grad(), autocast():
-                    target = forward_logits(teacher, batch.to(teacher_dtype)).float()
-                with autocast():
-                    logits = forward_logits(student, batch)
-                loss = distill_loss(logits, target, temperature)
-                if blocks:
-                    features = feature_loss(
-                        student_outputs.values, {k: v.detach() for k, v in teacher_outputs.values.items()}
-                    )
-                    loss = loss + config.feature_weight * features
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-                optimizer.step()
+                losses.append(step(augment_batch(batch, generator) if config.augment else batch, optimizer, precision))
                 scheduler.step()
-                losses.append(float(loss.detach()))
-                if (step + 1) % log_every == 0 or step + 1 == steps:
+                if (i + 1) % log_every == 0 or i + 1 == steps:
                     recent = losses[-log_every:]
-                    logger.info("distill step %d/%d: loss %.4f", step + 1, steps, sum(recent) / len(recent))
+                    logger.info("distill step %d/%d: loss %.4f", i + 1, steps, sum(recent) / len(recent))
     finally:
-        student_outputs.remove()
-        teacher_outputs.remove()
-        optimizer.zero_grad(set_to_none=True)
+        step.remove()
         student.to(device=student_device, dtype=student_dtype).eval()
         teacher.to(device=teacher_device).train(teacher_training)
         for name, p in student.named_parameters():
             p.requires_grad_(flags.get(name, p.requires_grad))
+            p.grad = None
     seconds = time.perf_counter() - start
     cpu_seconds = (time.process_time() - cpu_start) / max(1, torch.get_num_threads())
     tail = max(1, round(0.1 * len(losses)))
@@ -544,6 +354,6 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
         loss_first=sum(losses[:tail]) / tail,
         loss_last=sum(losses[-tail:]) / tail,
         lr=config.lr,
-        temperature=temperature,
-        precision=config.precision,
+        temperature=config.temperature,
+        precision=precision,
     )

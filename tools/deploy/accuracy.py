@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tools.clock import counts_as
 from tools.schemas import Int8Sensitivity, PairedAccuracy
 from tools.stats import budget_drop_points, paired_accuracy, standard_error_points, within_budget
 
@@ -26,6 +27,7 @@ __all__ = ["AccuracyControl", "predict_classes"]
 BATCH = 50
 
 
+@counts_as("evaluate")
 def predict_classes(model: Callable[[torch.Tensor], Any], images: torch.Tensor, batch: int = BATCH) -> list[int]:
     """Top-1 class of each image under ``model`` (a runtime's callable ``pixel_values -> logits``)."""
     out: list[int] = []

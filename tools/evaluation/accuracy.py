@@ -19,6 +19,7 @@ from PIL import Image
 from torch import nn
 from tqdm import tqdm
 
+from tools.clock import counts_as
 from tools.evaluation.common import EvaluationError, eval_mode
 from tools.evaluation.datasets import EvalDataset
 from tools.evaluation.labels import LabelMatch
@@ -105,6 +106,7 @@ def iter_logits(
             yield logits.detach().float().cpu()
 
 
+@counts_as("evaluate")
 def predict_logits(
     model: Callable[..., Any],
     preprocess: Preprocess,
@@ -149,6 +151,7 @@ def prediction_agreement(logits_a: torch.Tensor, logits_b: torch.Tensor) -> floa
     return float((logits_a.argmax(-1) == logits_b.argmax(-1)).float().mean())
 
 
+@counts_as("evaluate")
 def evaluate_accuracy(
     model: Callable[..., Any],
     preprocess: Preprocess,

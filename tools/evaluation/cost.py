@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from tools.clock import counts_as
 from tools.evaluation.common import EvaluationError, eval_mode
 
 __all__ = ["SERVING_BLOCK", "compare_latencies", "file_size_mb", "measure_latency", "measure_throughput"]
@@ -65,6 +66,7 @@ SERVING_BLOCK = 5
 MAX_REPEATS = 2000
 
 
+@counts_as("time")
 def compare_latencies(
     models: Mapping[str, Callable[..., Any]],
     example_input: Any,
@@ -133,11 +135,13 @@ def compare_latencies(
     return {name: float(statistics.median(values)) for name, values in times.items()}
 
 
+@counts_as("time")
 def measure_latency(model: Callable[..., Any], example_input: Any, *, warmup: int = 3, repeats: int = 10) -> float:
     """Median seconds per call at the batch of ``example_input`` (give a batch of 1 for per-image latency)."""
     return compare_latencies({"model": model}, example_input, warmup=warmup, repeats=repeats)["model"]
 
 
+@counts_as("time")
 def measure_throughput(model: Callable[..., Any], example_batch: Any, *, warmup: int = 1, repeats: int = 3) -> float:
     """Images per second at the batch size of ``example_batch`` (batch / median seconds per call)."""
     batch = _batch_size_of(example_batch)

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from tools.clock import counts_as
 from tools.evaluation.accuracy import iter_logits
 from tools.evaluation.datasets import EvalDataset
 from tools.evaluation.labels import LabelMatch
@@ -163,6 +164,7 @@ def stop_when_over(reference: ImagePredictions | None, budget_points: float | No
     return over
 
 
+@counts_as("evaluate")
 def predict_part(
     model: Callable[..., Any],
     preprocess: Callable[[list[Any]], Any],

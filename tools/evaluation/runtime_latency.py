@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tools.clock import counts_as
 from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 
 __all__ = ["RUNTIMES", "compiled_in", "latencies_in"]
@@ -105,6 +106,7 @@ def compiled_in(runtime: str, model: nn.Module, example: torch.Tensor) -> Callab
     raise ValueError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
 
 
+@counts_as("time")
 def latencies_in(
     models: Mapping[str, Callable[..., Any]], example: torch.Tensor, repeats: int = 10
 ) -> dict[str, float]:

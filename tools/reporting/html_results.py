@@ -40,6 +40,7 @@ NAV_LINKS = (
     ("profile", "Profile"),
     ("sensitivity", "Sensitivity"),
     ("tradeoffs", "Trade-offs"),
+    ("time", "Time"),
     ("notes", "Notes"),
     ("artifacts", "Artifacts"),
 )

@@ -7,7 +7,7 @@ Readers take a ``RunReport`` or the dict read back from ``report.json``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -38,7 +38,8 @@ from tools.reporting.paired_text import (
     tries_text,
 )
 from tools.reporting.sensitivity_view import as_profile, markdown_lines
-from tools.schemas import Int8Sensitivity, PairedAccuracy, RunReport, SensitivityProfile
+from tools.reporting.time_table import time_lines, time_spent
+from tools.schemas import Int8Sensitivity, NodeTime, PairedAccuracy, RunReport, SensitivityProfile
 from tools.stats import is_budget_note
 
 METRIC_KEYS = ("accuracy", "params", "macs", "latency_s", "memory_mb", "artifact")
@@ -285,6 +286,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     lines += int8_lines(report)
     lines += speedup_lines(report.speedup)
     lines += _planner_decisions(report)
+    lines += time_lines(report.time_spent)
     if report.profile.get("top_groups"):
         lines += [
             "",
@@ -403,14 +405,24 @@ def _planner_decisions(report: RunReport) -> list[str]:
     return lines
 
 
-def write_report_files(report: RunReport | dict[str, Any], json_path: Path, md_path: Path) -> dict[str, Any]:
-    """Write ``report.md``, ``report.html`` next to it, and ``report.json``, each atomically; returns the JSON."""
-    from tools.reporting.html import load_profile, write_html_report
+def write_report_files(
+    report: RunReport | dict[str, Any],
+    json_path: Path,
+    md_path: Path,
+    times: tuple[Sequence[NodeTime], float | None] | None = None,
+) -> dict[str, Any]:
+    """Write ``report.md``, ``report.html`` next to it, and ``report.json``, each atomically; returns the JSON.
+    ``times``: the nodes' times and when the run started, for the time table (:mod:`tools.reporting.time_table`),
+    made once the HTML page's charts are drawn, so that it counts them."""
+    from tools.reporting.html import load_profile, render_html, with_time_section
     from tools.store.files import atomic_write_json, atomic_write_text
 
     report = RunReport.model_validate(report)
+    page = render_html(report.model_copy(update={"time_spent": None}), load_profile(report))
+    if times is not None:
+        report = report.model_copy(update={"time_spent": time_spent(*times)})
+    atomic_write_text(md_path.with_name("report.html"), with_time_section(page, report.time_spent))
     atomic_write_text(md_path, render_markdown(report))
-    write_html_report(report, load_profile(report), md_path.with_name("report.html"))
     written = report_json(report)
     atomic_write_json(json_path, written)  # last: a run that has a report.json has finished
     return written
