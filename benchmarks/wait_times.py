@@ -105,17 +105,21 @@ def _prepare(out: Path) -> None:
 
 def _speedup(report: dict[str, Any]) -> tuple[str, float | None]:
     """The shipped build and its speed-up over the original's fastest one-command build within the budget, both
-    from the run's interleaved deployment table."""
+    from the run's interleaved deployment table (a candidate without a source is a build of the model deployed)."""
     deployment = report.get("deployment") or {}
     candidates = deployment.get("candidates") or []
-    chosen, source = deployment.get("chosen"), deployment.get("source")
+    chosen, source, ships = deployment.get("chosen"), deployment.get("source"), deployment.get("ships")
+
+    def of_original(c: dict[str, Any]) -> bool:
+        return Path(c["source"]).name == "original" if c.get("source") else ships == "original"
+
     shipped = [c for c in candidates if c["backend"] == chosen and c.get("source") == source and c.get("latency_s")]
     originals = [
         c["latency_s"]
         for c in candidates
-        if c.get("source") is None and c.get("within_budget") and c.get("latency_s") and "mixed" not in c["backend"]
+        if of_original(c) and c.get("within_budget") and c.get("latency_s") and "mixed" not in c["backend"]
     ]
-    name = f"{chosen} of {'the original' if source is None else 'the pruned model'}"
+    name = f"{chosen} of {'the original' if ships == 'original' else 'the pruned model'}"
     if not shipped or not originals:
         return name, None
     return name, min(originals) / shipped[0]["latency_s"]

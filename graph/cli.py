@@ -62,14 +62,18 @@ class _Progress:
         baseline = update.get("baseline")
         if node in ROUND_NODES:
             self.round_seconds += seconds
-        if node == "evaluate_model" and isinstance(rounds, list) and rounds:
+        if node in ("evaluate_model", "distill_over_budget_round") and isinstance(rounds, list) and rounds:
             r = RoundResult.model_validate(rounds[-1])
             m = r.metrics
             acc = "n/a" if m.accuracy is None else f"{100 * m.accuracy:.2f}%"
-            extra = f"  round {r.round}: accuracy {acc}, params {m.params / 1e6:.3f} M{_rate(m, seconds)}"
+            rate = _rate(m, seconds) if node == "evaluate_model" else ""
+            extra = f"  round {r.round}: accuracy {acc}, params {m.params / 1e6:.3f} M{rate}"
             extra += "" if r.within_budget else "  (over budget)"
-            self.rounds_done += 1
-            extra += self._left()
+            if r.cross_fit is not None:
+                extra += f", distilled from round {r.cross_fit.source_round}"
+            elif node == "evaluate_model":
+                self.rounds_done += 1
+                extra += self._left()
         elif node == "evaluate_baseline" and baseline is not None:
             extra = "  original" + _rate(Metrics.model_validate(baseline), seconds)
         stage = STAGES.get(node, "deploying" if node != "write_report" else "reporting")

@@ -115,3 +115,14 @@ def test_latency_in_build_times_the_earlier_builds_in_the_same_call(tmp_path: Pa
         rounds[2], original, "onnxruntime-fp32", reference, shape, spec, repeats=3, earlier=earlier
     )
     assert set(times) == {"model", "reference", "0"} and all(t > 0 for t in times.values())
+
+
+def test_of_the_rounds_over_the_budget_only_the_fastest_are_timed_again() -> None:
+    from agents.evaluation import RETIMED_OVER_BUDGET, _timed_again
+
+    rounds = [
+        RoundResult.model_validate({**_round(i, Path("r"), speedup), "within_budget": within})
+        for i, (speedup, within) in enumerate([(1.0, True), (1.5, False), (1.1, False), (1.3, False), (1.4, False)])
+    ]
+    again = [r.round for r in _timed_again(rounds)]
+    assert RETIMED_OVER_BUDGET == 3 and again == [0, 1, 3, 4]  # within the budget, and the three fastest others

@@ -86,6 +86,31 @@ def test_a_probe_whose_refits_would_cost_too_much_refits_at_a_fixed_strength(mon
     assert measure_sensitivity(model, images, [unit], ratios=(0.5,)).fixed_ridge == {unit.pattern: 1}
 
 
+def test_a_units_latency_is_timed_once_at_its_largest_probe_and_shared_by_macs() -> None:
+    torch.manual_seed(0)
+    model = vit()
+    images = torch.randn(24, 3, 32, 32)
+    units = [u for u in prunable_units(prunable_layers(model, images[:1]).model_dump()) if u.pruning_type != "block"]
+    timed: list[int] = []
+
+    def saving(probe: torch.nn.Module) -> float:  # a stand-in for a timing: what the probe pruned
+        timed.append(sum(p.numel() for p in probe.parameters()))
+        return 1e-6 * (sum(p.numel() for p in model.parameters()) - timed[-1])
+
+    layers = [
+        LayerProfile(name=name, type=type(m).__name__, params=sum(p.numel() for p in m.parameters()), macs=10**6)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    result = measure_sensitivity(model, images, units, layers=layers, ratios=(0.25, 0.5), latency_saving=saving)
+    assert len(timed) == len(result.units)  # one timing a unit, not one a probe
+    for unit in result.units:
+        low, high = unit.points
+        assert 0 < low.macs_saved < high.macs_saved
+        assert high.latency_saved_s == pytest.approx(1e-6 * high.params_saved)  # the largest probe's own timing
+        assert low.latency_saved_s == pytest.approx(high.latency_saved_s * low.macs_saved / high.macs_saved)
+
+
 def _unit(name: str, kind: str, damage: list[float], saved: int) -> SensitivityUnit:
     return SensitivityUnit(
         pattern=f"^{name}$",
