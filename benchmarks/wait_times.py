@@ -94,12 +94,13 @@ ROWS: dict[str, tuple[float, Any]] = {
 def _prepare(out: Path) -> None:
     if not HALF_A.is_dir():
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "split_halves.py")], check=True)
-    IMAGENET_1000.mkdir(parents=True, exist_ok=True)
-    for folder in ("imagenet-sample-500", "imagenet-sample-500b"):
+    for folder in ("imagenet-sample-500", "imagenet-sample-500b"):  # one folder of class folders of linked images
         for cls in sorted((SHARED / "data" / folder).iterdir()):
-            link = IMAGENET_1000 / cls.name
-            if not link.exists():
-                link.symlink_to(cls.resolve())
+            (IMAGENET_1000 / cls.name).mkdir(parents=True, exist_ok=True)
+            for image in cls.iterdir():
+                link = IMAGENET_1000 / cls.name / image.name
+                if not link.exists():
+                    link.symlink_to(image.resolve())
     (out / "lite2.py").write_text(LITE2_MODULE)
 
 
