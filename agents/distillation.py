@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
@@ -158,7 +157,6 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         (folder / "model", folder / "model-second"),
         config,
         None if start is None else _student_artifacts(start),
-        workers=ctx.threads or torch.get_num_threads(),
     )
     first = result.students[0]
     half = spec.model_copy(update={"evaluation_half": first.judged_on_half})

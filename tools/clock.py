@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal, ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar, get_args
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -22,7 +22,7 @@ __all__ = ["WORK_KINDS", "WorkKind", "counts_as", "ledger", "work"]
 
 #: The kinds of work a run's time is counted in (:data:`WorkKind`); what no kind covers is the node's own.
 WorkKind = Literal["profile", "evaluate", "prune", "distil", "build", "time"]
-WORK_KINDS: tuple[WorkKind, ...] = ("profile", "evaluate", "prune", "distil", "build", "time")
+WORK_KINDS: tuple[WorkKind, ...] = get_args(WorkKind)
 
 
 @dataclass

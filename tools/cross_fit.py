@@ -138,15 +138,14 @@ def cross_fit_distill(
     out_dirs: tuple[Path, Path],
     config: DistillConfig,
     starts: tuple[Path, Path] | None = None,
-    workers: int = 1,
 ) -> CrossFitResult:
     """Distil the saved pruned model at ``source_dir`` twice (``out_dirs``), each time on the calibration images plus
     one half of the evaluation images (``tools.evaluation.datasets.evaluation_halves``), judge each student on the
     half it did not see, and merge their answers into a paired result on the whole evaluation part: an estimate of
     what distilling this model gives that takes no image it is judged on. The first student is distilled on half
     0 and judged on half 1. ``starts``: each student starts from that saved model instead (see the module doc; the
-    first distilled on half 0 too). ``workers``: threads given; with two or more the students train side by side
-    (:func:`_distil_both`)."""
+    first distilled on half 0 too). With two threads or more (the run's ``--threads``, torch's) the students train
+    side by side (:func:`_distil_both`)."""
     from tools.evaluation.datasets import evaluation_halves
     from tools.evaluation.labels import LabelMatch
     from tools.evaluation.paired import merge_halves
@@ -165,7 +164,7 @@ def cross_fit_distill(
         images = torch.cat([calibration.images, evaluation.images[halves[trained]]])
         record_reads(whole, "fit", [rows[i] for i in halves[trained]])  # these choose images train a student too
         jobs.append((source_dir, original_dir, out_dir, images, config, starts[trained] if starts else None))
-    trainings = _distil_both(jobs, workers)
+    trainings = _distil_both(jobs, torch.get_num_threads())
     for trained, (out_dir, judged) in enumerate(zip(out_dirs, (1, 0), strict=True)):
         done = trainings[trained]
         half = whole.model_copy(update={"evaluation_half": judged})

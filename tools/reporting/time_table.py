@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from tools.clock import WORK_KINDS
+from tools.reporting.html_parts import esc, section, table
 from tools.schemas import NodeTime, TimeRow, TimeSpent
 
 __all__ = ["OTHER", "PAUSE_S", "time_html", "time_lines", "time_spent"]
@@ -101,8 +102,6 @@ KIND_COLOURS = {
 
 def time_html(spent: TimeSpent | None) -> str:
     """The HTML report's "Where the time went": one bar of the run's seconds by kind of work, and the node table."""
-    from tools.reporting.html_parts import esc, section, table
-
     if spent is None or not spent.rows:
         return ""
     total = max(spent.total_s, 1e-9)
