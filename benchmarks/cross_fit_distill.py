@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=AUTO_DISTILL_BATCH)
     parser.add_argument("--temperature", type=float, default=DISTILL_TEMPERATURE, help="of the KL loss on logits")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="of the forward passes")
+    parser.add_argument("--no-cache", action="store_true", help="every layer runs every step (no cached views)")
     args = parser.parse_args()
     ops.set_threads(args.threads)
     run = read_run(args.run)
@@ -80,12 +81,14 @@ def main() -> None:
                 feature_weight=args.features,
                 precision=args.precision,
                 temperature=args.temperature,
+                cache=not args.no_cache,
             )
-            distill_(student, original, torch.cat([calibration, evaluation[seen]]), config)
+            done = distill_(student, original, torch.cat([calibration, evaluation[seen]]), config)
             merged[held_out] = top1(student, evaluation[held_out])
             took = time.perf_counter() - start
             print(
-                f"  student of {len(seen):,} + {len(calibration)} images ({took:.0f} s): unseen "
+                f"  student of {len(seen):,} + {len(calibration)} images ({took:.0f} s, "
+                f"{f'{done.views} views after {done.cached_from}' if done.views else 'no cache'}): unseen "
                 f"{paired(top1(student, unseen), original_unseen, unseen_labels)}"
             )
         print(f"  cross-fitted, in the run: {paired(merged, original_eval, labels)}", flush=True)

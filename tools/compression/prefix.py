@@ -29,7 +29,7 @@ from tools.compression.forward import forward_with_hooks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_CACHE_BYTES", "PrefixCache"]
+__all__ = ["MAX_CACHE_BYTES", "PrefixCache", "outermost_before"]
 
 #: Memory the cached outputs may take (float32 activations of the calibration batch).
 MAX_CACHE_BYTES = 2 * 1024**3
@@ -138,7 +138,7 @@ class PrefixCache:
         firsts = sorted({first_call[name] for name in starts if name in first_call})
         wanted: dict[str, None] = {}
         for first in firsts:
-            wanted.update(dict.fromkeys(_maximal(order, first, order)))
+            wanted.update(dict.fromkeys(outermost_before(order, first, order)))
         per_image, kept = 0, []
         for name in sorted(wanted, key=lambda n: order[n][0]):  # the earliest first: they serve the most units
             if (per_image + sizes[name]) * images.shape[0] > max_bytes:
@@ -178,7 +178,7 @@ class PrefixCache:
 
     def replayed(self, first: int) -> list[str]:
         """The cached modules that end before event ``first``, outermost only."""
-        return _maximal(self.order, first, self.outputs)
+        return outermost_before(self.order, first, self.outputs)
 
     @contextlib.contextmanager
     def skip(self, model: nn.Module, first: int) -> Iterator[list[str]]:
@@ -207,7 +207,7 @@ class PrefixCache:
         return replay
 
 
-def _maximal(order: dict[str, tuple[int, int]], first: int, among: Iterable[str]) -> list[str]:
+def outermost_before(order: dict[str, tuple[int, int]], first: int, among: Iterable[str]) -> list[str]:
     """The modules of ``among`` that end before event ``first`` and lie within no other such module."""
     done = sorted((n for n in among if order[n][1] < first), key=lambda n: order[n][0])
     outer: list[str] = []

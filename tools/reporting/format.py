@@ -140,8 +140,10 @@ def recovery_text(prune_report: dict[str, Any] | None) -> str:
     tuned = report.get("finetune") or {}
     if tuned.get("steps"):
         bf16 = " in bf16" if tuned.get("precision") == "bf16" else ""
+        cached = f", {tuned['views']} cached views after {tuned['cached_from']}" if tuned.get("views") else ""
         text += (
-            f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')}{bf16})"
+            f" + distillation {tuned['steps']} steps ({tuned.get('seconds', 0):.0f} s on {tuned.get('device')}{bf16}"
+            f"{cached})"
         )
         if tuned.get("cross_fitted_from_round") is not None:  # agents.distillation: after the search, two students
             text += f" after the search, of round {tuned['cross_fitted_from_round']}"
