@@ -238,29 +238,48 @@ def _device_of(model: nn.Module) -> torch.device:
 
 class _Step:
     """One optimizer step of distillation: the teacher's logits (and block outputs) on a batch, the student's loss
-    against them, its gradient clipped at norm 1, and the optimizer's step; returns the loss."""
+    against them, its gradient clipped at norm 1, and the optimizer's step; returns the loss. Its batches are drawn
+    from :attr:`pool` items (the images; :meth:`batch` makes one of the items drawn)."""
 
     def __init__(
-        self, student: nn.Module, teacher: nn.Module, config: DistillConfig, blocks: list[str], device: torch.device
+        self,
+        student: nn.Module,
+        teacher: nn.Module,
+        config: DistillConfig,
+        blocks: list[str],
+        device: torch.device,
+        images: torch.Tensor,
     ) -> None:
         self.student, self.teacher, self.config, self.device = student, teacher, config, device
         self.teacher_dtype = _float_dtype(teacher)
         self.trainable = [p for p in student.parameters() if p.requires_grad]
         self.student_outputs, self.teacher_outputs = _Outputs(student, blocks), _Outputs(teacher, blocks)
-        self.blocks = blocks
+        self.blocks, self.images = blocks, images
+        self.pool = len(images)
+
+    def batch(self, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The images of ``index``, augmented where the config says so."""
+        batch = self.images[index].to(device=self.device, dtype=torch.float32)
+        return augment_batch(batch, generator) if self.config.augment else batch
 
     def optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.trainable, lr=self.config.lr, weight_decay=self.config.weight_decay)
 
-    def __call__(self, batch: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision) -> float:
+    def _outputs(
+        self, batch: torch.Tensor, precision: Precision
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The student's logits on ``batch``, the teacher's, and the teacher's block outputs."""
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
         with torch.no_grad(), autocast:
             target = forward_logits(self.teacher, batch.to(self.teacher_dtype)).float()
         with autocast:
             logits = forward_logits(self.student, batch)
+        return logits, target, {k: v.detach() for k, v in self.teacher_outputs.values.items()}
+
+    def __call__(self, batch: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision) -> float:
+        logits, target, teacher = self._outputs(batch, precision)
         loss = distill_loss(logits, target, self.config.temperature)
         if self.blocks:
-            teacher = {k: v.detach() for k, v in self.teacher_outputs.values.items()}
             loss = loss + self.config.feature_weight * feature_loss(self.student_outputs.values, teacher)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -304,24 +323,21 @@ class _CachedStep(_Step):
     def __init__(
         self, student: nn.Module, teacher: nn.Module, config: DistillConfig, cache: ViewCache, device: torch.device
     ) -> None:
-        super().__init__(student, teacher, config, list(cache.blocks), device)
+        super().__init__(student, teacher, config, list(cache.blocks), device, cache.prefix)
         frozen = {id(p) for p in cache.cut.frozen}
         self.trainable = [p for p in self.trainable if id(p) not in frozen]
         self.cache = cache
 
-    def __call__(self, batch: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision) -> float:
+    def batch(self, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return index
+
+    def _outputs(
+        self, batch: torch.Tensor, precision: Precision
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         cache = self.cache
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = cache.cut.suffix(self.student, cache.prefix[batch])
-        loss = distill_loss(logits, cache.logits[batch], self.config.temperature)
-        if self.blocks:
-            teacher = {n: v[batch] for n, v in cache.blocks.items()}
-            loss = loss + self.config.feature_weight * feature_loss(self.student_outputs.values, teacher)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
-        optimizer.step()
-        return float(loss.detach())
+        return logits, cache.logits[batch], {n: v[batch] for n, v in cache.blocks.items()}
 
 
 def _block_bytes(teacher: nn.Module, blocks: list[str], image: torch.Tensor) -> dict[str, int]:
@@ -409,6 +425,26 @@ def _cached(
     return _cache_views(cut, views, (student, teacher), images, suffix_blocks, config.precision, generator)
 
 
+def _train(step: _Step, steps: int, batch_size: int, precision: Precision, generator: torch.Generator) -> list[float]:
+    """``steps`` optimizer steps of ``step`` on seeded batches (every item of its pool once per epoch), the learning
+    rate warmed up and decayed (:func:`_lr_factor`); the losses."""
+    losses: list[float] = []
+    order = torch.empty(0, dtype=torch.long)
+    log_every = max(1, steps // 10)
+    optimizer = step.optimizer()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: _lr_factor(i, steps))
+    for i in range(steps):
+        if len(order) < batch_size:  # a new epoch: every item once, in a seeded order
+            order = torch.cat([order, torch.randperm(step.pool, generator=generator)])
+        index, order = order[:batch_size], order[batch_size:]
+        losses.append(step(step.batch(index, generator), optimizer, precision))
+        scheduler.step()
+        if (i + 1) % log_every == 0 or i + 1 == steps:
+            recent = losses[-log_every:]
+            logger.info("distill step %d/%d: loss %.4f", i + 1, steps, sum(recent) / len(recent))
+    return losses
+
+
 @counts_as("distil")
 def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, config: DistillConfig) -> DistillReport:
     """Fine-tune ``student`` IN PLACE to match ``teacher``'s logits on ``images``; see the module doc.
@@ -429,8 +465,6 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
     teacher.to(device=device).eval()
     generator = torch.Generator().manual_seed(config.seed)
     losses: list[float] = []
-    order = torch.empty(0, dtype=torch.long)
-    log_every = max(1, steps // 10)
     blocks = matched_blocks(student, teacher, images[:1].to(device)) if config.feature_weight > 0 else []
     if blocks:
         logger.info(
@@ -445,14 +479,13 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
             _train_mode(student)
             cache = _cached(student, teacher, images, config, blocks, device, generator)
             step = (
-                _Step(student, teacher, config, blocks, device)
+                _Step(student, teacher, config, blocks, device, images)
                 if cache is None
                 else _CachedStep(student, teacher, config, cache, device)
             )
-            pool = n if cache is None else len(cache)  # images, or cached views
             if config.precision == "fastest":
-                trial = torch.arange(batch_size) if cache is not None else images[:batch_size].to(device, torch.float32)
-                precision = step.fastest(trial)
+                trial = torch.arange(batch_size)
+                precision = step.fastest(step.batch(trial, torch.Generator().manual_seed(config.seed)))
             torch.manual_seed(config.seed)  # dropout
             logger.info(
                 "distilling %d steps on %d images (batch %d) on %s in %s%s",
@@ -463,22 +496,7 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
                 precision,
                 f", from {cache.views} cached views after {cache.cut.name}" if cache is not None else "",
             )
-            optimizer = step.optimizer()
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: _lr_factor(i, steps))
-            for i in range(steps):
-                if len(order) < batch_size:  # a new epoch: every image once, in a seeded order
-                    order = torch.cat([order, torch.randperm(pool, generator=generator)])
-                index, order = order[:batch_size], order[batch_size:]
-                if cache is not None:
-                    batch = index
-                else:
-                    batch = images[index].to(device=device, dtype=torch.float32)
-                    batch = augment_batch(batch, generator) if config.augment else batch
-                losses.append(step(batch, optimizer, precision))
-                scheduler.step()
-                if (i + 1) % log_every == 0 or i + 1 == steps:
-                    recent = losses[-log_every:]
-                    logger.info("distill step %d/%d: loss %.4f", i + 1, steps, sum(recent) / len(recent))
+            losses = _train(step, steps, batch_size, precision, generator)
     finally:
         if step is not None:
             step.remove()
