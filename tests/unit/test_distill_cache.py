@@ -116,3 +116,15 @@ def test_caching_off_or_not_worth_it_trains_every_layer() -> None:
         student, teacher, _images(64, seed=7), samples=64, augment=False, block_bytes={}, device=torch.device("cpu")
     )
     assert planned is None or planned[1] == 1
+
+
+def test_distillation_from_the_cache_is_seeded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distill_cache, "MIN_SPEEDUP", 0.0)
+    images = _images(64, seed=8)
+    weights = []
+    for _ in range(2):
+        student, teacher = _pair()
+        report = distill_(student, teacher, images, DistillConfig(steps=10, lr=1e-2, batch_size=16, seed=3))
+        assert report.views >= 1
+        weights.append(student.state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
