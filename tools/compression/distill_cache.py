@@ -45,6 +45,7 @@ __all__ = [
     "ViewCache",
     "changed_modules",
     "find_cut",
+    "plan_cache",
     "views_for",
 ]
 
@@ -276,9 +277,6 @@ class ViewCache:
     logits: torch.Tensor
     blocks: dict[str, torch.Tensor]
 
-    def __len__(self) -> int:
-        return len(self.prefix)
-
 
 def plan_cache(
     student: nn.Module,
@@ -292,7 +290,7 @@ def plan_cache(
 ) -> tuple[PrefixCut, int] | None:
     """The cut and the number of views worth caching for ``samples`` drawn images (None: caching not worth it);
     ``block_bytes``: the bytes per image of each teacher block output matched (those after the cut are cached)."""
-    batch = images[: min(len(images), 32)].to(device=device, dtype=torch.float32)
+    batch = images[:8].to(device=device, dtype=torch.float32)  # enough to check the cut and time its share
     cut = find_cut(student, teacher, batch[:4])
     if cut is None:
         return None
