@@ -35,6 +35,7 @@ def acquire_model(state: State, runtime: Runtime[Context], config: RunnableConfi
     spec = eval_spec(state, ctx)
     if spec.dataset is not None:  # fail fast on data that cannot be read
         unreadable = ops.check_data(spec).note()
+        ops.check_extra_images(spec)
         notes += [unreadable] if unreadable else []
     described = preprocessing_note(Path(info.artifact))
     notes += [described] if described else []

@@ -207,6 +207,7 @@ def eval_spec(state: State, ctx: Context) -> ops.EvalSpec:
         confirm_samples=ctx.confirm_samples,
         reads_log=str(paths(state).data_reads) if state.run_dir else None,
         finetune_samples=finetune,
+        extra_images=ctx.extra_images or None,
         seed=ctx.seed,
         batch_size=ctx.batch_size,
         device=ctx.device,

@@ -55,12 +55,19 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=DISTILL_TEMPERATURE, help="of the KL loss on logits")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="of the forward passes")
     parser.add_argument("--no-cache", action="store_true", help="every layer runs every step (no cached views)")
+    parser.add_argument("--extra", help="a folder of unlabelled images every student also trains on")
+    parser.add_argument("--extra-count", type=int, default=0, help="at most this many of them (0: all)")
     args = parser.parse_args()
     ops.set_threads(args.threads)
     run = read_run(args.run)
     images = run_images(run)
     calibration, evaluation, labels = images.calibration, images.evaluation, images.labels
     unseen, unseen_labels = images.unseen(args.data)
+    extra = torch.empty(0, *calibration.shape[1:])
+    if args.extra:
+        extra, _ = images.unseen(args.extra)  # every image of the folder, preprocessed (its labels unused)
+        if args.extra_count:
+            extra = extra[torch.randperm(len(extra), generator=torch.Generator().manual_seed(1))[: args.extra_count]]
     order = torch.randperm(len(evaluation), generator=torch.Generator().manual_seed(0))
     halves = (order[: len(order) // 2], order[len(order) // 2 :])
     original = load_compressed(run.original)
@@ -83,11 +90,11 @@ def main() -> None:
                 temperature=args.temperature,
                 cache=not args.no_cache,
             )
-            done = distill_(student, original, torch.cat([calibration, evaluation[seen]]), config)
+            done = distill_(student, original, torch.cat([calibration, extra, evaluation[seen]]), config)
             merged[held_out] = top1(student, evaluation[held_out])
             took = time.perf_counter() - start
             print(
-                f"  student of {len(seen):,} + {len(calibration)} images ({took:.0f} s, "
+                f"  student of {len(seen):,} + {len(calibration)} + {len(extra):,} images ({took:.0f} s, "
                 f"{f'{done.views} views after {done.cached_from}' if done.views else 'no cache'}): unseen "
                 f"{paired(top1(student, unseen), original_unseen, unseen_labels)}"
             )

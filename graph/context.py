@@ -176,6 +176,13 @@ class Context:
         0,
         int,
     )
+    extra_images: str = _setting(
+        "A folder of unlabelled images (class folders, if any, ignored; e.g. your training images) that distillation "
+        "trains on besides the calibration images: fit only, never choosing or confirming, and apart from the "
+        "dataset's folder. At most 2 GiB of them once preprocessed (a seeded subset beyond). Empty: none.",
+        "EXTRA_IMAGES",
+        "",
+    )
     distill_rescues: int = _setting(
         "Distillations after the search (each: two students, each distilled on one half of the evaluation images and "
         "judged on the other) of rounds over the accuracy budget, when --finetune-steps is 0 and distillation is "

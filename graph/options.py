@@ -134,6 +134,13 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
         "up to 4,096 with --finetune-steps auto)",
     )
     parser.add_argument(
+        "--extra-images",
+        default=defaults.extra_images,
+        metavar="DIR",
+        help="a folder of unlabelled images (e.g. your training images; class folders ignored) that distillation "
+        "trains on: fit only, never choosing or confirming",
+    )
+    parser.add_argument(
         "--distill-rescues",
         type=parse_steps,
         default=defaults.distill_rescues,

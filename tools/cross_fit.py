@@ -26,7 +26,7 @@ from tools.artifacts.structure import blocks_added
 from tools.clock import work
 from tools.compression.kinds.blocks import SkippedBlock
 from tools.compression.shortcuts import replace_module
-from tools.ops import calibration_batch, evaluate_accuracy_on, predictions_on
+from tools.ops import calibration_batch, evaluate_accuracy_on, extra_batch, predictions_on
 from tools.run_data import EvalSpec, record_reads
 from tools.schemas import CrossFitStudent, InputShape, PairedAccuracy
 from tools.stats import paired_accuracy
@@ -139,8 +139,9 @@ def cross_fit_distill(
     config: DistillConfig,
     starts: tuple[Path, Path] | None = None,
 ) -> CrossFitResult:
-    """Distil the saved pruned model at ``source_dir`` twice (``out_dirs``), each time on the calibration images plus
-    one half of the evaluation images (``tools.evaluation.datasets.evaluation_halves``), judge each student on the
+    """Distil the saved pruned model at ``source_dir`` twice (``out_dirs``), each time on the calibration images (and
+    the run's extra images, ``--extra-images``) plus one half of the evaluation images
+    (``tools.evaluation.datasets.evaluation_halves``), judge each student on the
     half it did not see, and merge their answers into a paired result on the whole evaluation part: an estimate of
     what distilling this model gives that takes no image it is judged on. The first student is distilled on half
     0 and judged on half 1. ``starts``: each student starts from that saved model instead (see the module doc; the
@@ -156,12 +157,14 @@ def cross_fit_distill(
     if calibration is None or evaluation is None or whole.label_match is None:
         raise ValueError("cross-fitted distillation needs calibration images and labelled evaluation images")
     halves = evaluation_halves(len(evaluation.images), whole.seed)
+    extra = extra_batch(original_dir, shape, whole)
+    fit = calibration.images if extra is None else torch.cat([calibration.images, extra])
     students: list[CrossFitStudent] = []
     answers: dict[int, ImagePredictions] = {}
     rows = list(whole.part("evaluation").indices)
     jobs: list[_Job] = []
     for trained, out_dir in enumerate(out_dirs):
-        images = torch.cat([calibration.images, evaluation.images[halves[trained]]])
+        images = torch.cat([fit, evaluation.images[halves[trained]]])
         record_reads(whole, "fit", [rows[i] for i in halves[trained]])  # these choose images train a student too
         jobs.append((source_dir, original_dir, out_dir, images, config, starts[trained] if starts else None))
     trainings = _distil_both(jobs, torch.get_num_threads())
@@ -192,7 +195,7 @@ def cross_fit_distill(
     paired = paired_accuracy(reference.correct, correct, reference.predictions, merged)
     return CrossFitResult(
         students=students,
-        images_per_student=len(calibration.images) + len(halves[0]),
+        images_per_student=len(fit) + len(halves[0]),
         accuracy=sum(correct) / len(correct) if correct else None,
         samples=len(correct),
         paired=paired,

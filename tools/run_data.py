@@ -32,6 +32,7 @@ from tools.store.reads import DataReads, read_log, record_rows
 
 __all__ = [
     "AUTO_EVAL_SAMPLES",
+    "EXTRA_IMAGE_BYTES",
     "ROLES",
     "Calibration",
     "ConfirmSealed",
@@ -41,7 +42,11 @@ __all__ = [
     "auto_eval_samples",
     "calibration_batch",
     "check_data",
+    "check_extra_images",
     "confirming",
+    "extra_batch",
+    "extra_images_used",
+    "extra_limit",
     "finetune_batch",
     "first_evaluated_images",
     "match_dataset_labels",
@@ -140,6 +145,11 @@ class EvalSpec(BaseModel):
     )
     reads_log: str | None = Field(
         default=None, description="Where every read of a part is recorded (:func:`record_reads`); None: nowhere."
+    )
+    extra_images: str | None = Field(
+        default=None,
+        description="A folder of the user's unlabelled images (``--extra-images``; class folders, if any, ignored): "
+        "fit only (:func:`extra_batch`), never choosing or confirming; None: none.",
     )
     evaluation_half: int | None = Field(
         default=None,
@@ -350,6 +360,10 @@ def preprocessing_note(original_dir: Path) -> str | None:
 
 def preprocess_of(original_dir: Path, shape: InputShape) -> Callable[[list[Any]], torch.Tensor]:
     """Images -> batch, as the original model expects them (HF processor, or the factory's options)."""
+    return _memo_of(original_dir, shape)
+
+
+def _memo_of(original_dir: Path, shape: InputShape) -> _MemoPreprocess:
     key = (str(original_dir.resolve()), shape.as_tuple())
     if key not in _PREPROCESS:
         from tools.models.specs import preprocess_for
@@ -426,11 +440,88 @@ def first_evaluated_images(original_dir: Path, shape: InputShape, spec: EvalSpec
 
 
 def finetune_batch(original_dir: Path, shape: InputShape, spec: EvalSpec) -> torch.Tensor | None:
-    """Unlabelled images for distillation: the calibration images, plus the finetune part when there is one."""
+    """Unlabelled images for distillation: the calibration images, plus the finetune part when there is one, plus
+    the extra images (:func:`extra_batch`) when the run has them."""
     calibration = calibration_batch(original_dir, shape, spec)
     if calibration is None:
         return None
-    if spec.finetune_samples <= spec.calibration_samples:
-        return calibration.images
-    more = calibration_batch(original_dir, shape, spec.finetune_spec(), part="finetune")
-    return calibration.images if more is None else torch.cat([calibration.images, more.images])
+    batches = [calibration.images]
+    if spec.finetune_samples > spec.calibration_samples:
+        more = calibration_batch(original_dir, shape, spec.finetune_spec(), part="finetune")
+        batches += [] if more is None else [more.images]
+    extra = extra_batch(original_dir, shape, spec)
+    batches += [] if extra is None else [extra]
+    return batches[0] if len(batches) == 1 else torch.cat(batches)
+
+
+#: The most the extra images (``--extra-images``) take in memory once preprocessed, in bytes: a folder holding more
+#: gives a seeded subset of as many as fit (50,000 CIFAR images take 0.6 GB; 2,600 at 260 px take 2 GiB).
+EXTRA_IMAGE_BYTES = 2 * 1024**3
+
+
+def extra_limit(shape: InputShape) -> int:
+    """How many extra images of ``shape`` fit in :data:`EXTRA_IMAGE_BYTES` once preprocessed (FP32)."""
+    return max(1, EXTRA_IMAGE_BYTES // (4 * shape.channels * shape.height * shape.width))
+
+
+@functools.lru_cache(maxsize=2)
+def _extra_dataset(folder: str, samples: int, seed: int) -> Any:
+    from tools.evaluation.datasets import load_eval_dataset
+
+    return load_eval_dataset(folder, samples=samples, seed=seed)
+
+
+def check_extra_images(spec: EvalSpec) -> None:
+    """Fail fast, in one line (``DatasetError``), where ``--extra-images`` cannot serve: no such folder, no images in
+    it, or a folder that holds the dataset's images or is held by the dataset's folder (they would be fitted on and
+    then chosen on). Nothing without extra images."""
+    from tools.evaluation.sources import DATASET_SOURCES, DatasetError
+
+    if not spec.extra_images:
+        return
+    folder = Path(spec.extra_images).expanduser()
+    if not folder.is_dir():
+        raise DatasetError(f"--extra-images {spec.extra_images}: no such folder: give a folder of images")
+    if not DATASET_SOURCES["imagefolder"].accepts(str(folder)):
+        raise DatasetError(f"--extra-images {spec.extra_images}: no images in it: give a folder of images")
+    if spec.dataset is not None and Path(spec.dataset).expanduser().exists():
+        data, extra = Path(spec.dataset).expanduser().resolve(), folder.resolve()
+        if data == extra or data in extra.parents or extra in data.parents:
+            raise DatasetError(
+                f"--extra-images {spec.extra_images} and the dataset {spec.dataset} share images: the extra images "
+                "are fitted on, the dataset's are chosen and confirmed on; give a folder apart from the dataset"
+            )
+
+
+def extra_images_used(spec: EvalSpec, shape: InputShape) -> int:
+    """How many extra images the run fits on (0 without ``--extra-images``): a seeded subset where the folder holds
+    more than :func:`extra_limit`, less the unreadable ones (decoded once, here)."""
+    if not spec.extra_images:
+        return 0
+    return len(_extra_dataset(str(Path(spec.extra_images).expanduser()), extra_limit(shape), spec.seed))
+
+
+def extra_batch(original_dir: Path, shape: InputShape, spec: EvalSpec) -> torch.Tensor | None:
+    """The user's extra unlabelled images (``--extra-images``), preprocessed for the model, recorded as read by the
+    fit role (their own rows: ``DataReads.extra``); a seeded subset of at most :func:`extra_limit` images; None
+    without them. Fit only: distillation trains on them; nothing that chooses or confirms calls this."""
+    if not spec.extra_images:
+        return None
+    data = _extra_dataset(str(Path(spec.extra_images).expanduser()), extra_limit(shape), spec.seed)
+    if spec.reads_log is not None:
+        record_rows(Path(spec.reads_log), "fit", list(data.indices), extra=True)
+    return _preprocessed_extra(original_dir, shape, data)
+
+
+_EXTRA_TENSOR: dict[tuple[str, tuple[int, int, int], int], torch.Tensor] = {}
+
+
+def _preprocessed_extra(original_dir: Path, shape: InputShape, data: Any) -> torch.Tensor:
+    """``data``'s images preprocessed once per process (not memoised image by image: thousands of them)."""
+    key = (str(original_dir.resolve()), shape.as_tuple(), id(data))
+    if key not in _EXTRA_TENSOR:
+        _EXTRA_TENSOR.clear()
+        preprocess = _memo_of(original_dir, shape).preprocess  # the memo's inner function: nothing kept
+        images = list(data.images)
+        _EXTRA_TENSOR[key] = torch.cat([preprocess(images[i : i + 512]) for i in range(0, len(images), 512)])
+    return _EXTRA_TENSOR[key]

@@ -414,6 +414,8 @@ def _cached(
     if not config.cache:
         return None
     samples = config.steps * min(config.batch_size, len(images))
+    if len(images) > samples:  # more images than the steps draw (extra images): cache as many as they draw, each once
+        images = images[torch.randperm(len(images), generator=generator)[:samples]]
     block_bytes = _block_bytes(teacher, blocks, images[:1].to(device)) if blocks else {}
     planned = plan_cache(
         student, teacher, images, samples=samples, augment=config.augment, block_bytes=block_bytes, device=device

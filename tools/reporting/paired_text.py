@@ -59,6 +59,11 @@ def split_text(dataset: dict[str, Any]) -> str | None:
     fit = f"fit {dataset.get('calibration_samples', 0):,}"
     if dataset.get("finetune_samples"):
         fit += f" (+{dataset['finetune_samples']:,} for distillation)"
+    if dataset.get("extra_images"):
+        fit += f" (+{dataset['extra_images']:,} extra images, for distillation only)"
+    misread = [role for role in dataset.get("extra_read_by") or [] if role != "fit"]
+    if misread:
+        fit += f" (the extra images were ALSO read by {', '.join(misread)})"
     confirm = dataset.get("confirm_samples", dataset.get("holdout_samples", 0))
     sizes = f"{fit}, choose {dataset.get('evaluation_samples', 0):,}, confirm {confirm:,} images"
     overlaps = dataset.get("overlaps") or {}

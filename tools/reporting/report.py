@@ -70,6 +70,8 @@ class DataSplit(TypedDict):
     evaluation_samples: int
     confirm_samples: int
     finetune_samples: int
+    extra_images: int
+    extra_read_by: list[str]
     unreadable_images: int
     parts_disjoint: bool | None
     confirm_untouched: bool | None
@@ -104,6 +106,9 @@ def data_split(state: dict[str, Any], settings: dict[str, Any]) -> DataSplit:
         "evaluation_samples": int(parts.get("evaluation", 0)),
         "confirm_samples": int(parts.get("confirm", parts.get("holdout", 0))),
         "finetune_samples": int(parts.get("finetune", 0)),
+        # the user's extra images (--extra-images) as read: how many fit on, and every role that read any
+        "extra_images": len(reads.extra.get("fit", [])) if reads is not None else 0,
+        "extra_read_by": sorted(reads.extra) if reads is not None else [],
         "unreadable_images": int(parts.get("unreadable", 0)),  # left out; the notes name them
         # from the rows each role read; unknown (None) for a run that recorded none
         "parts_disjoint": reads.disjoint() if reads is not None else None,

@@ -16,6 +16,11 @@ class DataReads(BaseModel):
     disjointness is computed from."""
 
     rows: dict[str, list[int]] = Field(default_factory=dict)
+    extra: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Rows of the user's extra unlabelled images (``--extra-images``, a folder of its own: its rows "
+        "never meet the dataset's) each role read: only fit may.",
+    )
 
     def overlaps(self) -> dict[str, int]:
         """Rows read under two roles, by ``"a&b"`` (empty when the roles kept to their own rows)."""
@@ -31,7 +36,7 @@ class DataReads(BaseModel):
         return not any(set(pair.split("&")) <= names for pair in self.overlaps())
 
 
-_RECORDED: dict[tuple[str, str], set[int]] = {}
+_RECORDED: dict[tuple[str, str, str], set[int]] = {}
 
 
 def read_log(path: str | Path | None) -> DataReads:
@@ -41,20 +46,22 @@ def read_log(path: str | Path | None) -> DataReads:
     return DataReads.model_validate_json(Path(path).read_text())
 
 
-def record_rows(path: Path, role: str, indices: list[int]) -> None:
-    """Add the rows ``indices`` to those ``role`` read, in the log at ``path`` (written atomically)."""
+def record_rows(path: Path, role: str, indices: list[int], *, extra: bool = False) -> None:
+    """Add the rows ``indices`` to those ``role`` read, in the log at ``path`` (written atomically); ``extra``: rows
+    of the extra images, not of the dataset."""
     if not indices:
         return
-    known = _RECORDED.setdefault((str(path), role), set())
+    known = _RECORDED.setdefault((str(path), "extra" if extra else "rows", role), set())
     if path.is_file() and set(indices) <= known:  # the common case: a part read again in this process
         return
     reads = read_log(path)
-    before = set(reads.rows.get(role, []))
+    table = reads.extra if extra else reads.rows
+    before = set(table.get(role, []))
     known |= before
     if set(indices) <= before:
         return
-    reads.rows[role] = sorted(before | {int(i) for i in indices})
-    known |= set(reads.rows[role])
+    table[role] = sorted(before | {int(i) for i in indices})
+    known |= set(table[role])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(reads.model_dump()))

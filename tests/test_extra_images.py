@@ -1,0 +1,93 @@
+"""``--extra-images DIR``: a folder of the user's unlabelled images that distillation trains on (fit only). A full
+run on the bundled digits ViT with a sentinel on every image a candidate is judged on: an extra image reaching an
+evaluation (choose) or the confirmation fails the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import tools.run_data as run_data
+from graph.cli import build_parser
+from graph.context import AUTO_STEPS
+from tests.helpers import digits_vit_report
+from tools.compression import distill_budget as distill
+from tools.evaluation.sources import DatasetError
+from tools.run_data import EvalSpec, check_extra_images
+
+EXTRA = 40
+
+
+def _folder(root: Path, count: int = EXTRA) -> Path:
+    """``count`` noise images in two class folders (which the extra images' use ignores)."""
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        where = root / f"class{i % 2}"
+        where.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8)).save(where / f"{i}.png")
+    return root
+
+
+def test_extra_images_train_the_students_and_no_choice_or_confirmation_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = run_data._extra_dataset
+
+    def marked(folder: str, samples: int, seed: int) -> Any:
+        data = loaded(folder, samples, seed)
+        for image in data.images:
+            image.info["extra-image"] = True
+        return data
+
+    judged = run_data._MemoPreprocess.__call__
+
+    def sentinel(self: Any, images: list[Any]) -> Any:  # every image a candidate is judged or calibrated on
+        if any(getattr(image, "info", {}).get("extra-image") for image in images):
+            raise AssertionError("an extra image was read as a dataset image")
+        return judged(self, images)
+
+    monkeypatch.setattr(run_data, "_extra_dataset", marked)
+    monkeypatch.setattr(run_data._MemoPreprocess, "__call__", sentinel)
+    monkeypatch.setattr(distill, "AUTO_DISTILL_IMAGES", (200, 4096))  # the digits' test split has 540 images
+    monkeypatch.setattr(distill, "AUTO_DISTILL_STEPS", (10, 30))
+    report = digits_vit_report(
+        tmp_path / "run",
+        iterations=0,
+        eval_samples=200,
+        calibration_samples=64,
+        finetune_steps=AUTO_STEPS,
+        batch_size=100,
+        extra_images=str(_folder(tmp_path / "extra")),
+    )
+    parts = report["baseline"]["data_parts"]
+    tuned = report["rounds"][0]["prune_report"]["finetune"]
+    assert tuned["samples"] == 64 + parts["finetune"] + EXTRA  # the extra images trained the round's model
+    assert report["dataset"]["extra_images"] == EXTRA and report["dataset"]["extra_read_by"] == ["fit"]
+    assert report["dataset"]["parts_disjoint"] is True
+    assert f"+{EXTRA} extra images, for distillation only" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_folder_that_cannot_serve_is_refused_in_one_line(tmp_path: Path) -> None:
+    data = _folder(tmp_path / "data")
+    cases = {
+        str(tmp_path / "missing"): "no such folder",
+        str(tmp_path / "data"): "share images",  # the dataset itself
+        str(tmp_path / "data" / "class0"): "share images",  # inside the dataset's folder
+        str(tmp_path): "share images",  # holding it
+    }
+    (tmp_path / "empty").mkdir()
+    cases[str(tmp_path / "empty")] = "no images"
+    for extra, why in cases.items():
+        with pytest.raises(DatasetError, match=why) as raised:
+            check_extra_images(EvalSpec(dataset=str(data), extra_images=extra))
+        assert "\n" not in str(raised.value) and "--extra-images" in str(raised.value)
+    check_extra_images(EvalSpec(dataset="digits", extra_images=str(data)))  # apart from the dataset: fine
+
+
+def test_the_option_reaches_the_settings() -> None:
+    args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--extra-images", "/x"])
+    assert args.extra_images == "/x"
