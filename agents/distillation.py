@@ -41,9 +41,9 @@ from agents.planning.selection import (
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
-from tools.compression.distill_budget import AUTO_DISTILL_SECONDS, auto_distill_floor_seconds
+from tools.compression.distill_budget import AUTO_DISTILL_SECONDS, SOLO_STEPS_FACTOR, auto_distill_floor_seconds
 from tools.compression.units import sheds_layers
-from tools.cross_fit import cross_fit_distill, extends_by_blocks
+from tools.cross_fit import cross_fit_distill, distil_solo, extends_by_blocks, solo
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import CrossFit, RoundResult
 from tools.store.files import atomic_write_json
@@ -148,16 +148,18 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     folder, spec = run.round(index), eval_spec(state, ctx)
     artifact = Path(need(source.metrics.artifact, f"round {source.round}'s artifact"))
     start = _ladder_start(state.rounds, source, artifact)
-    logger.info("round %d: distilling round %d twice, cross-fitted", index, source.round)
-    result = cross_fit_distill(
-        artifact,
-        run.original,
-        shape,
-        spec,
-        (folder / "model", folder / "model-second"),
-        config,
-        None if start is None else _student_artifacts(start),
-    )
+    starts = None if start is None else _student_artifacts(start)
+    if solo(spec, ops.extra_images_used(spec, shape), int(data_parts(state).get("evaluation") or 0)):
+        logger.info("round %d: distilling round %d once, on the fit and extra images", index, source.round)
+        config = config.model_copy(update={"steps": SOLO_STEPS_FACTOR * config.steps})
+        begin = None if starts is None else starts[0]
+        result = distil_solo(artifact, run.original, shape, spec, folder / "model", config, begin)
+    else:
+        logger.info("round %d: distilling round %d twice, cross-fitted", index, source.round)
+        pair = None if starts is None or len(starts) != 2 else (starts[0], starts[1])
+        result = cross_fit_distill(
+            artifact, run.original, shape, spec, (folder / "model", folder / "model-second"), config, pair
+        )
     first = result.students[0]
     half = spec.model_copy(update={"evaluation_half": first.judged_on_half})
     measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}", throughput=False)
@@ -175,6 +177,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
             "finetune": {
                 **first.distilled,
                 "cross_fitted_from_round": source.round,
+                **({"solo": True} if first.judged_on_half is None else {}),  # one student, on the fit images
                 **({"started_from_round": start.round} if start is not None else {}),
             },
         },
@@ -215,10 +218,10 @@ def _ladder_start(rounds: list[RoundResult], source: RoundResult, artifact: Path
     return None
 
 
-def _student_artifacts(start: RoundResult) -> tuple[Path, Path]:
-    """A distilled round's students, in the order they were distilled (the first on half 0)."""
-    students = sorted(need(start.cross_fit, "cross_fit").students, key=lambda s: -s.judged_on_half)
-    return Path(students[0].artifact), Path(students[1].artifact)
+def _student_artifacts(start: RoundResult) -> tuple[Path, ...]:
+    """A distilled round's students, in the order they were distilled (the first on half 0; a lone one alone)."""
+    students = sorted(need(start.cross_fit, "cross_fit").students, key=lambda s: -(s.judged_on_half or 0))
+    return tuple(Path(s.artifact) for s in students)
 
 
 def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundResult | None = None) -> str:
@@ -237,13 +240,24 @@ def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundR
         if source.within_budget
         else f"over the {budget:g}-point budget"
     )
+    result = (
+        f"Δ {paired.delta_points:+.2f} [{paired.ci95_low_points:+.2f}, {paired.ci95_high_points:+.2f}] on "
+        f"{paired.samples:,} images: {verdict} the budget"
+    )
+    head = (
+        f"round {record.round}: round {source.round} ({why}, drop {source.accuracy_drop_points or 0.0:.2f}) distilled "
+        f"from the original, {steps} steps"
+    )
+    if cross_fit.judged_on_half is None:  # one student, on the fit images (the extra images among them)
+        begun = begun.replace("each student starting", "starting").replace("'s of the same half", "'s student")
+        return (
+            f"{head}, once{begun}: on {cross_fit.images_per_student:,} images (calibration + extra images), none of "
+            f"the evaluation images; judged on all of them, {result}"
+        )
     return (
-        f"round {record.round}: round {source.round} ({why}, drop "
-        f"{source.accuracy_drop_points or 0.0:.2f}) distilled from the original, {steps} steps, twice{begun}: each "
-        f"student on {cross_fit.images_per_student:,} images (calibration + one half of the evaluation images), "
-        f"judged on the other half; together Δ {paired.delta_points:+.2f} [{paired.ci95_low_points:+.2f}, "
-        f"{paired.ci95_high_points:+.2f}] on {paired.samples:,} images: {verdict} the budget. The first student is "
-        f"the round's model; it and its int8 builds are judged on half {cross_fit.judged_on_half} only"
+        f"{head}, twice{begun}: each student on {cross_fit.images_per_student:,} images (calibration + one half of "
+        f"the evaluation images), judged on the other half; together {result}. The first student is the round's "
+        f"model; it and its int8 builds are judged on half {cross_fit.judged_on_half} only"
     )
 
 

@@ -136,13 +136,15 @@ def rescue_config(state: State, ctx: Context, *, sheds_layers: bool = False) -> 
 
 def distilled_pairs(state: State) -> list[DistilledPair]:
     """The pairs distilled after the search so far, with the time they took (``tools.compression.distill``)."""
-    from tools.compression.distill_budget import DistilledPair, training_seconds
+    from tools.compression.distill_budget import SOLO_STEPS_FACTOR, DistilledPair, training_seconds
     from tools.compression.units import sheds_layers
 
     return [
         DistilledPair(
             seconds=sum(training_seconds(s.distilled) for s in r.cross_fit.students),
-            steps=max((int(s.distilled.get("steps") or 0) for s in r.cross_fit.students), default=0),
+            # a lone student's steps, as the pair of the same time would have taken them each
+            steps=max((int(s.distilled.get("steps") or 0) for s in r.cross_fit.students), default=0)
+            // (SOLO_STEPS_FACTOR if len(r.cross_fit.students) == 1 else 1),
             sheds_layers=sheds_layers(r.plan),
         )
         for r in state.rounds

@@ -54,6 +54,19 @@ def _lite2_weights() -> str:
 ROWS: dict[str, tuple[float, Any]] = {
     "demo": (120, lambda: ["demo", "--threads", "2"]),
     "resnet20": (300, lambda: ["run", *_cifar_resnet(20), *CIFAR_NORM, "--dataset", str(HALF_A)]),
+    # issue 92: the CIFAR-10 training images as the user's extra (unlabelled) images, 10 minutes
+    "resnet20-extra": (
+        600,
+        lambda: [
+            "run",
+            *_cifar_resnet(20),
+            *CIFAR_NORM,
+            "--dataset",
+            str(HALF_A),
+            "--extra-images",
+            str(SHARED / "data" / "cifar10-train"),
+        ],
+    ),
     "resnet56-latency": (
         900,
         lambda: ["run", *_cifar_resnet(56), *CIFAR_NORM, "--dataset", str(HALF_A), "--objective", "latency"],

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import agents.evaluation
 import tools.run_data as run_data
 from graph.cli import build_parser
 from graph.context import AUTO_STEPS
@@ -32,9 +33,10 @@ def _folder(root: Path, count: int = EXTRA) -> Path:
     return root
 
 
-def test_extra_images_train_the_students_and_no_choice_or_confirmation_reads_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def sentinel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every extra image marked as it is decoded, and any marked image preprocessed as a dataset image (what every
+    evaluation, choice and confirmation reads) an error."""
     loaded = run_data._extra_dataset
 
     def marked(folder: str, samples: int, seed: int) -> Any:
@@ -52,6 +54,12 @@ def test_extra_images_train_the_students_and_no_choice_or_confirmation_reads_the
 
     monkeypatch.setattr(run_data, "_extra_dataset", marked)
     monkeypatch.setattr(run_data._MemoPreprocess, "__call__", sentinel)
+
+
+@pytest.mark.usefixtures("sentinel")
+def test_extra_images_train_each_round_and_no_choice_or_confirmation_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(distill, "AUTO_DISTILL_IMAGES", (200, 4096))  # the digits' test split has 540 images
     monkeypatch.setattr(distill, "AUTO_DISTILL_STEPS", (10, 30))
     report = digits_vit_report(
@@ -69,6 +77,43 @@ def test_extra_images_train_the_students_and_no_choice_or_confirmation_reads_the
     assert report["dataset"]["extra_images"] == EXTRA and report["dataset"]["extra_read_by"] == ["fit"]
     assert report["dataset"]["parts_disjoint"] is True
     assert f"+{EXTRA} extra images, for distillation only" in (tmp_path / "run" / "report.md").read_text()
+
+
+@pytest.mark.usefixtures("sentinel")
+def test_with_extra_images_enough_a_round_over_the_budget_is_distilled_once_on_them_and_judged_on_every_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(distill, "AUTO_DISTILL_STEPS", (10, 20))  # a tiny model would take the 1,000-step cap
+    monkeypatch.setattr(agents.evaluation, "within_budget", lambda *args, **kwargs: False)  # the search's rounds fail
+    run_dir = tmp_path / "run"
+    report = digits_vit_report(
+        run_dir,
+        iterations=0,
+        eval_samples=300,
+        calibration_samples=64,
+        quantize=True,
+        quant_backend="torch-ao-dynamic",
+        distill_rescues=1,
+        unit_kinds="structured,head,head_dim",
+        extra_images=str(_folder(tmp_path / "extra", 160)),  # more than half the 300 evaluation images
+    )
+    rounds = report["rounds"]
+    evaluation = report["baseline"]["data_parts"]["evaluation"]
+    distilled = rounds[1]
+    cross_fit = distilled["cross_fit"]
+    assert cross_fit["source_round"] == 0 and cross_fit["judged_on_half"] is None
+    [student] = cross_fit["students"]
+    assert student["judged_on_half"] is None and student["samples"] == evaluation
+    assert cross_fit["images_per_student"] == 64 + 160  # calibration and extra images, no evaluation image
+    assert distilled["prune_report"]["finetune"]["steps"] == 2 * 20  # the time of a pair of 20-step students
+    assert distilled["metrics"]["paired"]["samples"] == evaluation
+    assert not (run_dir / "rounds" / "round-01" / "model-second").exists()
+    assert any("distilled from the original, 40 steps, once" in note for note in report["notes"])
+    assert report["dataset"]["extra_images"] == 160 and report["dataset"]["extra_read_by"] == ["fit"]
+    assert not report["dataset"]["overlaps"]  # no choose image trained a student
+    assert distilled["within_budget"] and report["pruned"]["round"] == 1
+    deployed = [c for c in report["deployment"]["candidates"] if c.get("paired")]
+    assert deployed and all(c["paired"]["samples"] == evaluation for c in deployed)  # judged on every image
 
 
 def test_a_folder_that_cannot_serve_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -120,6 +120,14 @@ def _distil_both(jobs: list[_Job], workers: int) -> list[dict[str, Any]]:
         return [first, second.result(), *(distill_saved(*job) for job in jobs[2:])]
 
 
+def solo(spec: EvalSpec, extra_images: int, evaluation_images: int) -> bool:
+    """Whether a distillation after the search trains one student on the fit images only (:func:`distil_solo`)
+    instead of two on halves of the evaluation images: where the run's extra images (``extra_images`` of them, read
+    as fit) are at least as many as a half of the ``evaluation_images`` would add. The choose images then only
+    choose, and the one student takes the time of two (twice the steps)."""
+    return spec.extra_images is not None and extra_images >= evaluation_images // 2 > 0
+
+
 class CrossFitResult(BaseModel):
     """:func:`cross_fit_distill`'s answer: each student and the merged paired result on the whole evaluation part."""
 
@@ -128,6 +136,45 @@ class CrossFitResult(BaseModel):
     accuracy: float | None
     samples: int
     paired: PairedAccuracy | None
+
+
+def distil_solo(
+    source_dir: Path,
+    original_dir: Path,
+    shape: InputShape,
+    spec: EvalSpec,
+    out_dir: Path,
+    config: DistillConfig,
+    start: Path | None = None,
+) -> CrossFitResult:
+    """Distil the saved pruned model at ``source_dir`` once (``out_dir``), on the calibration and extra images only,
+    and judge the student on the whole evaluation part (:func:`solo`): no image it is judged on trained it.
+    ``start``: the student starts from that saved model instead (a depth ladder's step)."""
+    whole = spec.whole().model_copy(update={"stop_beyond_points": None})
+    calibration = calibration_batch(original_dir, shape, whole)
+    extra = extra_batch(original_dir, shape, whole)
+    if calibration is None or extra is None or whole.label_match is None:
+        raise ValueError("distillation on the fit images needs calibration images, extra images and labels")
+    images = torch.cat([calibration.images, extra])
+    done = distill_saved(source_dir, original_dir, out_dir, images, config, start)
+    judged = evaluate_accuracy_on(out_dir, original_dir, shape, whole, "evaluation", "student")
+    if judged is None:
+        raise ValueError("distillation on the fit images needs a trained model and a labelled dataset")
+    student = CrossFitStudent(
+        artifact=str(out_dir),
+        judged_on_half=None,
+        accuracy=judged.accuracy,
+        samples=judged.samples,
+        paired=judged.paired,
+        distilled=done,
+    )
+    return CrossFitResult(
+        students=[student],
+        images_per_student=len(images),
+        accuracy=judged.accuracy,
+        samples=judged.samples,
+        paired=judged.paired,
+    )
 
 
 def cross_fit_distill(

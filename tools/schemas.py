@@ -468,10 +468,11 @@ class RunSummary(BaseModel):
 
 class CrossFitStudent(BaseModel):
     """One of a cross-fitted round's two students: distilled on one half of the evaluation images, judged on the
-    other (``judged_on_half``), paired with the original there."""
+    other (``judged_on_half``), paired with the original there; or a round's only student, distilled on no
+    evaluation image and judged on all of them (``judged_on_half`` None: the run's extra images trained it)."""
 
     artifact: str
-    judged_on_half: int
+    judged_on_half: int | None
     accuracy: float | None = None
     samples: int = 0
     paired: PairedAccuracy | None = None
@@ -482,10 +483,12 @@ class CrossFit(BaseModel):
     """How a round distilled after the search was judged: two students of ``source_round``'s model, each distilled
     on the calibration images plus one half of the evaluation images and judged on the other half; their answers
     together give the round's paired result on every evaluation image. The first student is the round's model,
-    judged alone only on the half it did not see (``judged_on_half``): the deployment judges it there too."""
+    judged alone only on the half it did not see (``judged_on_half``): the deployment judges it there too. Where the
+    run has extra images enough (``tools.cross_fit.solo``), one student, distilled on the calibration and extra images
+    only and judged on every evaluation image (``judged_on_half`` None), is the round's model."""
 
     source_round: int
-    judged_on_half: int
+    judged_on_half: int | None
     images_per_student: int
     students: list[CrossFitStudent]
     started_from_round: int | None = Field(

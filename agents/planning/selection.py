@@ -87,7 +87,7 @@ def ladder_starts(rounds: Sequence[RoundResult], source: RoundResult) -> list[Ro
     round does: CIFAR ResNet-56's eight blocks, 17 points lost training-free and 0.86 unseen after distillation from
     there, gained 0.54 unseen distilled from the five-block round's students (``tools.cross_fit``)."""
     wanted = blocks_removed(source)
-    distilled = [r for r in rounds if r.cross_fit is not None and len(r.cross_fit.students) == 2]
+    distilled = [r for r in rounds if r.cross_fit is not None and r.cross_fit.students]
     removed = {r.round: blocks_removed(r) for r in distilled}
     starts = [r for r in distilled if removed[r.round] and removed[r.round] < wanted]  # a proper, non-empty subset
     return sorted(starts, key=lambda r: (-len(removed[r.round]), -(r.metrics.accuracy or 0.0), r.round))

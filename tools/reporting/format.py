@@ -149,5 +149,5 @@ def recovery_text(prune_report: dict[str, Any] | None) -> str:
             text += f" after the search, of round {tuned['cross_fitted_from_round']}"
             if tuned.get("started_from_round") is not None:
                 text += f" from round {tuned['started_from_round']}'s students"
-            text += ", cross-fitted (x2)"
+            text += ", once, on the fit images" if tuned.get("solo") else ", cross-fitted (x2)"
     return text
