@@ -194,7 +194,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     )
     timed = with_deploy_latency(state, ctx, record) if ctx.objective == "latency" else [record]
     record = timed[-1]
-    notes = [_note(record, source, budget, start)]
+    notes = [_note(record, source, budget, start, extra=spec.extra_images is not None)]
     before = source.metrics.paired
     after = result.paired
     if before is not None and after is not None and after.delta_points < before.delta_points:
@@ -224,7 +224,10 @@ def _student_artifacts(start: RoundResult) -> tuple[Path, ...]:
     return tuple(Path(s.artifact) for s in students)
 
 
-def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundResult | None = None) -> str:
+def _note(
+    record: RoundResult, source: RoundResult, budget: float, start: RoundResult | None = None, extra: bool = False
+) -> str:
+    """The run's note on a distillation after the search (``extra``: the run's extra images trained it too)."""
     cross_fit = need(record.cross_fit, "cross_fit")
     paired = need(record.metrics.paired, "paired accuracy")
     steps = int(cross_fit.students[0].distilled.get("steps") or 0)
@@ -248,6 +251,7 @@ def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundR
         f"round {record.round}: round {source.round} ({why}, drop {source.accuracy_drop_points or 0.0:.2f}) distilled "
         f"from the original, {steps} steps"
     )
+    extra_text = " + extra images" if extra else ""
     if cross_fit.judged_on_half is None:  # one student, on the fit images (the extra images among them)
         begun = begun.replace("each student starting", "starting").replace("'s of the same half", "'s student")
         return (
@@ -255,9 +259,9 @@ def _note(record: RoundResult, source: RoundResult, budget: float, start: RoundR
             f"the evaluation images; judged on all of them, {result}"
         )
     return (
-        f"{head}, twice{begun}: each student on {cross_fit.images_per_student:,} images (calibration + one half of "
-        f"the evaluation images), judged on the other half; together {result}. The first student is the round's "
-        f"model; it and its int8 builds are judged on half {cross_fit.judged_on_half} only"
+        f"{head}, twice{begun}: each student on {cross_fit.images_per_student:,} images (calibration{extra_text} + one "
+        f"half of the evaluation images), judged on the other half; together {result}. The first student is the "
+        f"round's model; it and its int8 builds are judged on half {cross_fit.judged_on_half} only"
     )
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graph.options import DEMO_DATASET, DEMO_MODEL, _context, build_parser, factory_options
+from graph.options import DEMO_DATASET, DEMO_MODEL, build_parser, context_from, factory_options
 from tools.schemas import Metrics, RoundResult
 from tools.text import first_line
 
@@ -152,7 +152,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     _refuse_if_held(args.run_dir)
     from graph.runner import start_run
 
-    ctx = _context(args, args.run_dir)
+    ctx = context_from(args, args.run_dir)
     if ctx.quantize:
         from tools.deploy.cpu import detect_cpu, resolve_target
 
@@ -192,7 +192,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
                         shutil.rmtree(path)
                     else:
                         path.unlink()
-            ctx = _context(args, str(run_dir))
+            ctx = context_from(args, str(run_dir))
             extra = {"command": "demo"}
             result = start_run(
                 DEMO_MODEL, dataset=DEMO_DATASET, ctx=ctx, on_update=_Progress(ctx.iterations + 1), extra=extra
@@ -216,7 +216,7 @@ def _cmd_compare_llms(args: argparse.Namespace) -> None:
             split=args.split,
             llms=args.llms,
             out_dir=Path(args.out),
-            ctx=_context(args, args.out),
+            ctx=context_from(args, args.out),
             on_update=_Progress(args.iterations + 1),
         )
     from tools.reporting.report import render_llm_comparison
@@ -248,7 +248,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
             dataset=args.dataset,
             split=args.split,
             out_dir=Path(args.out),
-            ctx=_context(args, ""),
+            ctx=context_from(args, ""),
             ratios=ratios,
             model_options=options,
             on_update=_Progress(),

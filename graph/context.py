@@ -7,7 +7,7 @@ Settings are not graph state: they are passed as the run's ``context`` and writt
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -29,8 +29,36 @@ def parse_steps(raw: str) -> int:
     return AUTO_STEPS if raw.strip().lower() == "auto" else int(raw)
 
 
-def _setting(description: str, name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
-    """A field whose default comes from ``PROFILING_AGENT_<name>`` when set, else ``default``."""
+@dataclass(frozen=True)
+class Option:
+    """How a setting reads on the command line (``graph.options`` builds every ``run`` flag from the settings): its
+    flags (default ``--field-name``; a setting on by default is switched off by ``--no-field-name``), the value's
+    name in the help, and where its choices come from (a function: the registries load on first use)."""
+
+    flags: tuple[str, ...] = ()
+    metavar: str | None = None
+    choices: Callable[[], Sequence[str]] | None = None
+
+
+def _registry(module: str, name: str) -> Callable[[], list[str]]:
+    """The names a registry (``module.name``: a mapping, a sequence, or a function returning one) offers, read when
+    asked for."""
+
+    def names() -> list[str]:
+        import importlib
+
+        found = getattr(importlib.import_module(module), name)
+        return list(found() if callable(found) else found)
+
+    return names
+
+
+def _setting(
+    description: str, name: str, default: Any, kind: Callable[[str], Any] = str, option: Option | None = None
+) -> Any:
+    """A field whose default comes from ``PROFILING_AGENT_<name>`` when set, else ``default``; ``description`` is
+    its help everywhere (the command line's included), ``kind`` parses its text, ``option`` says how its flag reads
+    where not as ``--field-name``."""
     env = f"PROFILING_AGENT_{name}"
 
     def factory() -> Any:
@@ -41,7 +69,8 @@ def _setting(description: str, name: str, default: Any, kind: Callable[[str], An
             return raw.strip().lower() in {"1", "true", "yes", "on"}
         return kind(raw)
 
-    return field(default_factory=factory, metadata={"env": env, "description": description})
+    metadata = {"env": env, "description": description, "kind": kind, "default": default, "option": option or Option()}
+    return field(default_factory=factory, metadata=metadata)
 
 
 @dataclass(kw_only=True)
@@ -71,6 +100,7 @@ class Context:
         "CONFIRM_SAMPLES",
         -1,
         int,
+        Option(flags=("--confirm-samples", "--holdout-samples")),
     )
     confidence: float | None = _setting(
         "With a value P (e.g. 0.95): the confirmed interval's one-sided bound at level P must hold the budget, "
@@ -78,15 +108,27 @@ class Context:
         "CONFIDENCE",
         None,
         float,
+        Option(metavar="P"),
     )
-    batch_size: int = _setting("Evaluation batch size.", "BATCH_SIZE", 32, int)
+    batch_size: int = _setting("Images per batch of every evaluation (default 32).", "BATCH_SIZE", 32, int)
     seed: int = _setting("Seed for subsets, random importance and built-in weights.", "SEED", 0, int)
     threads: int = _setting("torch CPU threads; 0 keeps torch's default.", "THREADS", 0, int)
-    device: str = _setting("cpu, cuda or auto.", "DEVICE", "cpu")
-    planner: str = _setting("Planner that writes plans: rules (offline, default) or llm.", "PLANNER", "rules")
+    device: str = _setting(
+        "Where profiling, evaluation and distillation run: cpu (default), cuda, or auto (cuda where there is one).",
+        "DEVICE",
+        "cpu",
+        option=Option(choices=lambda: ("cpu", "cuda", "auto")),
+    )
+    planner: str = _setting(
+        "Planner that writes plans: rules (offline, deterministic; default) or llm (an OpenAI-compatible chat model).",
+        "PLANNER",
+        "rules",
+        option=Option(choices=_registry("agents.planning.registry", "planner_names")),
+    )
     llm_model: str = _setting("Chat model name for --planner llm (default gpt-4o-mini).", "LLM_MODEL", "")
     llm_base_url: str = _setting(
-        "OpenAI-compatible endpoint for --planner llm (vLLM, Ollama, llama.cpp, LiteLLM); empty: OpenAI.",
+        "OpenAI-compatible endpoint for --planner llm, e.g. http://127.0.0.1:8000/v1 (vLLM, Ollama, llama.cpp, "
+        "LiteLLM); empty: OpenAI.",
         "LLM_BASE_URL",
         "",
     )
@@ -105,7 +147,11 @@ class Context:
         int,
     )
     max_accuracy_drop: float = _setting(
-        "Accuracy budget in points: a candidate losing more is never selected.", "MAX_ACCURACY_DROP", 1.0, float
+        "Accuracy budget in points (default 1.0): the shipped build's drop on the confirm images is at most this, and "
+        "a candidate losing more on the choose images is never selected.",
+        "MAX_ACCURACY_DROP",
+        1.0,
+        float,
     )
     max_disagreement: float | None = _setting(
         "Agreement budget in percent: at most this share of the images may change their top-1 answer against the "
@@ -115,6 +161,7 @@ class Context:
         "MAX_DISAGREEMENT",
         None,
         float,
+        Option(metavar="PCT"),
     )
     objective: Objective = _setting(  # noqa: RUF009
         "What ranks rounds tied on accuracy and what the planner's steps aim at: params (the paper's order: accuracy, "
@@ -122,6 +169,7 @@ class Context:
         "deploys to, measured; the planner aims at each unit's measured latency there).",
         "OBJECTIVE",
         "params",
+        option=Option(choices=lambda: get_args(Objective)),
     )
     target_speedup: float = _setting(
         "With --objective latency: stop the search once a round within the budget runs this many times faster than "
@@ -129,6 +177,7 @@ class Context:
         "TARGET_SPEEDUP",
         0.0,
         float,
+        Option(metavar="X"),
     )
     allow_over_budget: bool = _setting(
         "With --deploy NAME: deploy that backend even where it is over the accuracy budget (the report says so).",
@@ -140,20 +189,34 @@ class Context:
         "The unit kinds plans may use, comma-separated (structured, head, head_dim, block); empty: every one.",
         "UNIT_KINDS",
         "",
+        option=Option(metavar="KINDS"),
     )
     selection: Selection = _setting(  # noqa: RUF009
-        "accuracy (accuracy, then params, then latency) or smallest-within-budget.", "SELECTION", "accuracy"
+        "Which round within the budget is kept: accuracy (the most accurate, then the fewest parameters, then the "
+        "fastest; default) or smallest-within-budget (the fewest parameters).",
+        "SELECTION",
+        "accuracy",
+        option=Option(choices=lambda: get_args(Selection)),
     )
     importance: str = _setting(
         "Channel/head importance: act (activation-aware, default), taylor (needs labels), l1, l2 or random.",
         "IMPORTANCE",
         "act",
+        option=Option(choices=_registry("tools.compression.importance", "IMPORTANCE")),
     )
     recovery: str = _setting(
-        "Training-free recovery after every prune: none, bn or reconstruct (default).", "RECOVERY", "reconstruct"
+        "Training-free recovery after every prune: reconstruct (least-squares refit of the next layer and BatchNorm "
+        "statistics, judged on held-out images; default), bn (BatchNorm statistics only) or none.",
+        "RECOVERY",
+        "reconstruct",
+        option=Option(choices=_registry("tools.compression.recovery", "RECOVERY_METHODS")),
     )
     sensitivity: bool = _setting(
-        "Measure each prunable unit's sensitivity on the calibration images before planning.", "SENSITIVITY", True, bool
+        "Measure each prunable unit's sensitivity on the calibration images before planning (off: planning is "
+        "blinder).",
+        "SENSITIVITY",
+        True,
+        bool,
     )
     sensitivity_samples: int = _setting(
         "Calibration images the sensitivity profile probes with (0: automatic, about two minutes in all).",
@@ -182,6 +245,7 @@ class Context:
         "dataset's folder. At most 2 GiB of them once preprocessed (a seeded subset beyond). Empty: none.",
         "EXTRA_IMAGES",
         "",
+        option=Option(metavar="DIR"),
     )
     distill_rescues: int = _setting(
         "Distillations after the search (each: two students, each distilled on one half of the evaluation images and "
@@ -200,6 +264,7 @@ class Context:
         "faster for the model; else fp32), fp32 or bf16.",
         "DISTILL_PRECISION",
         "auto",
+        option=Option(choices=lambda: DISTILL_PRECISIONS),
     )
     # Kernel-friendly sizes, measured (int8, batch 1, 1 thread, interleaved): cifar10-resnet-tiny with every
     # block's first conv pruned by 0.3 ran 1.16x the unpruned in ONNX Runtime static int8 at 24/48/88/176
@@ -218,29 +283,37 @@ class Context:
         int,
     )
     max_pruning_ratio: float = _setting(
-        "Highest per-layer pruning ratio a planner may use.", "MAX_PRUNING_RATIO", 0.9, float
+        "Highest per-unit pruning ratio a plan may use, in (0, 1) (default 0.9).", "MAX_PRUNING_RATIO", 0.9, float
     )
     approve_plan: bool = _setting(
         "Pause after analysis for a human to approve, edit or reject the plan.", "APPROVE_PLAN", False, bool
     )
-    approve_rounds: bool = _setting("Also pause before every iterative round.", "APPROVE_ROUNDS", False, bool)
-    prune: bool = _setting("Run structured/head pruning.", "PRUNE", True, bool)
-    iterate: bool = _setting("Run the iterative pruning rounds.", "ITERATE", True, bool)
-    quantize: bool = _setting("Run dynamic quantization.", "QUANTIZE", True, bool)
+    approve_rounds: bool = _setting(
+        "With --approve-plan: also pause before every iterative round.", "APPROVE_ROUNDS", False, bool
+    )
+    prune: bool = _setting("Prune (channels, heads, head widths, blocks).", "PRUNE", True, bool)
+    iterate: bool = _setting("Run the iterative pruning rounds after the first plan.", "ITERATE", True, bool)
+    quantize: bool = _setting(
+        "Build and judge the deployment in every runtime and precision (int8 included).", "QUANTIZE", True, bool
+    )
     quant_backend: str = _setting(
         "--deploy: auto (measure every runtime and precision, deploy the fastest within budget), torch (the float "
         "model), or one backend.",
         "QUANT_BACKEND",
         "auto",
+        option=Option(
+            flags=("--deploy", "--quant-backend"), choices=_registry("tools.deploy.registry", "DEPLOY_CHOICES")
+        ),
     )
     int8_cpu: str = _setting(
         "The CPU kind int8 models are built for: auto (this machine's), vnni (full 8-bit weights), no-vnni (7-bit "
         "weights and NNCF's overflow fix: holds accuracy on every x86 CPU). tools.deploy.cpu.",
         "INT8_CPU",
         "auto",
+        option=Option(choices=_registry("tools.deploy.cpu", "INT8_TARGETS")),
     )
     latency_repeats: int = _setting(
-        "Repetitions of the final interleaved latency comparison.", "LATENCY_REPEATS", 20, int
+        "Repetitions of the final interleaved latency comparison (default 20).", "LATENCY_REPEATS", 20, int
     )
     progress: bool = _setting("Show progress bars.", "PROGRESS", True, bool)
 

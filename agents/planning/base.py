@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from tools.compression.recipes import PruningConfig
 from tools.compression.reports import PrunableLayers
 from tools.schemas import ModelProfile, OptimizationPlan, PlanResult, RoundResult
 
@@ -69,6 +70,10 @@ class RoundRecord(BaseModel):
         )
 
 
+#: The highest per-unit ratio a plan may use unless the run says (``--max-pruning-ratio``): the pruning recipe's.
+MAX_RATIO: float = PruningConfig.model_fields["max_ratio"].default
+
+
 @dataclass(frozen=True)
 class PlanningContext:
     """What a planner knows besides the profile."""
@@ -78,7 +83,7 @@ class PlanningContext:
     """What the model can prune, each unit kind's modules (a dict from ``ops.prunable`` is read as one)."""
     baseline_accuracy: float | None
     max_accuracy_drop: float
-    max_ratio: float = 0.6
+    max_ratio: float = MAX_RATIO
     history: list[RoundRecord] = field(default_factory=list)
     #: The run's importance criterion and training-free recovery (``None``: not known to the planner).
     importance: str | None = None

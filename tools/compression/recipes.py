@@ -34,7 +34,9 @@ class PruningConfig(BaseModel):
         "ratio; a run's default is 8).",
     )
     seed: int = Field(default=0, description="Seed for random importance.")
-    max_ratio: float = Field(default=0.9, description="Highest per-layer pruning ratio a planner may use.")
+    max_ratio: float = Field(
+        default=0.9, description="Highest per-unit pruning ratio a plan may use (``--max-pruning-ratio``)."
+    )
     kinds: tuple[str, ...] = Field(
         default=(),
         description="The unit kinds (pruning types of tools.compression.units.UNIT_KINDS) a planner may use; empty: "
