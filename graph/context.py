@@ -38,6 +38,8 @@ class Option:
     flags: tuple[str, ...] = ()
     metavar: str | None = None
     choices: Callable[[], Sequence[str]] | None = None
+    #: For a comma-separated list: where the names its items may take come from (the help lists them).
+    items: Callable[[], Sequence[str]] | None = None
 
 
 def _registry(module: str, name: str) -> Callable[[], list[str]]:
@@ -186,10 +188,10 @@ class Context:
         bool,
     )
     unit_kinds: str = _setting(
-        "The unit kinds plans may use, comma-separated (structured, head, head_dim, block); empty: every one.",
+        "The unit kinds plans may use, comma-separated (tools.compression.units.UNIT_KINDS); empty: every one.",
         "UNIT_KINDS",
         "",
-        option=Option(metavar="KINDS"),
+        option=Option(metavar="KINDS", items=_registry("tools.compression.units", "UNIT_KINDS")),
     )
     selection: Selection = _setting(  # noqa: RUF009
         "Which round within the budget is kept: accuracy (the most accurate, then the fewest parameters, then the "

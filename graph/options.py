@@ -59,6 +59,7 @@ def _add_setting_options(parser: argparse.ArgumentParser) -> None:
             continue
         option: Option = f.metadata["option"]
         text = f.metadata["description"].replace("%", "%%")
+        text += f" One or more of: {', '.join(option.items())}." if option.items else ""
         value = getattr(defaults, f.name)
         if f.metadata["kind"] is bool:
             action = "store_false" if f.metadata["default"] else "store_true"
