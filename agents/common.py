@@ -94,18 +94,9 @@ def pruning_budget(state: State, ctx: Context) -> float:
 
 
 def deployment_runtime(state: State) -> str:
-    """The runtime the original deploys to: that of its fastest build within the budget (``original_deployment``,
-    written by ``profile_int8``), with the precision where it is OpenVINO's int8 or bf16 or ONNX Runtime's static int8
-    (``openvino-int8``, ``onnxruntime-int8``: the precisions do not rank units alike,
-    ``tools.evaluation.runtime_latency``); ``pytorch`` before it is known or where the float model itself is chosen."""
-    from tools.deploy.registry import runtime_and_precision
+    """What the latency objective times models in: the timing build that stands for the original's fastest build
+    within the budget (``original_deployment``, written by ``profile_int8``; ``tools.deploy.registry.timed_in``: the
+    precisions do not rank units alike, ``tools.evaluation.runtime_latency``); the float model before it is known."""
+    from tools.deploy.registry import timed_in
 
-    chosen = state.original_deployment.chosen if state.original_deployment is not None else ""
-    if not chosen:
-        return "pytorch"
-    runtime, precision = runtime_and_precision(chosen)
-    if runtime == "openvino" and precision.startswith(("int8", "bf16")):
-        return f"openvino-{precision[:4]}"
-    if runtime == "onnxruntime" and precision.startswith("int8 static"):
-        return "onnxruntime-int8"
-    return runtime
+    return timed_in(state.original_deployment.chosen if state.original_deployment is not None else "")

@@ -24,7 +24,7 @@ from figure_common import read_run, run_images, top1
 from agents.planning.selection import selection_z
 from tools import load_compressed, ops
 from tools.compression.distill import DISTILL_TEMPERATURE, DistillConfig, distill_
-from tools.compression.distill_budget import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR
+from tools.compression.distill_budget import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, SOLO_STEPS_FACTOR
 
 #: The multiplicity factor the figures print beside each estimate: the kept round's check for the best of 4 rounds.
 Z_FOUR_ROUNDS = round(selection_z(4), 2)
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--no-cache", action="store_true", help="every layer runs every step (no cached views)")
     parser.add_argument("--extra", help="a folder of unlabelled images every student also trains on")
     parser.add_argument("--extra-count", type=int, default=0, help="at most this many of them (0: all)")
+    parser.add_argument(
+        "--solo", action="store_true", help="one student on the calibration and extra images only, twice the steps"
+    )
     args = parser.parse_args()
     ops.set_threads(args.threads)
     run = read_run(args.run)
@@ -78,18 +81,30 @@ def main() -> None:
         print(f"round {index}, repaired: in the run {paired(top1(repaired, evaluation), original_eval, labels)}")
         print(f"  unseen {paired(top1(repaired, unseen), original_unseen, unseen_labels)}")
         merged = torch.empty_like(original_eval)
+        config = DistillConfig(
+            steps=args.steps,
+            lr=args.lr,
+            batch_size=args.batch,
+            feature_weight=args.features,
+            precision=args.precision,
+            temperature=args.temperature,
+            cache=not args.no_cache,
+        )
+        if args.solo:  # tools.cross_fit.distil_solo: no evaluation image trains it, all of them judge it
+            student, start = copy.deepcopy(repaired), time.perf_counter()
+            solo = config.model_copy(update={"steps": SOLO_STEPS_FACTOR * args.steps})
+            distill_(student, original, torch.cat([calibration, extra]), solo)
+            in_run = paired(top1(student, evaluation), original_eval, labels)
+            print(
+                f"  one student of {len(calibration)} + {len(extra):,} images, {solo.steps} steps "
+                f"({time.perf_counter() - start:.0f} s): in the run {in_run}"
+                f"; unseen {paired(top1(student, unseen), original_unseen, unseen_labels)}",
+                flush=True,
+            )
+            continue
         for seen, held_out in (halves, halves[::-1]):
             student = copy.deepcopy(repaired)
             start = time.perf_counter()
-            config = DistillConfig(
-                steps=args.steps,
-                lr=args.lr,
-                batch_size=args.batch,
-                feature_weight=args.features,
-                precision=args.precision,
-                temperature=args.temperature,
-                cache=not args.no_cache,
-            )
             done = distill_(student, original, torch.cat([calibration, extra, evaluation[seen]]), config)
             merged[held_out] = top1(student, evaluation[held_out])
             took = time.perf_counter() - start

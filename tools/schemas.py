@@ -200,8 +200,9 @@ class SensitivityProfile(BaseModel):
     seconds: float
     latency_runtime: str | None = Field(
         default=None,
-        description="Where each point's latency saving was measured (--objective latency: the deployment's runtime, "
-        "FP32, batch 1); None: the profile's per-layer latency times the ratio.",
+        description="Where each point's latency saving was measured (--objective latency: the timing build that "
+        "stands for the original's deployment, a name of tools.deploy.registry.TIMED; batch 1); None: the "
+        "profile's per-layer latency times the ratio.",
     )
     units: list[SensitivityUnit] = Field(default_factory=list)
     skipped: dict[str, str] = Field(default_factory=dict)

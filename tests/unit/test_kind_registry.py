@@ -7,6 +7,7 @@ import copy
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -229,7 +230,7 @@ def test_float_models_are_timed_in_a_runtime() -> None:
     from tools.deploy.cpu import detect_cpu
 
     bf16 = ("openvino-bf16",) if detect_cpu().bf16 else ()  # a build the run makes only where the CPU computes bf16
-    for runtime in ("pytorch", "openvino", *bf16, "openvino-int8", "onnxruntime", "onnxruntime-int8"):
+    for runtime in ("torch", "openvino", *bf16, "openvino-int8", "onnxruntime-fp32", "onnxruntime-static"):
         times = latencies_in(
             {"all": compiled_in(runtime, model, example), "fewer": compiled_in(runtime, fewer, example)}, example
         )
@@ -243,9 +244,13 @@ def test_float_models_are_timed_in_a_runtime() -> None:
         ("openvino-int8-mixed", "openvino-int8"),
         ("openvino", "openvino"),
         ("openvino-bf16", "openvino-bf16"),
-        ("onnxruntime-static", "onnxruntime-int8"),
-        ("onnxruntime-fp32", "onnxruntime"),
-        ("", "pytorch"),
+        ("openvino-int8-fast-bias", "openvino-int8"),
+        ("onnxruntime-static", "onnxruntime-static"),
+        ("onnxruntime-static-mixed", "onnxruntime-static"),
+        ("onnxruntime-fp32", "onnxruntime-fp32"),
+        ("onnxruntime", "onnxruntime-fp32"),
+        ("torch-ao-dynamic", "torch"),
+        ("", "torch"),
     ],
 )
 def test_probes_are_timed_in_the_int8_build_the_original_deploys_in(chosen: str, runtime: str) -> None:
@@ -258,3 +263,31 @@ def test_probes_are_timed_in_the_int8_build_the_original_deploys_in(chosen: str,
 
     deployment = {"chosen": chosen, "why": "test", "candidates": []} if chosen else None
     assert deployment_runtime(typed_state({"original_deployment": deployment})) == runtime
+
+
+def test_a_new_runtime_is_timed_from_its_registry_entry_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment with a timing build, added to the registry, is what the latency objective times in where the
+    original deploys to it: nothing outside its module and its registry line names it."""
+    from tools.deploy import registry
+    from tools.deploy.pytorch import FloatModel
+    from tools.evaluation.runtime_latency import compiled_in
+
+    built: list[str] = []
+
+    class Fake(FloatModel):
+        name = timed_as = "fake-runtime"
+
+        def timing_build(self, model: Any, example: Any, directory: Any, calibration: Any) -> Any:
+            built.append(str(directory))
+            return model.eval()
+
+    monkeypatch.setitem(registry.DEPLOYMENTS, Fake.name, Fake())
+    from agents.common import deployment_runtime
+    from tests.helpers import typed_state
+
+    state = typed_state({"original_deployment": {"chosen": "fake-runtime", "why": "test", "candidates": []}})
+    assert deployment_runtime(state) == "fake-runtime"
+    model = resnet20().eval()
+    assert compiled_in("fake-runtime", model, torch.randn(1, 3, 32, 32)) is not None and built
+    with pytest.raises(ValueError, match="no timing build"):
+        compiled_in("onnxruntime", model, torch.randn(1, 3, 32, 32))  # dynamic int8: timed as onnxruntime-fp32

@@ -80,6 +80,22 @@ class Deployment(Protocol):
     cpu_dependent_int8: bool
     #: For a mixed-precision backend, the full-int8 backend it controls (built only when that one is over budget).
     mixed_of: str | None
+    #: The deployment whose timing build (:class:`TimingBuild`) stands for this one where a model is timed as it would
+    #: run (the latency objective's probes: ``tools.evaluation.runtime_latency``): itself, or the build of the same
+    #: kernels (OpenVINO's int8 for its fast-bias and mixed builds; a runtime's FP32 for its dynamic int8).
+    timed_as: str
+
+
+@runtime_checkable
+class TimingBuild(Protocol):
+    """A deployment that builds a model for timing alone: the kernels it deploys, not its answers."""
+
+    def timing_build(
+        self, model: nn.Module, example: torch.Tensor, directory: Path, calibration: torch.Tensor
+    ) -> QuantizedModel:
+        """``model`` (float, eval mode) as this deployment runs it, its files in ``directory``; an int8 build
+        calibrated on ``calibration`` (a few random images: the kernels, not the answers, are what is timed)."""
+        ...
 
 
 class QuantizationBackend(Deployment, Protocol):

@@ -41,6 +41,13 @@ class FloatModel:
     requires: tuple[str, ...] = ()
     cpu_dependent_int8 = False
     mixed_of: str | None = None
+    timed_as = FLOAT
+
+    def timing_build(
+        self, model: nn.Module, example: torch.Tensor, directory: Path, calibration: torch.Tensor
+    ) -> Callable[[torch.Tensor], Any]:
+        """The module itself (``tools.deploy.base.TimingBuild``)."""
+        return model.eval()
 
 
 #: ``self.<child>.weight`` (or ``.bias``) in a ``forward``'s source: a parent that reads a child's parameters itself.
@@ -92,6 +99,7 @@ class TorchAODynamicBackend:
     runtime: Runtime = "pytorch"
     precision = "int8 dynamic (Linear)"
     float_reference = FLOAT
+    timed_as = FLOAT
     requires: tuple[str, ...] = ()
     cpu_dependent_int8 = False
     mixed_of: str | None = None

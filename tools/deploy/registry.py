@@ -26,7 +26,15 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from tools.deploy.base import Deployment, ModuleBackend, QuantizationBackend, QuantizationError, QuantReport, importable
+from tools.deploy.base import (
+    Deployment,
+    ModuleBackend,
+    QuantizationBackend,
+    QuantizationError,
+    QuantReport,
+    TimingBuild,
+    importable,
+)
 from tools.deploy.cpu import int8_settings
 from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeDynamicBackend, OnnxRuntimeFusedBackend
 from tools.deploy.onnxruntime.mixed import OnnxRuntimeMixedBackend
@@ -103,6 +111,26 @@ def float_reference_of(name: str) -> str:
     """The FP32 backend of ``name``'s runtime (``torch`` for the PyTorch backends and for unknown names)."""
     described = DEPLOYMENTS.get(name)
     return described.float_reference if described is not None else FLOAT
+
+
+#: The deployments a model can be built in for timing alone (``tools.deploy.base.TimingBuild``): what the latency
+#: objective's probes are timed in (:func:`timed_in`).
+TIMED: tuple[str, ...] = tuple(n for n, d in DEPLOYMENTS.items() if isinstance(d, TimingBuild) and d.timed_as == n)
+
+
+def timed_in(name: str) -> str:
+    """The deployment whose timing build stands for ``name`` (``Deployment.timed_as``): the float model for a name
+    the registry does not know (none chosen yet)."""
+    described = DEPLOYMENTS.get(name)
+    return described.timed_as if described is not None else FLOAT
+
+
+def timing_build(name: str) -> TimingBuild:
+    """The timing build of ``name`` (one of :data:`TIMED`); ``ValueError`` for another name."""
+    described = DEPLOYMENTS.get(name)
+    if not isinstance(described, TimingBuild) or described.timed_as != name:
+        raise ValueError(f"no timing build {name!r}: choose one of {', '.join(TIMED)}")
+    return described
 
 
 def get_backend(name: str = DEFAULT_BACKEND) -> QuantizationBackend:
@@ -206,6 +234,7 @@ __all__ = [
     "DEPLOYMENTS",
     "DEPLOY_CHOICES",
     "FLOAT",
+    "TIMED",
     "available",
     "default_quantize_backend",
     "float_reference_of",
@@ -215,4 +244,6 @@ __all__ = [
     "resolve_backend_name",
     "resolve_targets",
     "runtime_and_precision",
+    "timed_in",
+    "timing_build",
 ]

@@ -3,10 +3,11 @@
 At batch 1 a CPU runtime's latency is not proportional to parameters or MACs: an int8 CNN costs per layer, so its
 narrower channels barely pay while a removed block saves every call of its layers
 (``benchmarks/channel_blocks.py``). The latency objective therefore measures what a unit saves where the model will
-run: :func:`compiled_in` builds a float model for ``openvino`` (OpenVINO FP32), ``onnxruntime`` (ONNX Runtime FP32)
-or ``pytorch`` (the module itself), OpenVINO's bf16 for ``openvino-bf16``, or an int8 one for ``openvino-int8``
-(NNCF) and ``onnxruntime-int8`` (ONNX Runtime's static QDQ), calibrated on :data:`PROBE_CALIBRATION_IMAGES` random
-images (NNCF's without bias correction: the kernels, not the answers, are what is timed), and :func:`latencies_in`
+run: :func:`compiled_in` builds it with the timing build of a deployment of the registry
+(``tools.deploy.registry.TIMED``: ``openvino`` FP32, ``onnxruntime-fp32``, ``torch`` (the module itself),
+``openvino-bf16``, or int8 ``openvino-int8`` (NNCF) and ``onnxruntime-static`` (ONNX Runtime's QDQ), calibrated on
+:data:`PROBE_CALIBRATION_IMAGES` random images (NNCF's without bias correction: the kernels, not the answers, are what
+is timed); every other deployment names the one that stands for it, ``Deployment.timed_as``), and :func:`latencies_in`
 times several of them at batch 1, interleaved in warm blocks (:func:`tools.evaluation.cost.compare_latencies`), so
 drift affects them alike. Where the original deploys in OpenVINO int8 or bf16, or in ONNX Runtime's static int8 (as
 on CPUs without VNNI), the probes are timed in that precision (an int8 probe costs a calibration, about a second for
@@ -28,12 +29,13 @@ import torch
 from torch import nn
 
 from tools.clock import counts_as
+from tools.deploy.registry import TIMED
 from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 
 __all__ = ["RUNTIMES", "compiled_in", "latencies_in"]
 
-#: The runtimes a model can be timed in here.
-RUNTIMES = ("pytorch", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-bf16", "openvino-int8")
+#: The deployments a model can be timed in here (the registry's timing builds).
+RUNTIMES = TIMED
 
 #: Seconds of calls at least behind each probe's timing (:func:`latencies_in`).
 PROBE_TIMING_SECONDS = 0.5
@@ -64,46 +66,19 @@ def _probe_images(example: torch.Tensor) -> torch.Tensor:
     return torch.randn(PROBE_CALIBRATION_IMAGES, *example.shape[1:], generator=generator)
 
 
-def compiled_in(runtime: str, model: nn.Module, example: torch.Tensor) -> Callable[..., Any]:
-    """``model`` (float, eval mode) as ``runtime`` runs it (see module doc); ``ValueError`` for another."""
-    if runtime == "pytorch":
-        return model.eval()
+def compiled_in(name: str, model: nn.Module, example: torch.Tensor) -> Callable[..., Any]:
+    """``model`` (float, eval mode) as the deployment ``name`` (one of :data:`RUNTIMES`) runs it, for timing: its
+    registry entry's timing build (``tools.deploy.base.TimingBuild``), an int8 one calibrated on
+    :data:`PROBE_CALIBRATION_IMAGES` random images; ``ValueError`` for another name."""
+    from tools.deploy.registry import timing_build
+
+    build = timing_build(name)
     directory = Path(tempfile.mkdtemp(prefix="profiling-agent-timed-"))
     try:
-        if runtime in ("openvino", "openvino-bf16"):
-            from tools.deploy.openvino.convert import export_openvino
-            from tools.deploy.openvino.model import OpenVinoModel
-
-            path = export_openvino(model.eval(), example, directory / "m.xml")
-            precision = "bf16" if runtime == "openvino-bf16" else "f32"
-            return _Compiled(OpenVinoModel(path, precision=precision), directory)
-        if runtime == "openvino-int8":
-            from tools.compression.heads import has_attention
-            from tools.deploy.openvino.convert import convert_openvino, save_openvino
-            from tools.deploy.openvino.model import OpenVinoModel
-            from tools.deploy.openvino.quantize import quantize_openvino
-
-            converted = convert_openvino(model.eval(), example[:1])
-            quantized = quantize_openvino(
-                converted, _probe_images(example), transformer=has_attention(model), bias_correction=False
-            )
-            return _Compiled(OpenVinoModel(save_openvino(quantized, directory / "m.xml")), directory)
-        if runtime in ("onnxruntime", "onnxruntime-int8"):
-            from tools.deploy.onnxruntime.export import export_onnx
-            from tools.deploy.onnxruntime.quantize import static_quantize_onnx
-            from tools.deploy.onnxruntime.session import OrtModel
-
-            path = export_onnx(model.eval(), example[:1], directory / "m.onnx")
-            if runtime == "onnxruntime-int8":
-                path = static_quantize_onnx(  # the ranges kept with the probe: no other build shares its graph
-                    path, directory / "m-int8.onnx", _probe_images(example), calibration_cache=directory / "r.json"
-                )
-            return _Compiled(OrtModel(path, threads=torch.get_num_threads()), directory)
+        return _Compiled(build.timing_build(model, example, directory, _probe_images(example)), directory)
     except Exception:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    shutil.rmtree(directory, ignore_errors=True)
-    raise ValueError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
 
 
 @counts_as("time")

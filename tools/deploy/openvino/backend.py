@@ -74,6 +74,23 @@ class OpenVinoBackend:
         self.requires: tuple[str, ...] = ("openvino", "nncf") if int8 else ("openvino",)
         self.cpu_dependent_int8 = int8
         self.mixed_of: str | None = None
+        self.timed_as = self.name
+
+    def timing_build(
+        self, model: nn.Module, example: torch.Tensor, directory: Path, calibration: torch.Tensor
+    ) -> QuantizedModel:
+        """This backend's kernels for timing (``tools.deploy.base.TimingBuild``): the FP32 IR run in
+        :attr:`inference_precision`, or NNCF int8 without bias correction (its answers are not what is timed)."""
+        from tools.compression.heads import has_attention
+        from tools.deploy.openvino.convert import convert_openvino, export_openvino, save_openvino
+        from tools.deploy.openvino.quantize import quantize_openvino
+
+        if not self.int8:
+            path = export_openvino(model.eval(), example, directory / XML_FILENAME)
+            return OpenVinoModel(path, precision=self.inference_precision)
+        converted = convert_openvino(model.eval(), example[:1])
+        quantized = quantize_openvino(converted, calibration, transformer=has_attention(model), bias_correction=False)
+        return OpenVinoModel(save_openvino(quantized, directory / XML_FILENAME))
 
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         if not self.int8:
@@ -189,6 +206,7 @@ class OpenVinoFastBiasBackend(OpenVinoBackend):
     def __init__(self) -> None:
         super().__init__(int8=True)
         self.name = "openvino-int8-fast-bias"
+        self.timed_as = "openvino-int8"  # the same int8 kernels
         self.precision = "int8 static (NNCF, fast bias correction)"
 
     def save(
@@ -235,6 +253,7 @@ class OpenVinoBf16Backend(OpenVinoBackend):
     def __init__(self) -> None:
         super().__init__(int8=False)
         self.name = "openvino-bf16"
+        self.timed_as = self.name
         self.precision = PRECISION_BF16
         self.inference_precision = "bf16"
 
@@ -264,6 +283,7 @@ class OpenVinoMixedBackend(OpenVinoBackend):
     def __init__(self) -> None:
         super().__init__(int8=True)
         self.name = "openvino-int8-mixed"
+        self.timed_as = "openvino-int8"  # mostly its int8 kernels
         self.precision = "int8 static, mixed (NNCF accuracy control)"
         self.mixed_of = "openvino-int8"
 
