@@ -120,6 +120,19 @@ def _distil_both(jobs: list[_Job], workers: int) -> list[dict[str, Any]]:
         return [first, second.result(), *(distill_saved(*job) for job in jobs[2:])]
 
 
+def _judged_student(out_dir: Path, half: int | None, judged: Any, distilled: dict[str, Any]) -> CrossFitStudent:
+    """A student saved at ``out_dir`` as judged (an ``evaluate_accuracy_on`` result) on ``half`` (None: every
+    evaluation image), with what its distillation did."""
+    return CrossFitStudent(
+        artifact=str(out_dir),
+        judged_on_half=half,
+        accuracy=judged.accuracy,
+        samples=judged.samples,
+        paired=judged.paired,
+        distilled=distilled,
+    )
+
+
 def solo(spec: EvalSpec, extra_images: int, evaluation_images: int) -> bool:
     """Whether a distillation after the search trains one student on the fit images only (:func:`distil_solo`)
     instead of two on halves of the evaluation images: where the run's extra images (``extra_images`` of them, read
@@ -160,16 +173,8 @@ def distil_solo(
     judged = evaluate_accuracy_on(out_dir, original_dir, shape, whole, "evaluation", "student")
     if judged is None:
         raise ValueError("distillation on the fit images needs a trained model and a labelled dataset")
-    student = CrossFitStudent(
-        artifact=str(out_dir),
-        judged_on_half=None,
-        accuracy=judged.accuracy,
-        samples=judged.samples,
-        paired=judged.paired,
-        distilled=done,
-    )
     return CrossFitResult(
-        students=[student],
+        students=[_judged_student(out_dir, None, judged, done)],
         images_per_student=len(images),
         accuracy=judged.accuracy,
         samples=judged.samples,
@@ -223,16 +228,7 @@ def cross_fit_distill(
         if part is None or predictions is None:
             raise ValueError("cross-fitted distillation needs a trained model and a labelled dataset")
         answers[judged] = predictions
-        students.append(
-            CrossFitStudent(
-                artifact=str(out_dir),
-                judged_on_half=judged,
-                accuracy=part.accuracy,
-                samples=part.samples,
-                paired=part.paired,
-                distilled=done,
-            )
-        )
+        students.append(_judged_student(out_dir, judged, part, done))
     reference = predictions_on(original_dir, original_dir, shape, whole, "evaluation", "original")
     if reference is None:
         raise ValueError("cross-fitted distillation needs the original's answers on the evaluation images")

@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from graph import Context, build_graph
-from graph.options import _context, build_parser
+from graph.options import build_parser, context_from
 from tests.helpers import save_tiny, tiny_vit
 from tools import ops
 from tools.artifacts.io import deployed_file, is_complete, load_compressed, load_module, load_original, save_original
@@ -134,11 +134,11 @@ def test_in_memory_quantize_is_for_torch_backends_and_auto_picks_onnxruntime() -
 def test_cli_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROFILING_AGENT_QUANT_BACKEND", raising=False)  # the tests' default is not the product's
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--quant-backend", "onnxruntime"])
-    assert _context(args, "r").quant_backend == "onnxruntime"
+    assert context_from(args, "r").quant_backend == "onnxruntime"
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--deploy", "torch"])
-    assert _context(args, "r").quant_backend == "torch"
+    assert context_from(args, "r").quant_backend == "torch"
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r"])
-    assert _context(args, "r").quant_backend == "auto"  # the measured choice
+    assert context_from(args, "r").quant_backend == "auto"  # the measured choice
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--quant-backend", "nope"])
 
