@@ -41,9 +41,10 @@ from agents.planning.selection import (
 from graph.context import AUTO_STEPS, Context
 from graph.state import State
 from tools import ops
+from tools.compression.distill import DistillConfig
 from tools.compression.distill_budget import AUTO_DISTILL_SECONDS, SOLO_STEPS_FACTOR, auto_distill_floor_seconds
 from tools.compression.units import sheds_layers
-from tools.cross_fit import cross_fit_distill, distil_solo, extends_by_blocks, solo
+from tools.cross_fit import CrossFitResult, cross_fit_distill, distil_solo, extends_by_blocks, solo
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import CrossFit, RoundResult
 from tools.store.files import atomic_write_json
@@ -138,7 +139,8 @@ def target_rounds_left(state: State, ctx: Context) -> bool:
 
 def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """Distil the most promising round over the budget twice, cross-fitted on the evaluation images, and append
-    the first student as a new round judged by both students' answers on the halves they did not see."""
+    the first student as a new round judged by both students' answers on the halves they did not see; with extra
+    images enough, once on the fit images, the student judged on every evaluation image (:func:`_students`)."""
     ctx = settings(runtime)
     source = next_round_to_distill(state, ctx)
     config = rescue_config(state, ctx, sheds_layers=source is not None and sheds_layers(source.plan))
@@ -148,18 +150,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     folder, spec = run.round(index), eval_spec(state, ctx)
     artifact = Path(need(source.metrics.artifact, f"round {source.round}'s artifact"))
     start = _ladder_start(state.rounds, source, artifact)
-    starts = None if start is None else _student_artifacts(start)
-    if solo(spec, ops.extra_images_used(spec, shape), int(data_parts(state).get("evaluation") or 0)):
-        logger.info("round %d: distilling round %d once, on the fit and extra images", index, source.round)
-        config = config.model_copy(update={"steps": SOLO_STEPS_FACTOR * config.steps})
-        begin = None if starts is None else starts[0]
-        result = distil_solo(artifact, run.original, shape, spec, folder / "model", config, begin)
-    else:
-        logger.info("round %d: distilling round %d twice, cross-fitted", index, source.round)
-        pair = None if starts is None or len(starts) != 2 else (starts[0], starts[1])
-        result = cross_fit_distill(
-            artifact, run.original, shape, spec, (folder / "model", folder / "model-second"), config, pair
-        )
+    result = _students(state, spec, source, artifact, config, None if start is None else _student_artifacts(start))
     first = result.students[0]
     half = spec.model_copy(update={"evaluation_half": first.judged_on_half})
     measured = ops.evaluate(Path(first.artifact), run.original, shape, half, f"round {index}", throughput=False)
@@ -207,6 +198,31 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         )
     atomic_write_json(folder / "round.json", record.model_dump())
     return {"rounds": timed, "notes": notes}
+
+
+def _students(
+    state: State,
+    spec: ops.EvalSpec,
+    source: RoundResult,
+    artifact: Path,
+    config: DistillConfig,
+    starts: tuple[Path, ...] | None,
+) -> CrossFitResult:
+    """The students of round ``source`` (saved at ``artifact``) in the next round's folder: one on the fit images
+    where the run's extra images are enough (``tools.cross_fit.solo``: twice the steps), else two cross-fitted on
+    halves of the evaluation images; each from its ladder start where ``starts`` names them."""
+    index, run, shape = len(state.rounds), paths(state), shape_of(state)
+    folder = run.round(index)
+    if solo(spec, ops.extra_images_used(spec, shape), int(data_parts(state).get("evaluation") or 0)):
+        logger.info("round %d: distilling round %d once, on the fit and extra images", index, source.round)
+        longer = config.model_copy(update={"steps": SOLO_STEPS_FACTOR * config.steps})
+        begin = None if starts is None else starts[0]
+        return distil_solo(artifact, run.original, shape, spec, folder / "model", longer, begin)
+    logger.info("round %d: distilling round %d twice, cross-fitted", index, source.round)
+    pair = None if starts is None or len(starts) != 2 else (starts[0], starts[1])
+    return cross_fit_distill(
+        artifact, run.original, shape, spec, (folder / "model", folder / "model-second"), config, pair
+    )
 
 
 def _ladder_start(rounds: list[RoundResult], source: RoundResult, artifact: Path) -> RoundResult | None:
