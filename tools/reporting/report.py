@@ -203,10 +203,26 @@ def report_json(report: RunReport) -> dict[str, Any]:
 def render_markdown(report: RunReport | dict[str, Any]) -> str:
     """``report.md``: the summary table, the plan, the rounds, the planner's decisions, the profile and notes."""
     report = RunReport.model_validate(report)
+    lines = _header_lines(report) + _summary_lines(report) + _plan_lines(report) + _round_lines(report)
+    full = report.baseline.samples if report.baseline else 0
+    halves = {st.samples for r in report.rounds if r.cross_fit for st in r.cross_fit.students if st.samples}
+    lines += _deployment_lines(report.deployment, full, halves)
+    lines += int8_lines(report)
+    lines += speedup_lines(report.speedup)
+    lines += _planner_decisions(report)
+    lines += time_lines(report.time_spent)
+    lines += _profile_lines(report)
+    if report.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    if report.artifacts:
+        lines += ["", "## Artifacts", "", "| file | size (MB) | SHA-256 |", "|---|---|---|"]
+        lines += [f"| `{a['path']}` | {a['size_mb']:.3f} | `{a['sha256'][:16]}…` |" for a in report.artifacts]
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(report: RunReport) -> list[str]:
+    """The title and the run's first lines: the model, its input, the data and its split, what ships."""
     model = report.model
-    base = report.baseline
-    base_latency = base.latency_s if base else None
-    base_memory = base.memory_mb if base else None
     lines = [
         f"# ProfilingAgent report: {model['spec']}",
         "",
@@ -230,7 +246,15 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     confirmed = confirmed_text(report)
     if confirmed:
         lines.append(f"- **what ships**: {confirmed}")
-    lines += [
+    return lines
+
+
+def _summary_lines(report: RunReport) -> list[str]:
+    """The summary table: the original, the best pruned model and what ships, on the choose images."""
+    base = report.baseline
+    base_latency = base.latency_s if base else None
+    base_memory = base.memory_mb if base else None
+    lines = [
         "",
         "## Summary",
         "",
@@ -256,11 +280,22 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
         ]
     if report.rounds and report.dataset.get("spec"):
         lines += ["", selection_text(report)]
-    lines += ["", "## Plan (analysis agent)", "", f"source: {report.plan.source}", ""]
+    return lines
+
+
+def _plan_lines(report: RunReport) -> list[str]:
+    """The analysis agent's plan, one line a recommendation."""
+    lines = ["", "## Plan (analysis agent)", "", f"source: {report.plan.source}", ""]
     for rec in report.plan.pruning_recommendations:
         lines.append(f"- prune `{rec.layer}` ({rec.pruning_type}, ratio {rec.pruning_ratio}): {rec.justification}")
     for q in report.plan.quantization_recommendations:
         lines.append(f"- quantize `{q.layer}` ({q.quantization_type} {q.dtype}): {q.justification}")
+    return lines
+
+
+def _round_lines(report: RunReport) -> list[str]:
+    """The pruning rounds' table, and which evaluations stopped early."""
+    lines: list[str] = []
     if report.rounds:
         lines += [
             "",
@@ -285,13 +320,12 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
             )
     full = report.baseline.samples if report.baseline else 0
     stopped = stopped_text([(f"round {r.round}", r.metrics.paired) for r in report.rounds], full)
-    lines += ["", stopped] if stopped else []
-    halves = {st.samples for r in report.rounds if r.cross_fit for st in r.cross_fit.students if st.samples}
-    lines += _deployment_lines(report.deployment, full, halves)
-    lines += int8_lines(report)
-    lines += speedup_lines(report.speedup)
-    lines += _planner_decisions(report)
-    lines += time_lines(report.time_spent)
+    return lines + (["", stopped] if stopped else [])
+
+
+def _profile_lines(report: RunReport) -> list[str]:
+    """The profile's most expensive layer groups and the sensitivity profile."""
+    lines: list[str] = []
     if report.profile.get("top_groups"):
         lines += [
             "",
@@ -305,12 +339,7 @@ def render_markdown(report: RunReport | dict[str, Any]) -> str:
     sensitivity = as_profile(report.profile.get("sensitivity"))
     if sensitivity is not None:
         lines += markdown_lines(sensitivity, report.profile.get("total_params"))
-    if report.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
-    if report.artifacts:
-        lines += ["", "## Artifacts", "", "| file | size (MB) | SHA-256 |", "|---|---|---|"]
-        lines += [f"| `{a['path']}` | {a['size_mb']:.3f} | `{a['sha256'][:16]}…` |" for a in report.artifacts]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _deployment_lines(deployment: dict[str, Any] | None, images: int = 0, halves: set[int] | None = None) -> list[str]:
