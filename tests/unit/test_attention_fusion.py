@@ -13,7 +13,7 @@ from tests.helpers import save_tiny, tiny_vit
 from tests.unit.test_pruning import ResidualCNN
 from tools import ops
 from tools.artifacts.io import load_compressed, save_original
-from tools.deploy.base import QuantizationError
+from tools.deploy.base import Build, QuantizationError
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.onnxruntime.fusion import AttentionFusionError, PackedAttention, fuse_attention
 from tools.models.sources import acquire_model
@@ -111,7 +111,7 @@ def test_the_fused_backend_on_a_cnn_is_a_clear_error(tmp_path: Path) -> None:
     backend = get_backend("onnxruntime-fused")
     report = plan_quantization(cnn, ALL, backend=backend.name)
     with pytest.raises(QuantizationError, match="no attention module that can be fused"):
-        backend.save(cnn, report, tmp_path, example_input=torch.randn(1, 3, 16, 16))
+        backend.save(Build(cnn, report, tmp_path, example_input=torch.randn(1, 3, 16, 16)))
 
 
 def test_fixed_batch_sessions_give_the_dynamic_sessions_outputs(tmp_path: Path) -> None:
@@ -181,7 +181,9 @@ def test_a_torch_nn_vit_as_given_deploys_with_one_qattention_per_layer(tmp_path:
         assert count == 2 and torch.allclose(fused(_x()), model(_x()), atol=1e-5)
     assert sum(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules()) == 2
     backend = get_backend("onnxruntime-fused")
-    report = backend.save(model, plan_quantization(model, ALL, backend=backend.name), tmp_path, example_input=_x(1))
+    report = backend.save(
+        Build(model, plan_quantization(model, ALL, backend=backend.name), tmp_path, example_input=_x(1))
+    )
     nodes = Counter(node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node)
     assert nodes["QAttention"] == 2 and nodes["Softmax"] == 0
     # the plan named the attention's out_proj (its in-projection is no layer): both int8, by the split names

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from tools.deploy.base import Build
 from tools.deploy.onnxruntime.outliers import MIN_IMAGES, OUTLIER_RATIO, outlier_images, without_outlier_images
 
 pytest.importorskip("onnxruntime")
@@ -69,6 +70,6 @@ def test_the_static_backend_calibrates_without_the_outlier_and_says_so(tmp_path:
     report = plan_quantization(
         model, [QuantizationRecommendation(layer="all", dtype="qint8")], backend="onnxruntime-static"
     )
-    built = get_backend("onnxruntime-static").save(model, report, tmp_path, calibration=images)
+    built = get_backend("onnxruntime-static").save(Build(model, report, tmp_path, calibration=images))
     assert any("calibrated on 39 images" in note for note in built.notes)
     assert any("image 3" in note and "left out" in note for note in built.notes)

@@ -15,7 +15,7 @@ pytest.importorskip("onnx")
 
 from tests.helpers import save_tiny, tiny_resnet, tiny_vit
 from tools.artifacts.io import load_compressed, save_original, save_quantized
-from tools.deploy.base import QuantizationError
+from tools.deploy.base import Build, QuantizationError
 from tools.deploy.onnxruntime.export import OnnxRuntimeError, export_onnx
 from tools.deploy.onnxruntime.graph import quantized_op_counts, weighted_nodes
 from tools.deploy.onnxruntime.quantize import CalibrationReader, static_preset, static_quantize_onnx
@@ -121,7 +121,7 @@ def test_static_needs_calibration_images(run: dict[str, Path], tmp_path: Path) -
     assert "\n" not in str(info.value)
     assert not (tmp_path / "q").exists()
     with pytest.raises(QuantizationError, match="needs calibration images"):
-        get_backend("onnxruntime-static").save(model, report, tmp_path, calibration=_images(0, seed=0))
+        get_backend("onnxruntime-static").save(Build(model, report, tmp_path, calibration=_images(0, seed=0)))
 
 
 def test_presets_reader_and_registry(tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_graph_backends_quantize_subclasses_of_the_layer_kinds_and_torch_ao_only
     model = _MobileBlock().eval()
     report = plan_quantization(model, ALL, backend="onnxruntime-static")
     assert set(report.layers) == {"expand", "depthwise", "head"}
-    built = get_backend("onnxruntime-static").save(model, report, tmp_path, calibration=_images(8, seed=1))
+    built = get_backend("onnxruntime-static").save(Build(model, report, tmp_path, calibration=_images(8, seed=1)))
     assert "depthwise" not in built.float_layers and "depthwise" in built.layers
     attention = nn.MultiheadAttention(8, 2)  # its out_proj is a NonDynamicallyQuantizableLinear
     assert "out_proj" in plan_quantization(attention, ALL, backend="onnxruntime").layers

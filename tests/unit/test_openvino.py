@@ -17,7 +17,7 @@ pytest.importorskip("nncf")
 from tests.helpers import save_tiny, tiny_vit
 from tests.unit.test_pruning import ResidualCNN
 from tools.artifacts.io import deployed_file, is_complete, load_compressed, load_module, save_original, save_quantized
-from tools.deploy.base import BackendNotApplicable, QuantizationError
+from tools.deploy.base import BackendNotApplicable, Build, QuantizationError
 from tools.deploy.cpu import int8_settings
 from tools.deploy.openvino.convert import convert_openvino, export_openvino, save_openvino
 from tools.deploy.openvino.model import OpenVinoModel
@@ -128,11 +128,13 @@ def test_the_fast_bias_backend_builds_a_cnn_with_nncfs_fast_bias_correction_and_
     for backend in ("openvino-int8", "openvino-int8-fast-bias"):
         (tmp_path / backend).mkdir()
         reports[backend] = get_backend(backend).save(
-            model,
-            plan_quantization(model, ALL, backend=backend),
-            tmp_path / backend,
-            example_input=images(1),
-            calibration=images(16, seed=7),
+            Build(
+                model,
+                plan_quantization(model, ALL, backend=backend),
+                tmp_path / backend,
+                example_input=images(1),
+                calibration=images(16, seed=7),
+            )
         )
     assert asked == [False, True]
     fast = reports["openvino-int8-fast-bias"]
@@ -144,11 +146,13 @@ def test_the_fast_bias_backend_builds_a_cnn_with_nncfs_fast_bias_correction_and_
     vit = tiny_vit()
     with pytest.raises(BackendNotApplicable, match="fast bias correction already"):
         get_backend("openvino-int8-fast-bias").save(
-            vit,
-            plan_quantization(vit, ALL, backend="openvino-int8-fast-bias"),
-            tmp_path,
-            example_input=images(1),
-            calibration=images(8),
+            Build(
+                vit,
+                plan_quantization(vit, ALL, backend="openvino-int8-fast-bias"),
+                tmp_path,
+                example_input=images(1),
+                calibration=images(8),
+            )
         )
 
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from tools.artifacts.structure import apply_structure, describe_structure
 from tools.deploy.accuracy import AccuracyControl
-from tools.deploy.base import ModuleBackend, QuantizedModel, QuantReport
+from tools.deploy.base import Build, ModuleBackend, QuantizedModel, QuantReport
 from tools.deploy.cpu import detect_cpu
 from tools.deploy.registry import BACKENDS, get_backend
 from tools.models.base import LoadedModel, clone_module, family_of
@@ -166,15 +166,8 @@ def save_quantized(
     reference = load_original(base_dir).model
     backend = get_backend(report.backend)
     with StagingDir(out_dir) as tmp:
-        done = backend.save(
-            float_model,
-            report,
-            tmp,
-            example_input=example_input,
-            qmodel=qmodel,
-            calibration=calibration,
-            accuracy_control=accuracy_control,
-        )
+        build = Build(float_model, report, tmp, example_input, qmodel, calibration, accuracy_control)
+        done = backend.save(build)
         meta = _meta("quantized", base_dir, out_dir, reference, float_model, recipe, done, recipe_key)
         atomic_write_json(tmp / META_FILE, meta)
     return out_dir

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -98,6 +99,22 @@ class TimingBuild(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Build:
+    """What a backend builds from (``QuantizationBackend.save``): the float model, the plan's report of what to
+    quantize, where to write, and what some backends need besides: an example input (for the export), an in-memory
+    ``qmodel`` already quantized by the backend, ``calibration`` images (static int8: preprocessed, N x C x H x W) and
+    ``accuracy_control`` (mixed precision). One recipe object, not one keyword list copied into every backend."""
+
+    float_model: nn.Module
+    report: QuantReport
+    out_dir: Path
+    example_input: torch.Tensor | None = None
+    qmodel: nn.Module | None = None
+    calibration: torch.Tensor | None = None
+    accuracy_control: AccuracyControl | None = None
+
+
 class QuantizationBackend(Deployment, Protocol):
     """A quantization method and the artifact it deploys (one file, ``deployed_file``, in the artifact dir;
     a backend whose weights sit beside it names that file ``weights_file`` as well)."""
@@ -110,22 +127,11 @@ class QuantizationBackend(Deployment, Protocol):
         """The targets this backend quantizes as asked, and notes on those it leaves in float."""
         ...
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
-        """Quantize ``float_model`` as ``report`` says (or take ``qmodel``, already quantized by this backend)
-        and write ``out_dir / deployed_file``; return the report as carried out. ``calibration`` (preprocessed
-        images) is for backends that quantize activations statically; dynamic ones ignore it.
-        ``accuracy_control`` is for mixed-precision backends, which keep layers in float until it holds; the
-        others ignore it."""
+    def save(self, build: Build) -> QuantReport:
+        """Quantize ``build.float_model`` as ``build.report`` says (or take ``build.qmodel``, already quantized by
+        this backend) and write ``build.out_dir / deployed_file``; return the report as carried out. Its
+        ``calibration`` is for backends that quantize activations statically (dynamic ones ignore it), its
+        ``accuracy_control`` for mixed-precision backends, which keep layers in float until it holds."""
         ...
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:

@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tools.deploy.accuracy import AccuracyControl
-from tools.deploy.base import PRECISION_FP32, QuantizationError, QuantReport, Runtime
+from tools.deploy.base import PRECISION_FP32, Build, QuantizationError, QuantReport, Runtime
 from tools.schemas import QuantDType
 
 #: The float model's name: ``--deploy torch``, and the FP32 reference of the PyTorch backends.
@@ -175,30 +174,21 @@ class TorchAODynamicBackend:
         """Whether a state-dict key belongs to the packed weights this backend exports itself."""
         return "._packed_params." in key or key.endswith(("._packed_params", ".scale", ".zero_point"))
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
+    def save(self, build: Build) -> QuantReport:
         """The state dict as deployed: packed weights exported as int8 + scales (or float16), the rest as is."""
+        qmodel = build.qmodel
         from safetensors.torch import save_file
 
         if qmodel is None:
-            qmodel = self.quantize(float_model, report.layers)
+            qmodel = self.quantize(build.float_model, build.report.layers)
         tensors = {
             k: v.detach().cpu().contiguous()
             for k, v in qmodel.state_dict().items()
             if isinstance(v, torch.Tensor) and not self.owns(k)
         }
         tensors.update(self.export_tensors(qmodel))
-        save_file(tensors, str(Path(out_dir) / self.deployed_file), metadata={"format": "pt"})
-        return report
+        save_file(tensors, str(Path(build.out_dir) / self.deployed_file), metadata={"format": "pt"})
+        return build.report
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> nn.Module:
         """Rebuild the float structure, quantize it the same way, and load the deployed tensors into it."""

@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from tools.compression.mha import split_layer_names
-from tools.deploy.accuracy import AccuracyControl
 from tools.deploy.base import (
     PRECISION_FP32,
     WEIGHTED_MODULES,
     BackendNotApplicable,
+    Build,
     QuantizationError,
     QuantizedModel,
     QuantReport,
@@ -88,38 +88,31 @@ class OnnxRuntimeDynamicBackend:
     def supported(self, targets: dict[str, QuantDType]) -> tuple[dict[str, QuantDType], list[str]]:
         return _int8_only(self.name, targets)
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
-        if example_input is None:
+    def save(self, build: Build) -> QuantReport:
+        out_dir = build.out_dir
+        if build.example_input is None:
             raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
-        if qmodel is not None:
+        if build.qmodel is not None:
             raise QuantizationError(f"the {self.name} backend quantizes the float model itself: pass no qmodel")
         out_dir = Path(out_dir)
         target = out_dir / self.deployed_file
-        settings = report.int8 or int8_settings()
-        exported, op_types, notes = float_model, graphs.QUANTIZED_OP_TYPES, list(report.notes)
-        wanted = dict(report.layers)
+        settings = build.report.int8 or int8_settings()
+        exported, op_types, notes = build.float_model, graphs.QUANTIZED_OP_TYPES, list(build.report.notes)
+        wanted = dict(build.report.layers)
         if self.fuse:
             try:
-                exported, count = fuse_attention(float_model, example_input[:1])
+                exported, count = fuse_attention(build.float_model, build.example_input[:1])
             except NothingToFuse as exc:
                 raise BackendNotApplicable(str(exc)) from exc
             except AttentionFusionError as exc:
                 raise QuantizationError(str(exc)) from exc
             op_types = (*op_types, *graphs.CONTRIB_OP_TYPES)
             notes.append(f"{self.name}: {count} attention module(s) exported as one fused Attention node each")
-            wanted = split_layer_names(report.layers, float_model)  # the fused copy's nn.MultiheadAttention is split
+            wanted = split_layer_names(
+                build.report.layers, build.float_model
+            )  # the fused copy's nn.MultiheadAttention is split
         with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
-            fp32 = export_onnx(exported, example_input[:1], Path(work) / "float.onnx")
+            fp32 = export_onnx(exported, build.example_input[:1], Path(work) / "float.onnx")
             graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
             packed = graphs.packed_attention_nodes(graph, exported) if self.fuse else {}
             nodes = graphs.linear_nodes(graph, exported) | packed
@@ -150,7 +143,7 @@ class OnnxRuntimeDynamicBackend:
         missed = sorted(name for name, found in selected.items() if found and name not in layers)
         if missed:
             notes.append(f"onnxruntime did not quantize {', '.join(missed[:3])}: left in float32")
-        return report.model_copy(update={"layers": layers, "notes": notes, "int8": settings})
+        return build.report.model_copy(update={"layers": layers, "notes": notes, "int8": settings})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:
         return OrtModel(Path(out_dir) / self.deployed_file, threads=torch.get_num_threads(), fixed_batch=True)
@@ -208,36 +201,26 @@ class OnnxRuntimeBackend:
             return {}, ["the onnxruntime-fp32 backend deploys the float model: nothing is quantized"] * bool(targets)
         return _int8_only(self.name, targets)
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
-        if qmodel is not None:
+    def save(self, build: Build) -> QuantReport:
+        if build.qmodel is not None:
             raise QuantizationError(f"the {self.name} backend exports the float model itself: pass no qmodel")
-        if self.static and (calibration is None or len(calibration) == 0):
+        if self.static and (build.calibration is None or len(build.calibration) == 0):
             raise QuantizationError("the onnxruntime-static backend needs calibration images (calibration=, NCHW)")
-        example = example_input if example_input is not None else calibration
+        example = build.example_input if build.example_input is not None else build.calibration
         if example is None:
             raise QuantizationError(f"the {self.name} backend needs an example input to export the model to ONNX")
-        target = Path(out_dir) / self.deployed_file
-        if calibration is None or not self.static:
-            notes = list(report.notes)
-            export_fp32_onnx(float_model, example[:1], target, notes=notes)
-            return report.model_copy(update={"layers": {}, "notes": notes})
-        settings = report.int8 or int8_settings()
-        calibration, outlier_notes = without_outlier_images(float_model, calibration)
-        with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=out_dir) as work:
-            fp32 = export_onnx(float_model, example[:1], Path(work) / "float.onnx")
+        target = Path(build.out_dir) / self.deployed_file
+        if build.calibration is None or not self.static:
+            notes = list(build.report.notes)
+            export_fp32_onnx(build.float_model, example[:1], target, notes=notes)
+            return build.report.model_copy(update={"layers": {}, "notes": notes})
+        settings = build.report.int8 or int8_settings()
+        calibration, outlier_notes = without_outlier_images(build.float_model, build.calibration)
+        with tempfile.TemporaryDirectory(prefix=".onnx-export-", dir=build.out_dir) as work:
+            fp32 = export_onnx(build.float_model, example[:1], Path(work) / "float.onnx")
             graph = preprocess_onnx(fp32, Path(work) / "preprocessed.onnx")
-            nodes = graphs.module_nodes(graph, float_model)
-            keep_float = [name for name, found in nodes.items() if found and name not in report.layers]
+            nodes = graphs.module_nodes(graph, build.float_model)
+            keep_float = [name for name, found in nodes.items() if found and name not in build.report.layers]
             static_quantize_onnx(
                 graph,
                 target,
@@ -248,7 +231,7 @@ class OnnxRuntimeBackend:
                 nodes_to_exclude=[node for name in keep_float for node in nodes[name]],
             )
         planned = dict.fromkeys(keep_float, "the plan keeps it in float")
-        return self._carried_out(report, target, nodes, planned, settings, len(calibration), outlier_notes)
+        return self._carried_out(build.report, target, nodes, planned, settings, len(calibration), outlier_notes)
 
     def _carried_out(
         self,

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tools.deploy.accuracy import AccuracyControl, predict_classes
-from tools.deploy.base import BackendNotApplicable, QuantizationError, QuantReport
+from tools.deploy.base import BackendNotApplicable, Build, QuantizationError, QuantReport
 from tools.deploy.cpu import Int8Settings, int8_settings
 from tools.deploy.onnxruntime import graph as graphs
 from tools.deploy.onnxruntime.backend import OnnxRuntimeBackend
@@ -223,34 +223,26 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
         self.precision = "int8 static, mixed (accuracy control)"
         self.mixed_of = "onnxruntime-static"
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
-        if accuracy_control is None:
+    def save(self, build: Build) -> QuantReport:
+        if build.accuracy_control is None:
             raise BackendNotApplicable(f"{self.name} needs labelled validation images (a dataset) to control accuracy")
-        if qmodel is not None or calibration is None or len(calibration) == 0:
+        if build.qmodel is not None or build.calibration is None or len(build.calibration) == 0:
             raise QuantizationError(f"the {self.name} backend needs calibration images and no qmodel")
-        example = example_input if example_input is not None else calibration
-        settings = report.int8 or int8_settings()
-        target = Path(out_dir) / self.deployed_file
-        with tempfile.TemporaryDirectory(prefix=".onnx-mixed-", dir=out_dir) as work:
-            build = StaticInt8Build(float_model, example, calibration, Path(work), settings)
-            planned = [name for name in build.nodes if name not in report.layers]  # the plan's float32 layers
-            ranking = _ranking_for(build, accuracy_control.int8_ranking, settings)
+        example = build.example_input if build.example_input is not None else build.calibration
+        settings = build.report.int8 or int8_settings()
+        target = Path(build.out_dir) / self.deployed_file
+        with tempfile.TemporaryDirectory(prefix=".onnx-mixed-", dir=build.out_dir) as work:
+            int8 = StaticInt8Build(build.float_model, example, build.calibration, Path(work), settings)
+            planned = [name for name in int8.nodes if name not in build.report.layers]  # the plan's float32 layers
+            ranking = _ranking_for(int8, build.accuracy_control.int8_ranking, settings)
             ranked_on = "the original's (the int8 profile's)" if ranking is not None else "this model's"
             if ranking is None:
-                macs = sum(weight_layer_macs(float_model, example[:1]).values())
-                count = int8_samples(macs, len(build.groups), len(calibration))
-                ranking = measure_int8_sensitivity(build, calibration[:count])
-            kept, trail = self._control(build, accuracy_control, planned, [g.group for g in ranking.groups], target)
+                macs = sum(weight_layer_macs(build.float_model, example[:1]).values())
+                count = int8_samples(macs, len(int8.groups), len(build.calibration))
+                ranking = measure_int8_sensitivity(int8, build.calibration[:count])
+            kept, trail = self._control(
+                int8, build.accuracy_control, planned, [g.group for g in ranking.groups], target
+            )
         why = dict.fromkeys(planned, "the plan keeps it in float")
         damage = {layer: g for g in ranking.groups for layer in g.layers}
         for name in kept:
@@ -261,12 +253,12 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeBackend):
                     f"on {ranking.images} calibration images)"
                 )
         extra = [
-            *build.notes,
-            f"{self.name}: accuracy control ({len(accuracy_control.images)} validation images, budget "
-            f"{accuracy_control.max_drop_points:g} points with one standard error), blocks ranked by "
+            *int8.notes,
+            f"{self.name}: accuracy control ({len(build.accuracy_control.images)} validation images, budget "
+            f"{build.accuracy_control.max_drop_points:g} points with one standard error), blocks ranked by "
             f"{ranked_on} int8 damage: " + "; ".join(trail),
         ]
-        return self._carried_out(report, target, build.nodes, why, settings, len(build.calibration), extra)
+        return self._carried_out(build.report, target, int8.nodes, why, settings, len(int8.calibration), extra)
 
     def _control(
         self, build: StaticInt8Build, control: AccuracyControl, planned: list[str], ranked: list[str], target: Path

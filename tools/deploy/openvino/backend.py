@@ -17,6 +17,7 @@ from tools.deploy.base import (
     PRECISION_FP32,
     WEIGHTED_MODULES,
     BackendNotApplicable,
+    Build,
     QuantizationError,
     QuantizedModel,
     QuantReport,
@@ -99,20 +100,11 @@ class OpenVinoBackend:
         notes = [f"{self.name}: {len(half)} layer(s) asked for float16 become int8 (no float16 here)"] * bool(half)
         return {name: "qint8" for name, dtype in targets.items() if dtype != "float32"}, notes
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
-        if qmodel is not None:
+    def save(self, build: Build) -> QuantReport:
+        accuracy_control = build.accuracy_control
+        if build.qmodel is not None:
             raise QuantizationError(f"the {self.name} backend converts the float model itself: pass no qmodel")
-        if self.int8 and calibration is None:
+        if self.int8 and build.calibration is None:
             raise QuantizationError(f"the {self.name} backend needs calibration images (calibration=, N x C x H x W)")
         if self.controlled and accuracy_control is None:
             raise BackendNotApplicable(f"{self.name} needs labelled validation images (a dataset) to control accuracy")
@@ -121,27 +113,31 @@ class OpenVinoBackend:
             raise BackendNotApplicable(
                 f"{cpu.model_name} computes no bf16 natively (no AMX-BF16 or AVX512-BF16): OpenVINO would run FP32"
             )
-        example = example_input if example_input is not None else calibration
+        example = build.example_input if build.example_input is not None else build.calibration
         if example is None:
             raise QuantizationError(f"the {self.name} backend needs an example input to convert the model")
-        xml = Path(out_dir) / self.deployed_file
+        xml = Path(build.out_dir) / self.deployed_file
         if not self.int8:
-            deploy_openvino(float_model, xml, example_input=example[:1], int8=False)
+            deploy_openvino(build.float_model, xml, example_input=example[:1], int8=False)
             validated = [f"{self.precision} built and validated on {cpu.describe()}"] * (
                 self.inference_precision != "f32"
             )
-            update = {"layers": {}, "notes": [*report.notes, *validated], "runtime_properties": self.runtime_properties}
-            return report.model_copy(update=update)
-        settings = report.int8 or int8_settings()
-        weighted = [name for name, m in float_model.named_modules() if isinstance(m, self.layer_kinds) and name]
+            update = {
+                "layers": {},
+                "notes": [*build.report.notes, *validated],
+                "runtime_properties": self.runtime_properties,
+            }
+            return build.report.model_copy(update=update)
+        settings = build.report.int8 or int8_settings()
+        weighted = [name for name, m in build.float_model.named_modules() if isinstance(m, self.layer_kinds) and name]
         if self.controlled and accuracy_control is not None:
-            accuracy_control = self._planned(float_model, example[:1], accuracy_control, len(weighted))
-        keep_float = [name for name in weighted if name not in report.layers]
+            accuracy_control = self._planned(build.float_model, example[:1], accuracy_control, len(weighted))
+        keep_float = [name for name in weighted if name not in build.report.layers]
         int8, unnamed = deploy_openvino(
-            float_model,
+            build.float_model,
             xml,
             example_input=example[:1],
-            calibration=calibration,
+            calibration=build.calibration,
             int8=True,
             settings=settings,
             keep_float=keep_float,
@@ -151,13 +147,13 @@ class OpenVinoBackend:
         kept = {
             name: "the plan keeps it in float" if name in keep_float else other for name in weighted if name not in int8
         }
-        notes = list(report.notes)
+        notes = list(build.report.notes)
         if kept:
             shown = ", ".join(list(kept)[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
             notes.append(f"{self.name}: {len(kept)} of {len(weighted)} layer(s) in float: {shown}")
         notes += [f"{self.name}: {unnamed} more int8 node(s) the conversion left unnamed"] * bool(unnamed)
         layers: dict[str, QuantDType] = {name: "qint8" for name in int8}
-        return report.model_copy(
+        return build.report.model_copy(
             update={
                 "layers": layers,
                 "notes": notes,
@@ -209,33 +205,15 @@ class OpenVinoFastBiasBackend(OpenVinoBackend):
         self.timed_as = "openvino-int8"  # the same int8 kernels
         self.precision = "int8 static (NNCF, fast bias correction)"
 
-    def save(
-        self,
-        float_model: nn.Module,
-        report: QuantReport,
-        out_dir: Path,
-        *,
-        example_input: torch.Tensor | None = None,
-        qmodel: nn.Module | None = None,
-        calibration: torch.Tensor | None = None,
-        accuracy_control: AccuracyControl | None = None,
-    ) -> QuantReport:
+    def save(self, build: Build) -> QuantReport:
         from tools.compression.heads import has_attention
 
-        if has_attention(float_model):
+        if has_attention(build.float_model):
             raise BackendNotApplicable(
                 "an attention model's openvino-int8 takes NNCF's fast bias correction already: the same build"
             )
-        settings = (report.int8 or int8_settings()).model_copy(update={"fast_bias_correction_cnn": True})
-        return super().save(
-            float_model,
-            report.model_copy(update={"int8": settings}),
-            out_dir,
-            example_input=example_input,
-            qmodel=qmodel,
-            calibration=calibration,
-            accuracy_control=accuracy_control,
-        )
+        settings = (build.report.int8 or int8_settings()).model_copy(update={"fast_bias_correction_cnn": True})
+        return super().save(replace(build, report=build.report.model_copy(update={"int8": settings})))
 
 
 class OpenVinoBf16Backend(OpenVinoBackend):
