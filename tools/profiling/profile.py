@@ -24,7 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from tools.profiling.dynamic import model_latency, operator_profile, self_latencies
-from tools.profiling.static import static_details
+from tools.profiling.static import StaticDetails, static_details
 from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,36 @@ def _share(part: float, total: float) -> float:
     return float(part) / float(total) if total > 0 else 0.0
 
 
+def _layer_profiles(details: StaticDetails, names: list[str], latencies: dict[str, float]) -> list[LayerProfile]:
+    """Each layer's exact counts and timed latency, with their shares: latency of the hooked forward (self-latencies
+    add up to it, while the model's ``latency_s``, timed without hooks, is smaller by the hooks' overhead, which
+    dominates on tiny models), MACs and parameters of the model's totals."""
+    hooked_total = sum(latencies.get(name, 0.0) for name in names)
+    return [
+        LayerProfile(
+            name=name,
+            type=details.types.get(name, ""),
+            params=details.params.get(name, 0),
+            macs=details.macs.get(name, 0),
+            latency_s=latencies.get(name, 0.0),
+            latency_share=_share(latencies.get(name, 0.0), hooked_total),
+            macs_share=_share(details.macs.get(name, 0), details.total_macs),
+            params_share=_share(details.params.get(name, 0), details.total_params),
+            output_shape=details.output_shapes.get(name),
+        )
+        for name in names
+    ]
+
+
+def _grouped_conv_macs(model: nn.Module, details: StaticDetails) -> int:
+    """MACs of the grouped (e.g. depthwise) convolutions, which some runtimes run far slower than their count."""
+    return sum(
+        details.macs.get(name, 0)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Conv2d) and module.groups > 1
+    )
+
+
 def profile_model(
     model: nn.Module,
     example_inputs: torch.Tensor,
@@ -145,27 +175,7 @@ def profile_model(
     bar.close()
     t_ops = time.perf_counter()
 
-    # shares of the hooked forward: self-latencies add up to it, while `latency_s` (timed without hooks) is
-    # smaller by the hooks' overhead, which dominates on tiny models
-    hooked_total = sum(latencies.get(name, 0.0) for name in names)
-    layers = []
-    for name in names:
-        macs = details.macs.get(name, 0)
-        params = details.params.get(name, 0)
-        latency = latencies.get(name, 0.0)
-        layers.append(
-            LayerProfile(
-                name=name,
-                type=details.types.get(name, ""),
-                params=params,
-                macs=macs,
-                latency_s=latency,
-                latency_share=_share(latency, hooked_total),
-                macs_share=_share(macs, details.total_macs),
-                params_share=_share(params, details.total_params),
-                output_shape=details.output_shapes.get(name),
-            )
-        )
+    layers = _layer_profiles(details, names, latencies)
     logger.info(
         "profiled %s: %d layers, %.3g MACs, %d params, %.4f s/forward "
         "(static %.1fs, layers %.1fs, latency %.1fs, operators %.1fs)",
@@ -186,11 +196,7 @@ def profile_model(
         input_shape=list(input_shape),
         total_params=details.total_params,
         total_macs=details.total_macs,
-        grouped_conv_macs=sum(
-            details.macs.get(name, 0)
-            for name, module in model.named_modules()
-            if isinstance(module, nn.Conv2d) and module.groups > 1
-        ),
+        grouped_conv_macs=_grouped_conv_macs(model, details),
         attention=attention,
         latency_s=latency_s,
         peak_memory_mb=peak_mb,
