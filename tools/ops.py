@@ -8,7 +8,7 @@ artifact is already complete returns the existing result instead of recomputing 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from tools.judging import (
     latency_device,
     predictions_on,
 )
-from tools.models.base import clone_module, example_input, logits_of, resolve_device
+from tools.models.base import example_input, logits_of, resolve_device
 from tools.models.input_shape import ImageHints, resolve_loaded_shape
 from tools.models.sources import acquire_model
 from tools.run_data import (
@@ -225,10 +225,11 @@ def sensitivity(
     ``samples``: calibration images to probe with (0: automatic, about two minutes in all, from the model's
     MACs, not its timed latency; see ``tools.compression.sensitivity.auto_samples``). None without
     calibration images (no dataset, or ``calibration_samples`` 0). ``latency_runtime`` (``--objective latency``): each
-    probe's latency saving is measured in that runtime at FP32 (:mod:`tools.evaluation.runtime_latency`), batch 1.
+    probe's latency saving is measured in that timing build (:mod:`tools.evaluation.runtime_latency`), batch 1.
     """
     from tools.compression.sensitivity import DEFAULT_RATIOS, affordable_units, auto_samples, measure_sensitivity
     from tools.compression.units import prunable_units
+    from tools.evaluation.runtime_latency import latency_saving
 
     target = out_dir / "sensitivity.json"
     if target.is_file():
@@ -259,7 +260,7 @@ def sensitivity(
         pruning=config,
         recovery=recovery,
         batch_size=spec.batch_size,
-        latency_saving=_latency_saving(latency_runtime, original, shape) if latency_runtime else None,
+        latency_saving=latency_saving(latency_runtime, original, example_input(shape)) if latency_runtime else None,
     )
     result.skipped.update(unaffordable)
     result.latency_runtime = latency_runtime
@@ -325,20 +326,6 @@ def channels_last(images: torch.Tensor) -> torch.Tensor:
     return images.contiguous(memory_format=torch.channels_last) if images.ndim == 4 else images
 
 
-def _latency_saving(runtime: str, original: nn.Module, shape: InputShape) -> Callable[[nn.Module], float]:
-    """What a model runs faster than ``original`` in ``runtime`` at FP32, batch 1 (the two timed interleaved)."""
-    from tools.evaluation.runtime_latency import compiled_in, latencies_in
-
-    example = example_input(shape)
-    reference = compiled_in(runtime, clone_module(original).cpu(), example)
-
-    def saving(model: nn.Module) -> float:
-        times = latencies_in({"original": reference, "probe": compiled_in(runtime, model.cpu(), example)}, example)
-        return times["original"] - times["probe"]
-
-    return saving
-
-
 def _as_pruned(model: nn.Module) -> nn.Module:
     """The original as pruning sees it: every ``nn.MultiheadAttention`` split into q/k/v/o layers, exactly
     (:func:`tools.compression.mha.with_split_attention`), so that its heads are units whose output projection
@@ -355,6 +342,37 @@ def _artifact_key(original_dir: Path) -> str:
 
 
 @counts_as("prune")
+def _reference(
+    original_dir: Path, images: torch.Tensor | None, targets: torch.Tensor | None, recovery: RecoveryConfig
+) -> Any:
+    """The original's passes over the calibration images (``tools.compression.reference``), shared by every round of
+    the run, the last ones held out to judge each round's recovery on images it was not fit on; None without
+    images."""
+    from tools.compression.reference import reference_passes
+    from tools.compression.repair import held_out_count
+
+    if images is None:
+        return None
+    return reference_passes(
+        _artifact_key(original_dir),
+        lambda: _as_pruned(load_original(original_dir).model),
+        images,
+        targets,
+        holdout=held_out_count(images.shape[0], recovery.holdout) if recovery.method != "none" else 0,
+    )
+
+
+def _distilled(
+    model: nn.Module, original: nn.Module, images: torch.Tensor | None, config: DistillConfig
+) -> dict[str, Any]:
+    """What distilling ``model`` from ``original`` on ``images`` did (``DistillReport``), or why it was skipped."""
+    from tools.compression.distill import distill_
+
+    if images is None:
+        return {"steps": 0, "skipped": "no images to distil on (no dataset)"}
+    return distill_(model, original, images, config).model_dump()
+
+
 def prune(
     original_dir: Path,
     plan: OptimizationPlan,
@@ -381,8 +399,7 @@ def prune(
     """
     from tools.compression.pruning import apply_pruning
     from tools.compression.recovery import recover_
-    from tools.compression.reference import reference_passes
-    from tools.compression.repair import held_out_count, repair_
+    from tools.compression.repair import repair_
 
     config = config or PruningConfig()
     recovery = recovery or RecoveryConfig(method="none")
@@ -404,21 +421,8 @@ def prune(
     if stale is not None:
         logger.warning("rebuilding the pruned model: %s", stale)
     images = channels_last(calibration.images) if calibration is not None else None
-    targets = calibration.targets if calibration is not None else None
     model = load_original(original_dir).model.eval()
-    # the original's passes over the calibration images, shared by every round of the run; the last ones held out
-    # to judge each round's recovery on images it was not fit on
-    reference = (
-        reference_passes(
-            _artifact_key(original_dir),
-            lambda: _as_pruned(load_original(original_dir).model),
-            images,
-            targets,
-            holdout=held_out_count(images.shape[0], recovery.holdout) if recovery.method != "none" else 0,
-        )
-        if images is not None
-        else None
-    )
+    reference = _reference(original_dir, images, calibration.targets if calibration is not None else None, recovery)
     original = reference.original if reference is not None else _as_pruned(load_original(original_dir).model).eval()
     torch.manual_seed(config.seed)
     report = apply_pruning(
@@ -435,15 +439,9 @@ def prune(
         repaired = repair_(model, reference, consumers, recovery, report.kept_outputs())
     else:
         repaired = recover_(model, original, None, consumers, recovery)
-    tuned: dict[str, Any] | None = None
+    tuned = None
     if finetune is not None and finetune.steps > 0 and report.applied:
-        from tools.compression.distill import distill_
-
-        data = finetune_images if finetune_images is not None else images
-        if data is None:
-            tuned = {"steps": 0, "skipped": "no images to distil on (no dataset)"}
-        else:
-            tuned = distill_(model, original, data, finetune).model_dump()
+        tuned = _distilled(model, original, finetune_images if finetune_images is not None else images, finetune)
     # max_ratio bounds what a planner may ask; it is not part of how the plan was applied
     recipe = {
         "plan": plan.model_dump(),

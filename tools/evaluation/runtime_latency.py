@@ -32,7 +32,7 @@ from tools.clock import counts_as
 from tools.deploy.registry import TIMED
 from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 
-__all__ = ["RUNTIMES", "compiled_in", "latencies_in"]
+__all__ = ["RUNTIMES", "compiled_in", "latencies_in", "latency_saving"]
 
 #: The deployments a model can be timed in here (the registry's timing builds).
 RUNTIMES = TIMED
@@ -91,3 +91,17 @@ def latencies_in(
     return compare_latencies(
         dict(models), example[:1], warmup=2, repeats=repeats, block=SERVING_BLOCK, min_seconds=PROBE_TIMING_SECONDS
     )
+
+
+def latency_saving(name: str, original: nn.Module, example: torch.Tensor) -> Callable[[nn.Module], float]:
+    """What a model runs faster than ``original`` as the deployment ``name`` runs it (:func:`compiled_in`), batch 1,
+    the two timed interleaved (:func:`latencies_in`): the latency objective's measure of a unit."""
+    from tools.models.base import clone_module
+
+    reference = compiled_in(name, clone_module(original).cpu(), example)
+
+    def saving(model: nn.Module) -> float:
+        times = latencies_in({"original": reference, "probe": compiled_in(name, model.cpu(), example)}, example)
+        return times["original"] - times["probe"]
+
+    return saving
