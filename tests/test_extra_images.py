@@ -133,6 +133,14 @@ def test_a_folder_that_cannot_serve_is_refused_in_one_line(tmp_path: Path) -> No
     check_extra_images(EvalSpec(dataset="digits", extra_images=str(data)))  # apart from the dataset: fine
 
 
+def test_extra_images_no_distillation_used_are_said_to_be_unused() -> None:
+    from tools.reporting.paired_text import split_text
+
+    dataset = {"spec": "d", "evaluation_samples": 100, "calibration_samples": 10, "confirm_samples": 0}
+    assert "not used" in str(split_text({**dataset, "extra_images": 0, "extra_images_given": True}))
+    assert "not used" not in str(split_text({**dataset, "extra_images": 5, "extra_images_given": True}))
+
+
 def test_the_option_reaches_the_settings() -> None:
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--extra-images", "/x"])
     assert args.extra_images == "/x"

@@ -61,6 +61,8 @@ def split_text(dataset: dict[str, Any]) -> str | None:
         fit += f" (+{dataset['finetune_samples']:,} for distillation)"
     if dataset.get("extra_images"):
         fit += f" (+{dataset['extra_images']:,} extra images, for distillation only)"
+    elif dataset.get("extra_images_given"):
+        fit += " (the extra images given were not used: no distillation ran)"
     misread = [role for role in dataset.get("extra_read_by") or [] if role != "fit"]
     if misread:
         fit += f" (the extra images were ALSO read by {', '.join(misread)})"

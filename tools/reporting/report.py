@@ -72,6 +72,7 @@ class DataSplit(TypedDict):
     finetune_samples: int
     extra_images: int
     extra_read_by: list[str]
+    extra_images_given: bool
     unreadable_images: int
     parts_disjoint: bool | None
     confirm_untouched: bool | None
@@ -109,6 +110,7 @@ def data_split(state: dict[str, Any], settings: dict[str, Any]) -> DataSplit:
         # the user's extra images (--extra-images) as read: how many fit on, and every role that read any
         "extra_images": len(reads.extra.get("fit", [])) if reads is not None else 0,
         "extra_read_by": sorted(reads.extra) if reads is not None else [],
+        "extra_images_given": bool(settings.get("extra_images")),
         "unreadable_images": int(parts.get("unreadable", 0)),  # left out; the notes name them
         # from the rows each role read; unknown (None) for a run that recorded none
         "parts_disjoint": reads.disjoint() if reads is not None else None,
