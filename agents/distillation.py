@@ -248,11 +248,16 @@ def _note(
     paired = need(record.metrics.paired, "paired accuracy")
     steps = int(cross_fit.students[0].distilled.get("steps") or 0)
     verdict = "within" if record.within_budget else "still over"
+    lone = cross_fit.judged_on_half is None  # one student, on the fit images (the extra images among them)
     begun = (
         ""
         if start is None
-        else f", each student starting from round {start.round}'s of the same half ({len(blocks_removed(start))} of "
-        f"its {len(blocks_removed(source))} blocks removed and distilled already)"
+        else (
+            f", starting from round {start.round}'s student"
+            if lone
+            else f", each student starting from round {start.round}'s of the same half"
+        )
+        + f" ({len(blocks_removed(start))} of its {len(blocks_removed(source))} blocks removed and distilled already)"
     )
     why = (
         f"within the {budget:g}-point budget alone, refused as the best of several"
@@ -268,8 +273,7 @@ def _note(
         f"from the original, {steps} steps"
     )
     extra_text = " + extra images" if extra else ""
-    if cross_fit.judged_on_half is None:  # one student, on the fit images (the extra images among them)
-        begun = begun.replace("each student starting", "starting").replace("'s of the same half", "'s student")
+    if lone:
         return (
             f"{head}, once{begun}: on {cross_fit.images_per_student:,} images (calibration + extra images), none of "
             f"the evaluation images; judged on all of them, {result}"

@@ -29,13 +29,9 @@ import torch
 from torch import nn
 
 from tools.clock import counts_as
-from tools.deploy.registry import TIMED
 from tools.evaluation.cost import SERVING_BLOCK, compare_latencies
 
-__all__ = ["RUNTIMES", "compiled_in", "latencies_in", "latency_saving"]
-
-#: The deployments a model can be timed in here (the registry's timing builds).
-RUNTIMES = TIMED
+__all__ = ["compiled_in", "latencies_in", "latency_saving"]
 
 #: Seconds of calls at least behind each probe's timing (:func:`latencies_in`).
 PROBE_TIMING_SECONDS = 0.5
@@ -67,8 +63,8 @@ def _probe_images(example: torch.Tensor) -> torch.Tensor:
 
 
 def compiled_in(name: str, model: nn.Module, example: torch.Tensor) -> Callable[..., Any]:
-    """``model`` (float, eval mode) as the deployment ``name`` (one of :data:`RUNTIMES`) runs it, for timing: its
-    registry entry's timing build (``tools.deploy.base.TimingBuild``), an int8 one calibrated on
+    """``model`` (float, eval mode) as the deployment ``name`` (one of ``tools.deploy.registry.TIMED``) runs it,
+    for timing: its registry entry's timing build (``tools.deploy.base.TimingBuild``), an int8 one calibrated on
     :data:`PROBE_CALIBRATION_IMAGES` random images; ``ValueError`` for another name."""
     from tools.deploy.registry import timing_build
 
