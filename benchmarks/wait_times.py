@@ -102,6 +102,8 @@ ROWS: dict[str, tuple[float, Any]] = {
         ],
     ),
 }
+#: issue 92: the same with the shared Imagenette training images as the user's extra (unlabelled) images
+ROWS["lite2-extra"] = (1200, lambda: [*ROWS["lite2"][1](), "--extra-images", str(SHARED / "data" / "imagenette-train")])
 
 
 def _prepare(out: Path) -> None:
