@@ -12,12 +12,12 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
 from agents.common import resolve_run_dir, settings
+from agents.context import Context
 from agents.evaluation import eval_spec
-from graph.context import Context
-from graph.state import State
-from tools import ops
+from agents.state import State
 from tools.evaluation.labels import LabelMatch
-from tools.run_data import preprocessing_note
+from tools.stages import ops
+from tools.stages.run_data import preprocessing_note
 from tools.store.run_paths import RunPaths
 
 

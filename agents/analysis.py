@@ -8,15 +8,15 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, need, paths, pruning_budget, settings, shape_of
+from agents.context import Context
 from agents.evaluation import rescues_wanted
 from agents.planning.base import Planner, PlanningContext, RoundRecord
 from agents.planning.registry import get_planner
 from agents.planning.selection import distillation_target
-from graph.context import Context
-from graph.state import State
-from tools import ops
+from agents.state import State
 from tools.compression.reports import PrunableLayers
 from tools.schemas import ModelProfile
+from tools.stages import ops
 from tools.store.files import atomic_write_json, read_json
 
 

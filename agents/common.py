@@ -8,10 +8,10 @@ from typing import TypeVar
 from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 
-from graph.context import Context, context_of
-from graph.state import State
-from tools.ops import set_threads
+from agents.context import Context, context_of
+from agents.state import State
 from tools.schemas import InputShape
+from tools.stages.ops import set_threads
 from tools.store.run_paths import RunPaths
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 from langgraph.runtime import Runtime
 
 from agents.common import budget_points, disagreement_budget, need, paths, settings, shape_of
+from agents.context import Context
 from agents.evaluation import eval_spec
-from graph.context import Context
-from graph.state import State
-from tools import ops
+from agents.state import State
 from tools.deploy.choice import DeployCandidate
 from tools.deploy.registry import FLOAT
 from tools.evaluation.confirm import (
@@ -29,8 +28,9 @@ from tools.evaluation.confirm import (
     fallback_choice,
 )
 from tools.reporting.paired_text import change_ci
-from tools.run_data import confirming
 from tools.schemas import PartAccuracy, PrunedEntry
+from tools.stages import ops
+from tools.stages.run_data import confirming
 
 
 def _declared(state: State, ctx: Context) -> tuple[Confirmation, DeployCandidate]:

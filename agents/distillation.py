@@ -15,6 +15,7 @@ from pathlib import Path
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, disagreement_budget, need, paths, pruning_budget, settings, shape_of
+from agents.context import AUTO_STEPS, Context
 from agents.evaluation import (
     MIN_CROSS_FIT_IMAGES,
     data_parts,
@@ -38,15 +39,14 @@ from agents.planning.selection import (
     round_to_distill,
     within_budget,
 )
-from graph.context import AUTO_STEPS, Context
-from graph.state import State
-from tools import ops
+from agents.state import State
 from tools.compression.distill import DistillConfig
 from tools.compression.distill_budget import AUTO_DISTILL_SECONDS, SOLO_STEPS_FACTOR, auto_distill_floor_seconds
 from tools.compression.units import sheds_layers
-from tools.cross_fit import CrossFitResult, cross_fit_distill, distil_solo, extends_by_blocks, solo
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import CrossFit, RoundResult
+from tools.stages import ops
+from tools.stages.cross_fit import CrossFitResult, cross_fit_distill, distil_solo, extends_by_blocks, solo
 from tools.store.files import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -163,15 +163,7 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
         plan=source.plan,
         source=source.source,
         planner_state=source.planner_state,  # the planner's search reads it as the level it tried
-        prune_report={
-            **(source.prune_report or {}),
-            "finetune": {
-                **first.distilled,
-                "cross_fitted_from_round": source.round,
-                **({"solo": True} if first.judged_on_half is None else {}),  # one student, on the fit images
-                **({"started_from_round": start.round} if start is not None else {}),
-            },
-        },
+        prune_report=_distilled_report(source, result, start),
         metrics=metrics,
         accuracy_drop_points=drop,
         within_budget=within_budget(drop, budget, result.paired, disagreement_budget(state, ctx)),
@@ -185,19 +177,39 @@ def distill_over_budget_round(state: State, runtime: Runtime[Context]) -> dict[s
     )
     timed = with_deploy_latency(state, ctx, record) if ctx.objective == "latency" else [record]
     record = timed[-1]
-    notes = [_note(record, source, budget, start, extra=spec.extra_images is not None)]
-    before = source.metrics.paired
-    after = result.paired
+    notes = [
+        _note(record, source, budget, start, extra=spec.extra_images is not None),
+        *_worse_note(index, source, result),
+    ]
+    atomic_write_json(folder / "round.json", record.model_dump())
+    return {"rounds": timed, "notes": notes}
+
+
+def _distilled_report(source: RoundResult, result: CrossFitResult, start: RoundResult | None) -> dict[str, object]:
+    """The distilled round's prune report: its source's, with how its (first) student was distilled (``finetune``)."""
+    first = result.students[0]
+    return {
+        **(source.prune_report or {}),
+        "finetune": {
+            **first.distilled,
+            "cross_fitted_from_round": source.round,
+            **({"solo": True} if first.judged_on_half is None else {}),  # one student, on the fit images
+            **({"started_from_round": start.round} if start is not None else {}),
+        },
+    }
+
+
+def _worse_note(index: int, source: RoundResult, result: CrossFitResult) -> list[str]:
+    """A note where the students did worse than the round they started from, on the same images: with the same
+    parameters, selection (accuracy first) keeps the round's own model wherever both are within the budget."""
+    before, after = source.metrics.paired, result.paired
     if before is not None and after is not None and after.delta_points < before.delta_points:
-        # the students did worse than the round they started from, on the same images: with the same parameters,
-        # selection (accuracy first) keeps the round's own model wherever both are within the budget
-        notes.append(
+        return [
             f"round {index}: distillation made round {source.round} worse on the images its students did not see "
             f"(Δ {after.delta_points:+.2f} against {before.delta_points:+.2f} "
             f"points before): where both are within the budget, round {source.round}'s own model is kept"
-        )
-    atomic_write_json(folder / "round.json", record.model_dump())
-    return {"rounds": timed, "notes": notes}
+        ]
+    return []
 
 
 def _students(
@@ -209,7 +221,7 @@ def _students(
     starts: tuple[Path, ...] | None,
 ) -> CrossFitResult:
     """The students of round ``source`` (saved at ``artifact``) in the next round's folder: one on the fit images
-    where the run's extra images are enough (``tools.cross_fit.solo``: twice the steps), else two cross-fitted on
+    where the run's extra images are enough (``tools.stages.cross_fit.solo``: twice the steps), else two cross-fitted on
     halves of the evaluation images; each from its ladder start where ``starts`` names them."""
     index, run, shape = len(state.rounds), paths(state), shape_of(state)
     folder = run.round(index)

@@ -20,13 +20,12 @@ from agents.common import (
     shape_of,
     unlabelled,
 )
+from agents.context import AUTO_STEPS, Context
 from agents.planning.selection import accuracy_drop_points, within_budget
-from graph.context import AUTO_STEPS, Context
-from graph.state import State
-from tools import ops
+from agents.state import State
+from tools.deploy.registry import FLOAT
 from tools.evaluation.accuracy import chance_note
 from tools.evaluation.paired import predictions_path
-from tools.run_data import part_label
 from tools.schemas import (
     BaselineEntry,
     DeployedBuild,
@@ -36,6 +35,8 @@ from tools.schemas import (
     RoundResult,
     RuntimeReference,
 )
+from tools.stages import ops
+from tools.stages.run_data import part_label
 from tools.stats import at_chance_note, drop_points, resolution_note, unlabelled_note
 from tools.store.files import atomic_write_json
 
@@ -314,7 +315,7 @@ def with_deploy_latency(state: State, ctx: Context, record: RoundResult) -> list
     minutes apart with another job on the machine, ran 1.086x the original each; together on an idle machine 1.13x
     and 1.03x). ``[record]`` as it was where the original's deployment is not known (no int8 profile), with only
     the backend where the build fails; the earlier rounds come before it, each with its round.json written again."""
-    from tools.ops import latency_in_build
+    from tools.stages.ops import latency_in_build
 
     choice = state.original_deployment
     if choice is None or record.metrics.artifact is None:
@@ -386,11 +387,6 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, obje
     The same run times the original in the deployed runtime at FP32, so that the deployed model's speed-up
     over the original splits into runtime x precision x pruning (``speedup``, :class:`SpeedupFactors`).
     """
-    from tools.deploy.base import PRECISION_BF16
-    from tools.deploy.cpu import channel_block
-    from tools.deploy.registry import runtime_and_precision
-    from tools.deploy.speedup import SpeedupFactors
-
     ctx = settings(runtime)
     entries: dict[str, ModelEntry | DeployedBuild | RuntimeReference | None] = {
         "baseline": state.baseline,
@@ -416,42 +412,63 @@ def measure_latencies(state: State, runtime: Runtime[Context]) -> dict[str, obje
             )
     steps = ("baseline", "runtime_fp32_original", "quantized_original", "quantized")
     if all(key in artifacts for key in steps):
-        by_time = {key: str(artifacts[key].resolve()) for key in steps}
-        factors = SpeedupFactors.measure(
-            (state.quantized.backend if state.quantized is not None else None) or "torch",
-            {path: times[str(artifacts[key])] for key, path in by_time.items()},
-            original=by_time["baseline"],
-            runtime_fp32=by_time["runtime_fp32_original"],
-            runtime_original=by_time["quantized_original"],
-            deployed=by_time["quantized"],
-        )
-        update["speedup"] = factors
-        pruned_params = state.pruned.params if state.pruned is not None else None
-        smaller = pruned_params is not None and pruned_params < (state.baseline.params if state.baseline else 0)
-        # a "pruned" model whose every step was skipped has the original's parameters: only timing noise differs
-        if factors.pruned and smaller and factors.pruning_factor < SLOWER_FACTOR:  # where the user sees it
-            slower = _slower_when_alone(artifacts["quantized_original"], artifacts["quantized"], state, ctx)
-            if slower is not None:
-                _, precision = runtime_and_precision(factors.backend)
-                block = channel_block(precision == PRECISION_BF16)
-                hint = f" (try --round-to {block} --head-round-to {block})" if block > ctx.round_to else ""
-                unpruned_s, pruned_s = slower
-                update["notes"] = [
-                    f"pruning made the deployed model slower in {factors.backend} ({1e3 * unpruned_s:.2f} ms "
-                    f"unpruned, {1e3 * pruned_s:.2f} ms pruned, batch 1, the two timed again alone, interleaved): "
-                    f"the pruned widths may not fill this CPU's {precision} kernel blocks{hint}, or deploy "
-                    "RUN/models/quantized-original"
-                ]
+        update |= _speedup_split(state, ctx, {key: artifacts[key] for key in steps}, times)
     return update
 
 
-def _slower_when_alone(unpruned: Path, pruned: Path, state: State, ctx: Context) -> tuple[float, float] | None:
-    from tools.deployment import RETIMING_SECONDS
+def _speedup_split(
+    state: State, ctx: Context, artifacts: dict[str, Path], times: dict[str, float]
+) -> dict[str, object]:
+    """The deployed model's speed-up split into runtime x precision x pruning from the interleaved ``times`` of the
+    four models in ``artifacts`` (``speedup``), with a note where pruning made the deployed model slower."""
+    from tools.deploy.speedup import SpeedupFactors
 
+    by_time = {key: str(path.resolve()) for key, path in artifacts.items()}
+    factors = SpeedupFactors.measure(
+        (state.quantized.backend if state.quantized is not None else None) or FLOAT,
+        {path: times[str(artifacts[key])] for key, path in by_time.items()},
+        original=by_time["baseline"],
+        runtime_fp32=by_time["runtime_fp32_original"],
+        runtime_original=by_time["quantized_original"],
+        deployed=by_time["quantized"],
+    )
+    update: dict[str, object] = {"speedup": factors}
+    pruned_params = state.pruned.params if state.pruned is not None else None
+    smaller = pruned_params is not None and pruned_params < (state.baseline.params if state.baseline else 0)
+    # a "pruned" model whose every step was skipped has the original's parameters: only timing noise differs
+    if factors.pruned and smaller and factors.pruning_factor < SLOWER_FACTOR:  # where the user sees it
+        slower = _slower_when_alone(artifacts["quantized_original"], artifacts["quantized"], state, ctx)
+        if slower is not None:
+            update["notes"] = [_slower_note(factors.backend, slower, ctx)]
+    return update
+
+
+def _slower_note(backend: str, slower: tuple[float, float], ctx: Context) -> str:
+    """The note that pruning made the deployed model slower in ``backend`` (``slower``: the unpruned and pruned
+    latencies timed alone), with the channel rounding that fills the CPU's kernel blocks where the run's is finer."""
+    from tools.deploy.base import PRECISION_BF16
+    from tools.deploy.cpu import channel_block
+    from tools.deploy.registry import runtime_and_precision
+
+    _, precision = runtime_and_precision(backend)
+    block = channel_block(precision == PRECISION_BF16)
+    hint = f" (try --round-to {block} --head-round-to {block})" if block > ctx.round_to else ""
+    unpruned_s, pruned_s = slower
+    return (
+        f"pruning made the deployed model slower in {backend} ({1e3 * unpruned_s:.2f} ms "
+        f"unpruned, {1e3 * pruned_s:.2f} ms pruned, batch 1, the two timed again alone, interleaved): "
+        f"the pruned widths may not fill this CPU's {precision} kernel blocks{hint}, or deploy "
+        "RUN/models/quantized-original"
+    )
+
+
+def _slower_when_alone(unpruned: Path, pruned: Path, state: State, ctx: Context) -> tuple[float, float] | None:
     """(unpruned, pruned) latencies when the two deployed models, timed again alone with three times the repeats,
     still show the pruned one slower than :data:`SLOWER_FACTOR` allows; None when they do not. Sub-millisecond
     models move 15-20 % with what runs between two calls: a CIFAR ResNet-20 in OpenVINO bf16 timed 0.354 ms pruned
     and 0.351 ms unpruned among the deployment's candidates, 0.37 and 0.30 among the final table's five models."""
+    from tools.stages.deployment import RETIMING_SECONDS
+
     times = ops.compare_latency(
         {"unpruned": unpruned, "pruned": pruned},
         shape_of(state),

@@ -13,11 +13,11 @@ from __future__ import annotations
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings
-from graph.context import Context
-from graph.state import State
-from tools import ops
+from agents.context import Context
+from agents.state import State
 from tools.models.input_shape import ImageHints, image_hints
 from tools.schemas import InputShape
+from tools.stages import ops
 from tools.store.run_paths import RunPaths
 
 #: Images of the evaluation part looked at for their mode and size.

@@ -1,11 +1,11 @@
 """Int8 profiling agent: what int8 does to this model on this CPU, measured before pruning starts.
 
-* the original through every runtime and precision available (``tools.deployment.deploy``): the int8 damage of the
-  deployment that would be chosen, which the pruning search keeps in reserve (``accuracy_budget``): pruning rounds
+* the original through every runtime and precision available (``tools.stages.deployment.deploy``): the int8 damage of
+  the deployment that would be chosen, which the pruning search keeps in reserve (``accuracy_budget``): pruning rounds
   are held to ``--max-accuracy-drop`` less that (with the parameters objective, less what it surely loses), so that
   int8 does not push the best pruned round over the budget;
 * the per-block int8 sensitivity (ONNX Runtime static int8 of one block at a time, on calibration images, with the
-  int8 settings of the CPU kind: ``tools.ops.int8_sensitivity``), into the profile, for the planners' per-layer
+  int8 settings of the CPU kind: ``tools.stages.ops.int8_sensitivity``), into the profile, for the planners' per-layer
   quantization decisions, where the original's full int8 is over the budget (else the profile says why not).
 """
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, budget_points, disagreement_budget, paths, settings, shape_of
+from agents.context import Context
 from agents.evaluation import eval_spec
-from graph.context import Context
-from graph.state import State
-from tools import deployment, ops
+from agents.state import State
 from tools.deploy.budget import Hold
 from tools.deploy.choice import DeployChoice
+from tools.deploy.registry import FLOAT
 from tools.schemas import Int8ProfileSummary, QuantizationRecommendation
+from tools.stages import deployment, ops
 from tools.stats import Budget
 from tools.text import first_line
 
@@ -43,7 +44,7 @@ def profile_int8(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     update: dict[str, object] = {}
     notes: list[str] = []
     baseline = baseline_accuracy(state)
-    if ctx.prune and baseline is not None and ctx.quant_backend != "torch":
+    if ctx.prune and baseline is not None and ctx.quant_backend != FLOAT:
         backends = [b for b in deployment.candidate_backends(ctx.quant_backend) if not deployment.is_mixed(b)]
         budget = Budget(max_drop_points=budget_points(state, ctx), max_disagreement_pct=disagreement_budget(state, ctx))
         choice = deployment.deploy(

@@ -7,10 +7,10 @@ from langgraph.runtime import Runtime
 
 from agents.analysis import new_notes, planner_for, planning_context
 from agents.common import need, paths, pruning_budget, settings
+from agents.context import Context
 from agents.distillation import distillation_summary
 from agents.planning.selection import kept_round
-from graph.context import Context
-from graph.state import State
+from agents.state import State
 from tools.schemas import PrunedEntry, RoundResult
 
 

@@ -5,30 +5,18 @@ from __future__ import annotations
 from langgraph.runtime import Runtime
 
 from agents.common import deployment_runtime, need, paths, settings, shape_of
-from graph.context import Context
-from graph.state import State
-from tools import ops
+from agents.context import Context
+from agents.state import State
 from tools.profiling.static import uncounted_note
-from tools.schemas import ProfileSummary, SensitivitySummary, TopGroup
+from tools.schemas import ProfileSummary, SensitivitySummary
+from tools.stages import ops
 
 
 def profile_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     ctx = settings(runtime)
     run = paths(state)
     profile = ops.profile(run.original, shape_of(state), run.profile, device=ctx.device, progress=ctx.progress)
-    top = [
-        TopGroup(pattern=g.pattern, latency_share=g.latency_share, macs_share=g.macs_share) for g in profile.groups[:5]
-    ]
-    summary = ProfileSummary(
-        total_params=profile.total_params,
-        total_macs=profile.total_macs,
-        grouped_conv_macs=profile.grouped_conv_macs,
-        attention=profile.attention,
-        latency_s=profile.latency_s,
-        peak_memory_mb=profile.peak_memory_mb,
-        trace_path=profile.trace_path,
-        top_groups=top,
-    )
+    summary = ProfileSummary.of(profile)
     update: dict[str, object] = {"profile_path": str(run.profile / "profile.json"), "profile_summary": summary}
     note = uncounted_note(profile.uncounted_macs)
     return update | {"notes": [note]} if note else update

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 from langgraph.runtime import Runtime
 
 from agents.common import need, paths, settings, shape_of
+from agents.context import AUTO_STEPS, Context
 from agents.evaluation import distill_config, eval_spec
-from graph.context import AUTO_STEPS, Context
-from graph.state import State
-from tools import ops
+from agents.state import State
 from tools.schemas import PendingRound
+from tools.stages import ops
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
 """Quantization and deployment agent: the best pruned model through the fastest runtime within the budget.
 
 With ``--deploy auto`` (the default) every runtime and precision available is built, evaluated and timed
-side by side (:func:`tools.deployment.deploy`), and the fastest within the accuracy budget is deployed,
+side by side (:func:`tools.stages.deployment.deploy`), and the fastest within the accuracy budget is deployed,
 never one slower than the original FP32 model. ``--deploy NAME`` measures and deploys that backend. The
 original alone goes through the same runtime (``quantized_original``, as the paper's tables report).
 """
@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import functools
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from langgraph.runtime import Runtime
 
 from agents.common import baseline_accuracy, budget_points, disagreement_budget, need, paths, settings, shape_of
+from agents.context import Context
 from agents.evaluation import eval_spec, spec_for
 from agents.iterative import pruned_entry
 from agents.planning.selection import budget_drop_points
-from graph.context import Context
-from graph.state import State
-from tools import ops
+from agents.state import State
 from tools.compression.units import sheds_layers
 from tools.deploy.choice import (
     TIE_MARGIN,
+    DeployCandidate,
     DeployChoice,
     Ships,
     can_outrun_the_original,
@@ -33,7 +34,17 @@ from tools.deploy.choice import (
 )
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.registry import FLOAT, float_reference_of
-from tools.deployment import (
+from tools.schemas import (
+    DeployedBuild,
+    InputShape,
+    Int8Sensitivity,
+    PrunedEntry,
+    QuantizationRecommendation,
+    RoundResult,
+    RuntimeReference,
+)
+from tools.stages import ops
+from tools.stages.deployment import (
     Judging,
     accuracy_control,
     answers_of_copy,
@@ -42,17 +53,10 @@ from tools.deployment import (
     full_int8,
     is_mixed,
 )
-from tools.run_data import EvalSpec
-from tools.schemas import (
-    DeployedBuild,
-    Int8Sensitivity,
-    PrunedEntry,
-    QuantizationRecommendation,
-    RoundResult,
-    RuntimeReference,
-)
+from tools.stages.run_data import EvalSpec
 from tools.stats import Budget
 from tools.store.files import StagingDir, read_json
+from tools.store.run_paths import RunPaths
 
 
 def _artifact(r: RoundResult) -> Path | None:
@@ -341,6 +345,16 @@ def _adopt_answers(report: dict[str, Any], artifact: Path, source: Path, state: 
         answers_of_copy(artifact, Path(report["copied_from"]), paths(state).original, shape_of(state), spec)
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What building the deployment reads of the run, once: its paths, input shape, data and recommendations."""
+
+    run: RunPaths
+    shape: InputShape
+    spec: EvalSpec
+    recs: list[QuantizationRecommendation]
+
+
 def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, object]:
     """The chosen build of the model that ships into ``RUN/models/quantized``, the original in the same build beside
     it, and the original in that runtime at FP32 (the references of the speed-up's split)."""
@@ -350,81 +364,18 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
     recs = _recommendations(state)
     choice = need(state.deployment, "deployment")
     source = run.original if choice.ships == "original" else _kept_source(state)
-    spec = eval_spec(state, ctx)
+    inputs = _Inputs(run=run, shape=shape, spec=eval_spec(state, ctx), recs=recs)
     chosen = next(c for c in choice.candidates if is_chosen(c.model_dump(), choice.model_dump()))
     built: list[dict[str, Any]] = []  # ops.quantize's reports: "rebuilt" says why a stale artifact was replaced
-
-    def deployed(artifact: Path, built_from: Path) -> DeployedBuild:
-        return DeployedBuild(
-            artifact=str(artifact),
-            source=str(built_from),
-            backend=chosen.backend,
-            runtime=chosen.runtime,
-            precision=chosen.precision,
-        )
-
     if choice.chosen == FLOAT:  # the float models as they are
-        quantized = deployed(source, source)
+        quantized = _deployed_build(chosen, source, source)
         # RUN/models/quantized is where the README says the deployed model is: a copy of the float one
         with StagingDir(run.quantized) as staged:
             shutil.copytree(source, staged, dirs_exist_ok=True)
-        quantized_original = deployed(run.original, run.original)
+        quantized_original = _deployed_build(chosen, run.original, run.original)
     else:  # the chosen runtime where the deployed model lives (the candidate copied), for the best model and original
-        images, _ = ops.calibration_images(run.original, shape, spec)
-        config = ctx.quantization_config().model_copy(update={"backend": choice.chosen})
-        mixed = is_mixed(choice.chosen)
-        chosen_recs = recs if mixed else full_int8(recs)
-        controlled = (
-            accuracy_control(run.original, shape, spec, budget_points(state, ctx), _int8_ranking(state))
-            if mixed
-            else None
-        )
-        candidate_dir = [Path(chosen.artifact)] if chosen.artifact else []
-        built.append(
-            ops.quantize(
-                source,
-                run.original,
-                chosen_recs,
-                run.quantized,
-                config,
-                shape=shape,
-                calibration=images,
-                accuracy_control=controlled,
-                reuse=candidate_dir,
-            )
-        )
-        quantized = deployed(run.quantized, source)
-        _adopt_answers(built[-1], run.quantized, source, state, ctx)
-        if source.resolve() == run.original.resolve():
-            quantized_original = quantized
-        else:
-            built.append(
-                ops.quantize(
-                    run.original,
-                    run.original,
-                    chosen_recs,
-                    run.quantized_original,
-                    config,
-                    shape=shape,
-                    calibration=images,
-                    accuracy_control=controlled,
-                    reuse=[run.root / "models" / "deploy-original" / choice.chosen],
-                )
-            )
-            _adopt_answers(built[-1], run.quantized_original, run.original, state, ctx)
-            quantized_original = deployed(run.quantized_original, run.original)
-    # the original in the deployed runtime at FP32: the reference that separates the runtime's gain from int8's
-    fp32_backend = float_reference_of(choice.chosen)
-    runtime_fp32_original = RuntimeReference(artifact=str(run.original), backend=fp32_backend)
-    if fp32_backend != FLOAT and fp32_backend != choice.chosen:
-        config = QuantizationConfig(backend=fp32_backend)
-        reuse = [run.root / "models" / "deploy-original" / fp32_backend]
-        built.append(
-            ops.quantize(run.original, run.original, recs, run.runtime_fp32_original, config, shape=shape, reuse=reuse)
-        )
-        runtime_fp32_original.artifact = str(run.runtime_fp32_original)
-    elif fp32_backend == choice.chosen:
-        runtime_fp32_original.artifact = quantized_original.artifact
+        quantized, quantized_original = _build_in_chosen_runtime(state, ctx, inputs, chosen, source, built)
+    runtime_fp32_original = _runtime_fp32_original(inputs, choice.chosen, quantized_original, built)
     return {
         "quantized": quantized,
         "quantized_original": quantized_original,
@@ -435,3 +386,84 @@ def build_deployed_model(state: State, runtime: Runtime[Context]) -> dict[str, o
             *(f"deployment ({choice.chosen}): {note}" for note in (built[0].get("notes") or [] if built else [])),
         ],
     }
+
+
+def _build_in_chosen_runtime(
+    state: State,
+    ctx: Context,
+    inputs: _Inputs,
+    chosen: DeployCandidate,
+    source: Path,
+    built: list[dict[str, Any]],
+) -> tuple[DeployedBuild, DeployedBuild]:
+    """Build ``source`` (from the chosen candidate's build where it can) and the original in the chosen runtime, each
+    answering as its candidate did where copied from it; ``ops.quantize``'s reports are appended to ``built``."""
+    run, shape, spec = inputs.run, inputs.shape, inputs.spec
+    images, _ = ops.calibration_images(run.original, shape, spec)
+    config = ctx.quantization_config().model_copy(update={"backend": chosen.backend})
+    mixed = is_mixed(chosen.backend)
+    recs = inputs.recs if mixed else full_int8(inputs.recs)
+    controlled = (
+        accuracy_control(run.original, shape, spec, budget_points(state, ctx), _int8_ranking(state)) if mixed else None
+    )
+
+    def build(model: Path, out: Path, reuse: list[Path]) -> None:
+        report = ops.quantize(
+            model,
+            run.original,
+            recs,
+            out,
+            config,
+            shape=shape,
+            calibration=images,
+            accuracy_control=controlled,
+            reuse=reuse,
+        )
+        built.append(report)
+        _adopt_answers(report, out, model, state, ctx)
+
+    build(source, run.quantized, [Path(chosen.artifact)] if chosen.artifact else [])
+    quantized = _deployed_build(chosen, run.quantized, source)
+    if source.resolve() == run.original.resolve():
+        return quantized, quantized
+    build(run.original, run.quantized_original, [run.root / "models" / "deploy-original" / chosen.backend])
+    return quantized, _deployed_build(chosen, run.quantized_original, run.original)
+
+
+def _runtime_fp32_original(
+    inputs: _Inputs, backend: str, quantized_original: DeployedBuild, built: list[dict[str, Any]]
+) -> RuntimeReference:
+    """The original in the deployed ``backend``'s runtime at FP32: the reference that separates the runtime's gain
+    from int8's, built where it is neither the float model nor the deployed build (its report appended to ``built``)."""
+    run = inputs.run
+    fp32_backend = float_reference_of(backend)
+    reference = RuntimeReference(artifact=str(run.original), backend=fp32_backend)
+    if fp32_backend != FLOAT and fp32_backend != backend:
+        config = QuantizationConfig(backend=fp32_backend)
+        reuse = [run.root / "models" / "deploy-original" / fp32_backend]
+        built.append(
+            ops.quantize(
+                run.original,
+                run.original,
+                inputs.recs,
+                run.runtime_fp32_original,
+                config,
+                shape=inputs.shape,
+                reuse=reuse,
+            )
+        )
+        reference.artifact = str(run.runtime_fp32_original)
+    elif fp32_backend == backend:
+        reference.artifact = quantized_original.artifact
+    return reference
+
+
+def _deployed_build(chosen: DeployCandidate, artifact: Path, built_from: Path) -> DeployedBuild:
+    """The build at ``artifact`` of the model at ``built_from``, in the chosen candidate's runtime and precision."""
+    return DeployedBuild(
+        artifact=str(artifact),
+        source=str(built_from),
+        backend=chosen.backend,
+        runtime=chosen.runtime,
+        precision=chosen.precision,
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from langgraph.runtime import Runtime
 
 from agents.common import paths, settings
-from graph.context import Context
-from graph.state import State
+from agents.context import Context
+from agents.state import State
 from tools.reporting.report import build_report, write_report_files
 from tools.schemas import RunSummary
 

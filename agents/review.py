@@ -16,9 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from agents.analysis import planning_context
 from agents.common import need, settings
+from agents.context import Context
 from agents.planning.validation import validate_plan
-from graph.context import Context
-from graph.state import State
+from agents.state import State
 from tools.schemas import OptimizationPlan, PlanResult, Review
 
 HOW_TO_ANSWER = (

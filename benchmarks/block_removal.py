@@ -26,7 +26,7 @@ import torch
 from figure_common import machine_line, read_run, run_images, top1
 from torch import nn
 
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.compression.distill import DistillConfig, distill_
 from tools.compression.distill_budget import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR
 from tools.compression.kinds.blocks import removable_blocks
@@ -37,6 +37,7 @@ from tools.deploy.openvino.convert import export_openvino, openvino_module
 from tools.deploy.openvino.model import OpenVinoModel, core
 from tools.deploy.openvino.quantize import quantize_openvino
 from tools.evaluation.cost import compare_latencies
+from tools.stages import ops
 
 
 class SkippedBlock(nn.Module):

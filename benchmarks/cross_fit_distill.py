@@ -22,9 +22,10 @@ import torch
 from figure_common import read_run, run_images, top1
 
 from agents.planning.selection import selection_z
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.compression.distill import DISTILL_TEMPERATURE, DistillConfig, distill_
 from tools.compression.distill_budget import AUTO_DISTILL_BATCH, AUTO_DISTILL_LR, SOLO_STEPS_FACTOR
+from tools.stages import ops
 
 #: The multiplicity factor the figures print beside each estimate: the kept round's check for the best of 4 rounds.
 Z_FOUR_ROUNDS = round(selection_z(4), 2)
@@ -90,7 +91,7 @@ def main() -> None:
             temperature=args.temperature,
             cache=not args.no_cache,
         )
-        if args.solo:  # tools.cross_fit.distil_solo: no evaluation image trains it, all of them judge it
+        if args.solo:  # tools.stages.cross_fit.distil_solo: no evaluation image trains it, all of them judge it
             student, start = copy.deepcopy(repaired), time.perf_counter()
             solo = config.model_copy(update={"steps": SOLO_STEPS_FACTOR * args.steps})
             distill_(student, original, torch.cat([calibration, extra]), solo)

@@ -21,7 +21,7 @@ import torch
 from figure_common import RunInfo, machine_line, read_run
 from runtimes_vs_original import NNCF_DEFAULTS, OPENVINO_DEFAULT, build_nncf_defaults
 
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.artifacts.io import deployed_files
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.export_form import plain_export
@@ -29,6 +29,7 @@ from tools.deploy.onnxruntime.session import OrtModel
 from tools.evaluation.cost import compare_latencies, file_size_mb
 from tools.models.base import example_input
 from tools.schemas import InputShape, QuantizationRecommendation
+from tools.stages import ops
 
 ALL_LAYERS = [QuantizationRecommendation(layer="all", dtype="qint8")]
 

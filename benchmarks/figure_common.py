@@ -3,7 +3,7 @@
 Not a package module: the scripts beside it (``unseen_half.py``, ``runtimes_vs_original.py``,
 ``pruned_latency.py``) import it as ``figure_common`` because Python puts a script's own folder on
 ``sys.path``. Everything here goes through the project's public functions (``tools.load_compressed``,
-``tools.ops``, ``tools.evaluation.*``), so the figures measure what a user's run would.
+``tools.stages.ops``, ``tools.evaluation.*``), so the figures measure what a user's run would.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.artifacts.io import load_original
 from tools.compression.forward import forward_logits
 from tools.evaluation.datasets import EvalDataset, load_eval_dataset
 from tools.evaluation.labels import LabelMatch, match_labels
 from tools.evaluation.paired import paired_accuracy, predict_part
 from tools.schemas import InputShape, PairedAccuracy, RunReport
+from tools.stages import ops
 
 __all__ = [
     "REPO",

@@ -36,7 +36,7 @@ from tools.deploy.openvino.quantize import quantize_openvino
 from tools.evaluation.datasets import load_eval_dataset
 from tools.evaluation.labels import match_labels
 from tools.models.sources import acquire_model
-from tools.ops import preprocess_of, resolve_input_shape
+from tools.stages.ops import preprocess_of, resolve_input_shape
 
 CALIBRATION = 256
 FIXES = ("disable", "first_layer_only", "enable")

@@ -18,9 +18,10 @@ from typing import Any
 
 from figure_common import fail, machine_line, read_run
 
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.evaluation.cost import compare_latencies
 from tools.models.base import example_input
+from tools.stages import ops
 
 
 def time_run(run_dir: Path, threads: list[int], batches: list[int], repeats: int, batch_repeats: int) -> list[Any]:

@@ -7,7 +7,7 @@ For each finished run, in one process at batch 1 and ``--threads`` (default 1) t
 - builds, from the run's saved original, ONNX Runtime's dynamic int8 and OpenVINO's int8 (NNCF, calibrated)
   of the original (the baselines of issue 10), its OpenVINO IR run with OpenVINO's default precision too (bf16 on
   CPUs with AMX-BF16 or AVX512-BF16: what a user gets there from OpenVINO without asking), and the original in the
-  deployed runtime at FP32 and at the deployed precision (``tools.ops.quantize``, into ``--out``; static int8 is
+  deployed runtime at FP32 and at the deployed precision (``tools.stages.ops.quantize``, into ``--out``; static int8 is
   calibrated on the run's own calibration images, taken from ``--calibration``, by default the run's dataset);
   the baselines are exported as the runtimes' own conversion exports a model (no export rewrite of the tool's,
   ``tools.deploy.export_form``), the original in the deployed runtime the way the tool deploys;
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_line, pct, points, read_run
 
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.artifacts.io import load_original
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.cpu import detect_cpu
@@ -44,6 +44,7 @@ from tools.deploy.speedup import SpeedupFactors
 from tools.evaluation.cost import compare_latencies
 from tools.models.base import example_input
 from tools.schemas import QuantizationRecommendation
+from tools.stages import ops
 
 DEFAULT_DATA = REPO / "runs" / "figures" / "halves" / "b"
 DEFAULT_OUT = REPO / "runs" / "figures" / "runtimes-vs-original"
@@ -79,7 +80,7 @@ class Timed:
 
 
 def calibration_images(run: RunInfo, calibration: str | None) -> tuple[torch.Tensor, str]:
-    """What the run calibrated static int8 on (``tools.deployment.calibration_images``): its own calibration
+    """What the run calibrated static int8 on (``tools.stages.deployment.calibration_images``): its own calibration
     images (same dataset, sizes and seed; ``calibration`` overrides the dataset, e.g. when it was moved), or,
     for a run without data, the same seeded synthetic inputs."""
     ctx = run.context
@@ -209,12 +210,12 @@ def load_timed(m: Timed) -> Any:
 
 def linear_only_note(run: RunInfo) -> str:
     """For a model whose Linear layers do little of its work (a CNN): ONNX Runtime's dynamic int8 quantizes only
-    those, and the tool itself does not build it (``tools.deployment.MIN_LINEAR_SHARE``): said beside its row."""
+    those, and the tool itself does not build it (``tools.stages.deployment.MIN_LINEAR_SHARE``): said beside its row."""
     from torch import nn
 
     from tools.artifacts.io import load_module
-    from tools.deployment import MIN_LINEAR_SHARE
     from tools.profiling.static import mac_shares
+    from tools.stages.deployment import MIN_LINEAR_SHARE
 
     share = mac_shares(load_module(run.original), example_input(run.shape)).get(nn.Linear, 1.0)
     if share >= MIN_LINEAR_SHARE:

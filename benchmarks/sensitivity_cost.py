@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.figure_common import machine_line
-from tools import ops
+from tools.stages import ops
 
 
 def main() -> None:

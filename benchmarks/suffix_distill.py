@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from figure_common import machine_line, read_run, top1
 from torch import nn
 
-from tools import load_compressed, ops
+from tools import load_compressed
 from tools.compression.distill import DISTILL_TEMPERATURE, _lr_factor, augment_batch, distill_loss
 from tools.compression.pruning import apply_pruning
 from tools.compression.recipes import PruningConfig
 from tools.evaluation.datasets import load_eval_dataset
 from tools.schemas import PruningRecommendation
+from tools.stages import ops
 from tools.stats import paired_accuracy
 
 FIRST = 16  #: the first block of the suffix: blocks before it are untouched by both plans

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from figure_common import REPO, Predictions, RunInfo, UnseenData, fail, machine_line, pct, points, read_run
 
-from tools import ops
 from tools.schemas import ModelEntry, PairedAccuracy
+from tools.stages import ops
 
 DEFAULT_DATA = REPO / "runs" / "figures" / "halves" / "b"
 

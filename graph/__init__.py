@@ -1,7 +1,7 @@
 """ProfilingAgent's LangGraph state machine: ``build_graph()`` returns the uncompiled StateGraph.
 
-Names are resolved on first use, so importing ``graph.state`` or ``graph.context`` (the vocabulary the
-nodes in ``agents/`` share) never imports the builder, and so never the nodes themselves.
+Names are resolved on first use, so importing ``graph`` for ``Context`` (``agents.context``: the run's settings)
+never imports the builder, and so never the nodes themselves.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return build_graph
     if name == "Context":
-        from graph.context import Context
+        from agents.context import Context
 
         return Context
     raise AttributeError(f"module 'graph' has no attribute {name!r}")

@@ -30,17 +30,23 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field, JsonValue
 
+from agents.context import Context
 from agents.evaluation import eval_spec
-from graph.context import Context
+from agents.state import State
 from graph.runner import RunError, UpdateHook, finished_report, resume_run, start_run
-from graph.state import State
-from tools import ops
 from tools.artifacts.hashes import recipe_hash, stored_recipe_hash
 from tools.artifacts.io import load_compressed, load_original
 from tools.compression.baselines import matched_ratio, uniform_plan
 from tools.compression.recipes import PruningConfig, RecoveryConfig
-from tools.deploy.registry import FLOAT, runtime_and_precision
+from tools.deploy.registry import (
+    BENCH_BUILT_BASELINES,
+    BENCH_EXPORTED_BASELINES,
+    FLOAT,
+    float_reference_of,
+    runtime_and_precision,
+)
 from tools.schemas import InputShape, Metrics, PairedAccuracy, ProfileSummary, QuantizationRecommendation, RunReport
+from tools.stages import ops
 from tools.store.files import atomic_write_json, read_json
 from tools.store.run_paths import RunPaths
 from tools.text import slug
@@ -58,10 +64,10 @@ _OLD_RUN_SETTINGS = {"calibration_samples": 0, "confirm_samples": 0, "finetune_s
 class BenchRow(BaseModel):
     """One method on one model: accuracy a fraction (None when not meaningful), sizes in 10^6 bytes.
 
-    ``method`` is ``original``, ``agent-prune``, ``agent-quant``, ``agent-prune+quant``, ``uniform`` or
-    ``onnxruntime-quant``; ``importance`` and ``recovery`` say how a pruned model was pruned and repaired
-    (``finetune_steps``: distillation steps after recovery, the agent's only); ``paired``: its accuracy
-    against the original's on the same images, where measured.
+    ``method`` is ``original``, ``agent-prune``, ``agent-quant``, ``agent-prune+quant``, ``uniform`` or one of the
+    baselines of :data:`tools.deploy.registry.BENCH_BASELINES`; ``importance`` and ``recovery`` say how a pruned
+    model was pruned and repaired (``finetune_steps``: distillation steps after recovery, the agent's only);
+    ``paired``: its accuracy against the original's on the same images, where measured.
     """
 
     model: str
@@ -77,7 +83,9 @@ class BenchRow(BaseModel):
     memory_mb: float
     artifact: str
     paired: PairedAccuracy | None = None
-    runtime: str = Field(default="pytorch", description="pytorch, onnxruntime or openvino: what runs the artifact.")
+    runtime: str = Field(
+        default=runtime_and_precision(FLOAT)[0], description="pytorch, onnxruntime or openvino: what runs the artifact."
+    )
     precision: str = "fp32"
 
 
@@ -155,12 +163,13 @@ class _ModelBench:
         )
         rows = [self._row(name, entry, **{**how, **_runtime_of(entry)}) for name, entry, how in named if entry]
         rows += self._pruning_baselines(ratios, report.pruned.params)
-        rows += self._onnxruntime(report.baseline.params)
-        rows += self._static_baselines(report.baseline.params)
+        rows += self._exported_baselines(report.baseline.params)
+        rows += self._built_baselines(report.baseline.params)
         return self._interleaved_latency(rows)
 
-    def _static_baselines(self, params: int) -> list[BenchRow]:
-        """OpenVINO int8 (NNCF) and ONNX Runtime static int8 of the original, calibrated on the run's images."""
+    def _built_baselines(self, params: int) -> list[BenchRow]:
+        """The registry's builds of the original (:data:`~tools.deploy.registry.BENCH_BUILT_BASELINES`: OpenVINO FP32
+        and int8 (NNCF), ONNX Runtime static int8), calibrated on the run's images."""
         from tools.deploy.config import QuantizationConfig
         from tools.deploy.registry import available
 
@@ -169,7 +178,7 @@ class _ModelBench:
             return []  # no data: nothing to calibrate on
         recs = [QuantizationRecommendation(layer="all", dtype="qint8", justification="the original, all layers")]
         rows = []
-        for backend in ("openvino", "openvino-int8", "onnxruntime-static"):  # OpenVINO FP32: int8's reference
+        for method, backend in BENCH_BUILT_BASELINES.items():
             if not available(backend):
                 continue
             out = self.run_dir / "baselines" / f"{backend}-original"
@@ -178,22 +187,23 @@ class _ModelBench:
                 self.original, self.original, recs, out, config, shape=self.shape, calibration=calibration.images
             )
             metrics = ops.evaluate(out, self.original, self.shape, self.eval_spec, desc=f"{backend} of the original")
-            runtime, precision = runtime_and_precision(backend)
-            rows.append(
-                BenchRow(
-                    model=self.spec,
-                    method="openvino-fp32" if backend == "openvino" else f"{backend}-quant",
-                    runtime=runtime,
-                    precision=precision,
-                    accuracy=metrics.accuracy,
-                    paired=metrics.paired,
-                    params=params,
-                    latency_s=0.0,
-                    memory_mb=metrics.memory_mb,
-                    artifact=str(out),
-                )
-            )
+            measured = {"accuracy": metrics.accuracy, "paired": metrics.paired, "memory_mb": metrics.memory_mb}
+            rows.append(self._baseline_row(method, backend, params, artifact=str(out), **measured))
         return rows
+
+    def _baseline_row(self, method: str, deployment: str, params: int, **measured: Any) -> BenchRow:
+        """A baseline of the original in ``deployment``'s runtime and precision, as measured (its latency is timed
+        later, with every row)."""
+        runtime, precision = runtime_and_precision(deployment)
+        return BenchRow(
+            model=self.spec,
+            method=method,
+            runtime=runtime,
+            precision=precision,
+            params=params,
+            latency_s=0.0,
+            **measured,
+        )
 
     def _recovery_of(self, report: RunReport) -> str:
         """The recovery the agent's pruned models went through: none without calibration images."""
@@ -281,35 +291,30 @@ class _ModelBench:
         atomic_write_json(metrics_file, {**metrics.model_dump(mode="json"), **settings})
         return metrics
 
-    def _onnxruntime(self, params: int) -> list[BenchRow]:
-        """ONNX Runtime's dynamic int8 of the original (the paper's baseline) and the FP32 export it came from."""
+    def _exported_baselines(self, params: int) -> list[BenchRow]:
+        """ONNX Runtime's dynamic int8 of the original (the paper's baseline) and the FP32 export it came from: the
+        rows of :data:`~tools.deploy.registry.BENCH_EXPORTED_BASELINES`."""
         from tools.deploy.onnxruntime.session import onnx_baseline
 
+        # one runtime's export and its quantization, written in a folder named after that runtime
+        (folder,) = {runtime_and_precision(name)[0] for name in BENCH_EXPORTED_BASELINES.values()}
         model = load_original(self.original).model
         base = onnx_baseline(
             model,
             ops.example_input(self.shape),
-            self.run_dir / "onnxruntime",
+            self.run_dir / folder,
             threads=self.ctx.threads or torch.get_num_threads(),
         )
-        rows, dynamic = [], runtime_and_precision("onnxruntime")[1]
-        for method, path, size, session, precision in (
-            ("onnxruntime-fp32", base.fp32_path, base.fp32_size_mb, base.fp32_model, "fp32"),
-            ("onnxruntime-quant", base.quantized_path, base.quantized_size_mb, base.quantized_model, dynamic),
-        ):
-            rows.append(
-                BenchRow(
-                    model=self.spec,
-                    method=method,
-                    runtime="onnxruntime",
-                    precision=precision,
-                    accuracy=self.evaluate(session(), method),
-                    params=params,
-                    latency_s=0.0,
-                    memory_mb=size,
-                    artifact=path,
-                )
+        rows = []
+        for method, name in BENCH_EXPORTED_BASELINES.items():
+            fp32 = float_reference_of(name) == name  # the export itself; else its quantization
+            path, size, session = (
+                (base.fp32_path, base.fp32_size_mb, base.fp32_model)
+                if fp32
+                else (base.quantized_path, base.quantized_size_mb, base.quantized_model)
             )
+            accuracy = self.evaluate(session(), method)
+            rows.append(self._baseline_row(method, name, params, accuracy=accuracy, memory_mb=size, artifact=path))
         return rows
 
     def _interleaved_latency(self, rows: list[BenchRow]) -> list[BenchRow]:

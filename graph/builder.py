@@ -20,6 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from agents.acquisition import acquire_model
 from agents.analysis import analyze_profile
 from agents.confirmation import confirm_deployment
+from agents.context import Context
 from agents.distillation import distill_over_budget_round
 from agents.evaluation import evaluate_baseline, evaluate_model, evaluate_quantized, measure_latencies
 from agents.input_shape import resolve_input_shape
@@ -36,7 +37,7 @@ from agents.quantization import (
 )
 from agents.report import write_report
 from agents.review import review_plan
-from graph.context import Context
+from agents.state import InputState, OutputState, State, as_json
 from graph.routing import (
     route_after_analyze_profile,
     route_after_confirm_deployment,
@@ -47,7 +48,6 @@ from graph.routing import (
     route_after_review_plan,
     route_after_select_best_model,
 )
-from graph.state import InputState, OutputState, State, as_json
 from tools.clock import ledger
 from tools.schemas import NodeTime
 
@@ -78,7 +78,7 @@ NODES: dict[str, Callable[..., Any]] = {
 
 
 def updating_with_json(node: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
-    """``node`` as the graph runs it: its update with every record as its JSON form (:func:`graph.state.as_json`), so
+    """``node`` as the graph runs it: its update with every record as its JSON form (:func:`agents.state.as_json`), so
     that the checkpoint's pending writes, which a history read (``get_state_history``, a fork) deserializes, hold no
     project type that LangGraph's serializer would have to allow (it warns of each today, and will refuse them).
     LangGraph reads the node's signature and type hints through ``functools.wraps``; called directly, in the node

@@ -284,7 +284,7 @@ def _cmd_status(args: argparse.Namespace) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> None:
-    from tools.predict import predict
+    from tools.stages.predict import predict
 
     for result in predict(Path(args.artifact), [Path(p) for p in args.images], args.top_k):
         print(result.image + ": " + ", ".join(f"{label} {100 * p:.1f}%" for label, p in result.top))

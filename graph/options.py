@@ -1,4 +1,4 @@
-"""The command line's options: one per setting of :class:`graph.context.Context`, and the ``run``/``demo``/... parser.
+"""The command line's options: one per setting of :class:`agents.context.Context`, and the ``run``/``demo``/... parser.
 
 Each ``run`` option is a Context field of the same name (``--no-X`` switches a field off); :func:`context_from` builds
 the run's settings from the parsed options.
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from graph.context import Context, Option
+from agents.context import Context, Option
 
 DEMO_MODEL = "digits-vit"
 DEMO_DATASET = "digits"

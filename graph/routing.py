@@ -6,8 +6,8 @@ from typing import Literal
 
 from langgraph.runtime import Runtime
 
-from graph.context import Context, context_of
-from graph.state import State
+from agents.context import Context, context_of
+from agents.state import State
 
 
 def after_pruning_stage(ctx: Context) -> Literal["quantize_model", "confirm_deployment"]:

@@ -23,11 +23,11 @@ from langgraph.types import Command
 from pydantic import BaseModel, Field, JsonValue
 
 from agents.common import pruning_budget
+from agents.context import Context
 from agents.planning.selection import kept_round
+from agents.state import InputState, State, StateError, state_of
 from graph.builder import build_graph
-from graph.context import Context
 from graph.routing import rounds_wanted
-from graph.state import InputState, State, StateError, state_of
 from tools.store.files import atomic_write_json, atomic_write_text, read_json
 from tools.store.lock import is_locked, lock_holder, run_dir_lock, status_hint
 from tools.store.run_paths import RunPaths

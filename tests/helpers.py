@@ -10,7 +10,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from agents.planning.base import PlanningContext
-    from graph.state import State
+    from agents.state import State
     from tools.deploy.choice import DeployCandidate
     from tools.schemas import RoundResult
 
@@ -134,7 +134,7 @@ def round_result(values: dict[str, Any]) -> RoundResult:
 def typed_state(values: Any) -> State:
     """The graph ``State`` a hand-built dict of the fields a test cares about stands for (a ``State`` as it is):
     rounds, baseline and profile summary completed with neutral values."""
-    from graph.state import State
+    from agents.state import State
 
     if isinstance(values, State):
         return values

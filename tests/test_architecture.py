@@ -1,9 +1,9 @@
 """The house's rules, checked from the code: one-way imports, no cycles, every module importable alone.
 
-``graph/`` imports ``agents/``, ``agents/`` imports ``tools/``, never back; the graph's shared vocabulary
-(``graph/state.py``, ``graph/context.py``) is the one part of ``graph/`` that nodes may import, and it
-imports no node. Nothing in ``tools/`` knows about LangGraph. Inside ``tools/`` the packages stand in layers
-(:data:`TOOLS_LAYERS`), and every import goes to the same layer or a lower one.
+``graph/`` imports ``agents/``, ``agents/`` imports ``tools/``, never back: the nodes' shared vocabulary
+(``agents/state.py``, ``agents/context.py``) lives with the nodes and imports none of them. Nothing in ``tools/``
+knows about LangGraph. Inside ``tools/`` the packages stand in layers (:data:`TOOLS_LAYERS`), and every import
+goes to the same layer or a lower one.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("graph", "agents", "tools")
-VOCABULARY = {"graph.state", "graph.context"}
+VOCABULARY = {"agents.state", "agents.context"}
 MAX_LINES = 600
 #: The packages (and loose modules) of ``tools/``, from the bottom up: a module imports only its own layer or
 #: lower ones. ``tools`` itself (the package's ``__init__``, which resolves ``load_compressed`` lazily) is the top.
 TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer)
     for layer in (
-        {"tools.text", "tools.schemas", "tools.clock"},
+        {"tools.text", "tools.schemas", "tools.clock", "tools.stages"},
         {"tools.stats"},
         {"tools.store"},
         {"tools.llm"},
@@ -35,13 +35,16 @@ TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
         {"tools.artifacts"},
         {"tools.evaluation"},
         {"tools.reporting"},
-        {"tools.run_data"},
-        {"tools.judging"},
-        {"tools.ops"},
-        {"tools.cross_fit", "tools.deployment", "tools.predict"},
+        {"tools.stages.run_data"},
+        {"tools.stages.judging"},
+        {"tools.stages.ops"},
+        {"tools.stages.cross_fit", "tools.stages.deployment", "tools.stages.predict"},
         {"tools"},
     )
 )
+#: The package of the run's stages, the top of ``tools/``: layered module by module in :data:`TOOLS_LAYERS` (its
+#: ``__init__`` holds a docstring only).
+STAGES = "tools.stages"
 #: Packages of ``tools/`` that stand apart: they import nothing of the project.
 TOOLS_APART = frozenset({"tools.zoo"})
 
@@ -76,9 +79,9 @@ def _project_imports(path: Path) -> set[str]:
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """The project modules ``path`` takes names from: ``from tools import ops`` imports ``tools.ops``, not the
-    package ``tools`` (whose ``__init__`` every ``tools.*`` import runs); ``from tools import load_compressed``
-    imports ``tools``. Top level, functions and TYPE_CHECKING alike, as :func:`_imports`."""
+    """The project modules ``path`` takes names from: ``from tools.stages import ops`` imports ``tools.stages.ops``, not
+    the package ``tools.stages`` (whose ``__init__`` every ``tools.stages.*`` import runs); ``from tools import
+    load_compressed`` imports ``tools``. Top level, functions and TYPE_CHECKING alike, as :func:`_imports`."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -91,9 +94,10 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def _tools_unit(module: str) -> str:
-    """The package or loose module of ``tools/`` that ``module`` belongs to (``tools.deploy.registry``:
-    ``tools.deploy``; ``tools.ops``: itself; ``tools``: the package's ``__init__``)."""
-    return ".".join(module.split(".")[:2])
+    """The package of ``tools/`` that ``module`` belongs to (``tools.deploy.registry``: ``tools.deploy``; ``tools``:
+    the package's ``__init__``), or, in :data:`STAGES` (layered module by module), the module itself."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if ".".join(parts[:2]) == STAGES and len(parts) > 2 else parts[:2])
 
 
 def test_tools_never_import_the_graph_the_agents_or_langgraph() -> None:
@@ -135,9 +139,9 @@ def test_packages_apart_import_nothing_of_the_project() -> None:
     assert offenders == {}
 
 
-def test_agents_import_only_the_graphs_vocabulary() -> None:
+def test_agents_never_import_the_graph() -> None:
     offenders = {
-        name: sorted(i for i in _project_imports(path) if i.startswith("graph") and i not in VOCABULARY)
+        name: sorted(i for i in _imports(path) if i.split(".")[0] == "graph")
         for name, path in MODULES.items()
         if name.startswith("agents")
     }
@@ -146,7 +150,8 @@ def test_agents_import_only_the_graphs_vocabulary() -> None:
 
 def test_the_vocabulary_imports_no_node() -> None:
     for name in VOCABULARY:
-        assert not {i for i in _project_imports(MODULES[name]) if i.startswith(("agents", "graph"))}, name
+        nodes = {i for i in _project_imports(MODULES[name]) if i.startswith(("agents", "graph"))} - VOCABULARY
+        assert not nodes, name
 
 
 def test_no_import_cycle_between_project_files() -> None:
@@ -189,3 +194,24 @@ sys.exit(1 if failed else 0)
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+#: String literals outside ``tools/deploy/`` that equal a runtime's name but are not ours: (file, text) -> why.
+NOT_OUR_RUNTIME_NAMES = {("tools/profiling/static.py", "pytorch"): "ptflops's own backend argument"}
+
+
+def test_no_runtime_name_is_typed_outside_the_deploy_package() -> None:
+    """Runtimes are described once, in ``tools/deploy/registry.py``: a new runtime is one module and one registry
+    line, so no other module may type a deployment's or a runtime's name (they ask the registry)."""
+    from tools.deploy.registry import DEPLOYMENTS
+
+    names = set(DEPLOYMENTS) | {described.runtime for described in DEPLOYMENTS.values()}
+    typed = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+        for name, path in MODULES.items()
+        if not name.startswith("tools.deploy")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+        if (str(path.relative_to(ROOT)), node.value) not in NOT_OUR_RUNTIME_NAMES
+    )
+    assert not typed, "runtime names typed outside tools/deploy/ (ask tools.deploy.registry):\n" + "\n".join(typed)

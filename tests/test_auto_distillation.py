@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from agents.context import AUTO_STEPS
 from graph import Context
 from graph.cli import build_parser
-from graph.context import AUTO_STEPS
 from tests.helpers import digits_vit_report, typed_state
 from tools.compression import distill_budget as distill
 from tools.compression.distill_budget import (

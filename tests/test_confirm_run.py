@@ -129,8 +129,8 @@ def test_rounds_are_recovered_and_reload_as_evaluated(report: dict[str, Any]) ->
 
     from tools import load_compressed
     from tools.evaluation.paired import ImagePredictions
-    from tools.ops import EvalSpec, preprocess_of
     from tools.schemas import InputShape
+    from tools.stages.ops import EvalSpec, preprocess_of
 
     spec = EvalSpec(
         dataset="digits",

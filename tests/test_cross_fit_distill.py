@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 
 import agents.evaluation
+from agents.context import Context
 from agents.evaluation import spec_for
 from agents.planning.selection import kept_round, robust_rounds, round_to_distill
-from graph.context import Context
+from agents.state import state_of
 from graph.routing import route_after_quantize_model
-from graph.state import state_of
 from tests.helpers import digits_vit_report, round_result, typed_state
 from tools.compression import distill_budget as distill
-from tools.deployment import accuracy_control
 from tools.evaluation.datasets import evaluation_halves
 from tools.evaluation.paired import ImagePredictions, merge_halves
-from tools.run_data import EvalSpec
 from tools.schemas import PairedAccuracy, RoundResult
+from tools.stages.deployment import accuracy_control
+from tools.stages.run_data import EvalSpec
 from tools.stats import Budget
 
 
@@ -147,11 +147,11 @@ def test_a_distilled_model_of_the_same_recipe_is_reused_not_trained_again(tmp_pa
     import torch
 
     from tests.helpers import save_tiny, tiny_vit
-    from tools import ops
     from tools.compression.distill import DistillConfig
     from tools.compression.recipes import PruningConfig
-    from tools.cross_fit import distill_saved
     from tools.schemas import OptimizationPlan, PruningRecommendation
+    from tools.stages import ops
+    from tools.stages.cross_fit import distill_saved
 
     original = tmp_path / "original"
     ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "vit", 16)), original)
@@ -177,11 +177,12 @@ def test_students_trained_side_by_side_are_those_trained_one_after_the_other(tmp
     import torch
 
     from tests.helpers import save_tiny, tiny_vit
-    from tools import load_compressed, ops
+    from tools import load_compressed
     from tools.compression.distill import DistillConfig
     from tools.compression.recipes import PruningConfig
-    from tools.cross_fit import _distil_both
     from tools.schemas import OptimizationPlan, PruningRecommendation
+    from tools.stages import ops
+    from tools.stages.cross_fit import _distil_both
 
     original = tmp_path / "original"
     ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "vit", 16)), original)
@@ -247,7 +248,7 @@ def test_the_second_student_deploys_when_the_first_is_over_the_budget_on_its_hal
     def fake_deploy(source: Path, *args: Any, alternatives: list[Path], judging: Any, **kwargs: Any) -> DeployChoice:
         judged = {Path(p).resolve(): j for p, j in judging.items()}
         # the deployment gets values, and calls nothing of the agents back: the budget test is a record, the
-        # accuracy control a recipe of tools.deployment's own function
+        # accuracy control a recipe of tools.stages.deployment's own function
         assert isinstance(kwargs["within_budget"], Budget) and kwargs["control"].func is accuracy_control
         seen.update(
             source=source,
@@ -291,11 +292,12 @@ def test_a_ladder_step_s_student_starts_from_the_step_before_with_its_further_bl
     import torch
 
     from tests.helpers import save_tiny, tiny_vit
-    from tools import load_compressed, ops
+    from tools import load_compressed
     from tools.compression.distill import DistillConfig
     from tools.compression.recipes import PruningConfig
-    from tools.cross_fit import distill_saved, extends_by_blocks
     from tools.schemas import OptimizationPlan, PruningRecommendation
+    from tools.stages import ops
+    from tools.stages.cross_fit import distill_saved, extends_by_blocks
 
     original = tmp_path / "original"
     ops.acquire(str(save_tiny(tiny_vit(layers=3), tmp_path / "vit", 16)), original)

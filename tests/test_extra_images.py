@@ -12,13 +12,13 @@ import pytest
 from PIL import Image
 
 import agents.evaluation
-import tools.run_data as run_data
+import tools.stages.run_data as run_data
+from agents.context import AUTO_STEPS
 from graph.cli import build_parser
-from graph.context import AUTO_STEPS
 from tests.helpers import digits_vit_report
 from tools.compression import distill_budget as distill
 from tools.evaluation.sources import DatasetError
-from tools.run_data import EvalSpec, check_extra_images
+from tools.stages.run_data import EvalSpec, check_extra_images
 
 EXTRA = 40
 

@@ -129,14 +129,14 @@ def test_auto_deployment_measures_every_runtime_and_never_deploys_a_slower_one(
     assert "## Speed-up, decomposed" in (tmp_path / "run" / "report.md").read_text()
     assert 'id="deployment"' in (tmp_path / "run" / "report.html").read_text()
     # the deployed artifact reloads and runs on its own runtime
-    from tools.predict import original_of
+    from tools.stages.predict import original_of
 
     assert original_of(Path(report["quantized"]["artifact"])) == Path(report["baseline"]["artifact"]).resolve()
     import numpy as np
     from PIL import Image
 
     from graph.cli import main
-    from tools.predict import predict
+    from tools.stages.predict import predict
 
     image = tmp_path / "digit.png"
     Image.fromarray((np.random.default_rng(0).random((16, 16)) * 255).astype(np.uint8)).save(image)
@@ -235,8 +235,8 @@ def test_a_model_onnx_cannot_export_still_runs_to_the_end(
     """Dinov2 with registers and MobileViTV2 use operators the ONNX exporter has not (a sweep over unseen
     architectures): the int8 profile, which exports to ONNX, stopped the run there. It is a note now. (A forced
     mixed-precision deployment: the table is measured for it even where full int8 is within the budget.)"""
-    from tools import ops
     from tools.deploy.onnxruntime.export import OnnxRuntimeError
+    from tools.stages import ops
 
     def no_onnx(*args: Any, **kwargs: Any) -> None:
         raise OnnxRuntimeError(

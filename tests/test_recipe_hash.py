@@ -15,7 +15,6 @@ from graph import Context
 from graph.bench import _cached_run_dir
 from graph.runner import checkpointed_graph, resume_run, start_run
 from tests.helpers import save_tiny, tiny_vit
-from tools import ops
 from tools.artifacts.hashes import prune_recipe_hash, quantize_recipe_hash, recipe_hash, stored_recipe_hash
 from tools.artifacts.io import load_module
 from tools.compression.distill import DistillConfig
@@ -23,6 +22,7 @@ from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.export_form import plain_export
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+from tools.stages import ops
 from tools.store.files import atomic_write_json, read_json
 
 FC1 = r"^vit\.layers\.\d+\.mlp\.fc1$"
@@ -87,7 +87,7 @@ def test_prune_recipe_hash_follows_what_changes_the_weights(original: Path) -> N
     assert len({base, *changed}) == len(changed) + 1, "each change gives its own hash"
 
 
-# --- reuse in tools.ops ---------------------------------------------------------------------------------------
+# --- reuse in tools.stages.ops ---------------------------------------------------------------------------------------
 
 
 def test_prune_reuses_only_an_artifact_of_the_same_recipe(original: Path, tmp_path: Path) -> None:

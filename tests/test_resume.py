@@ -16,7 +16,7 @@ import pytest
 from graph import Context
 from graph.runner import RunError, checkpointed_graph, resume_run, run_status, start_run
 from tests.helpers import save_tiny, tiny_vit
-from tools import ops
+from tools.stages import ops
 from tools.store.lock import RunDirBusy
 
 SETTINGS = ["--iterations", "3", "--eval-samples", "300", "--batch-size", "20", "--no-progress"]

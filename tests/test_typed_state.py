@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from agents.state import State, StateError, state_of
 from graph import Context
 from graph.runner import RunError, _checked_state, checkpointed_graph, resume_run, start_run
-from graph.state import State, StateError, state_of
 from tests.helpers import save_tiny, tiny_vit
 from tools.schemas import (
     BaselineEntry,

@@ -428,6 +428,13 @@ class ProfileSummary(BaseModel):
     top_groups: list[TopGroup] = Field(default_factory=list)
     sensitivity: SensitivitySummary | None = None
 
+    @classmethod
+    def of(cls, profile: ModelProfile, groups: int = 5) -> ProfileSummary:
+        """``profile`` in brief: its totals and its ``groups`` slowest layer groups."""
+        top = [TopGroup.model_validate(g, from_attributes=True) for g in profile.groups[:groups]]
+        totals = profile.model_dump(include=set(cls.model_fields) - {"top_groups", "sensitivity"})
+        return cls.model_validate(totals | {"top_groups": top})
+
 
 class Int8ProfileSummary(BaseModel):
     """The per-block int8 sensitivity in brief (``profile/int8_sensitivity.json`` holds it all)."""
@@ -485,8 +492,8 @@ class CrossFit(BaseModel):
     on the calibration images plus one half of the evaluation images and judged on the other half; their answers
     together give the round's paired result on every evaluation image. The first student is the round's model,
     judged alone only on the half it did not see (``judged_on_half``): the deployment judges it there too. Where the
-    run has extra images enough (``tools.cross_fit.solo``), one student, distilled on the calibration and extra images
-    only and judged on every evaluation image (``judged_on_half`` None), is the round's model."""
+    run has extra images enough (``tools.stages.cross_fit.solo``), one student, distilled on the calibration and extra
+    images only and judged on every evaluation image (``judged_on_half`` None), is the round's model."""
 
     source_round: int
     judged_on_half: int | None

@@ -17,6 +17,12 @@ def preview(names: Sequence[object], limit: int = 4, *, quote: bool = False) -> 
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
+def listing(names: Sequence[object], limit: int = 4, *, quote: bool = False) -> str:
+    """``a, b, c and 9 more``: the first ``limit`` names of a list and how many it leaves out."""
+    shown = ", ".join(repr(str(n)) if quote else str(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 def slug(name: str, default: str = "model") -> str:
     """A file-name-safe form of a model spec or name: letters, digits and ``-_.``; others become ``-``."""
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.strip("/")).strip("-.") or default

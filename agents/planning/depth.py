@@ -95,37 +95,16 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
     unit of damage first (not their probes' timed savings: a removed block always saves its layers' calls, and a
     probe's few per cent drown in timing noise on a loaded machine, where 23 of CIFAR ResNet-56's 25 blocks timed
     slower removed). A step keeps everything the round it grows from cut (its channels too) and removes more blocks:
-    so it runs faster than that round, and its students may start from that round's (``tools.cross_fit``). CIFAR
+    so it runs faster than that round, and its students may start from that round's (``tools.stages.cross_fit``). CIFAR
     ResNet-56's latency run kept three blocks with the first stage's inner channels halved (1.32x in OpenVINO int8);
     its next step, five blocks alone, ran no faster (1.31x), so it was never distilled and the run shipped 1.21x."""
     sens = ctx.profile.sensitivity
     if ctx.objective != "latency" or sens is None:
         return None
     model = DamageModel.fit(sens)
-
-    def macs_of(unit: SensitivityUnit) -> int:
-        return max((p.macs_saved or p.params_saved for p in unit.points), default=0)
-
-    def worth(unit: SensitivityUnit) -> float:
-        cost = model.cost(unit, 1.0)
-        return macs_of(unit) / max(cost, 1e-9) if cost is not None else 0.0
-
-    ranked = sorted(
-        (u for u in sens.units if unit_kind(u).sheds_layers and ctx.allows(u.pruning_type) and worth(u) > 0),
-        key=lambda u: (-worth(u), u.pattern),
-    )
+    ranked = _ranked_blocks(ctx, model)
     step = ladder_step_wanted(ctx.history)
-    if step is not None:
-        wanted = step
-    elif not ctx.distills:  # training-free, a step costs an evaluation, not a distillation: one block first
-        wanted = 1
-    else:
-        total = max(1, ctx.profile.total_macs)
-        wanted, saved = 0, 0
-        for unit in ranked:
-            wanted, saved = wanted + 1, saved + macs_of(unit)
-            if saved >= DEPTH_FIRST_MACS_SHARE * total:
-                break
+    wanted = _blocks_wanted(ctx, ranked, step)
     if wanted < 1 or any(int(r.planner_state.get(DEPTH_KEY) or 0) >= wanted for r in ctx.history):
         return None
     grows = _held(ctx) if step is not None else None  # a ladder step: the round within budget it grows from
@@ -150,3 +129,40 @@ def depth_step(ctx: PlanningContext, seen: Spent) -> DepthStep | None:
         f"speed comes from whole blocks, {back}."
     )
     return DepthStep(allocation, predicted, note, len(removed) + len(chosen))
+
+
+def _macs_saved(unit: SensitivityUnit) -> int:
+    """The most MACs (parameters where MACs are unknown) a unit's probes saved."""
+    return max((p.macs_saved or p.params_saved for p in unit.points), default=0)
+
+
+def _ranked_blocks(ctx: PlanningContext, model: DamageModel) -> list[SensitivityUnit]:
+    """The units the plan may remove whole (a kind that sheds layers) that save anything, the most MACs saved per unit
+    of damage first (then by pattern)."""
+    sens = ctx.profile.sensitivity
+    assert sens is not None
+
+    def worth(unit: SensitivityUnit) -> float:
+        cost = model.cost(unit, 1.0)
+        return _macs_saved(unit) / max(cost, 1e-9) if cost is not None else 0.0
+
+    return sorted(
+        (u for u in sens.units if unit_kind(u).sheds_layers and ctx.allows(u.pruning_type) and worth(u) > 0),
+        key=lambda u: (-worth(u), u.pattern),
+    )
+
+
+def _blocks_wanted(ctx: PlanningContext, ranked: list[SensitivityUnit], step: int | None) -> int:
+    """How many blocks the next depth round removes: the ladder's ``step`` where it has one; else one where no
+    distillation follows, or the fewest of ``ranked`` that save :data:`DEPTH_FIRST_MACS_SHARE` of the MACs."""
+    if step is not None:
+        return step
+    if not ctx.distills:  # training-free, a step costs an evaluation, not a distillation: one block first
+        return 1
+    total = max(1, ctx.profile.total_macs)
+    wanted, saved = 0, 0
+    for unit in ranked:
+        wanted, saved = wanted + 1, saved + _macs_saved(unit)
+        if saved >= DEPTH_FIRST_MACS_SHARE * total:
+            break
+    return wanted

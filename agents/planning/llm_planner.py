@@ -274,10 +274,8 @@ class LLMPlanner:
 
     def _plan(self, ctx: PlanningContext, purpose: Purpose) -> PlanResult:
         chat = self.chat  # configuration errors are the caller's to report
-        iteration = purpose == "iteration"
-        round_no = next_round(ctx) if iteration else None
         build: PromptBuilder = (
-            (lambda d: iteration_messages(ctx, d)) if iteration else (lambda d: analysis_messages(ctx, d))
+            (lambda d: iteration_messages(ctx, d)) if purpose == "iteration" else (lambda d: analysis_messages(ctx, d))
         )
         followups: list[dict[str, str]] = []
         fitted: FittedMessages[PromptDetail] | None = None
@@ -295,27 +293,11 @@ class LLMPlanner:
                 exchange_note, report_note = self._prompt_notes(fitted, ctx)
                 if report_note and report_note not in report_notes:
                     report_notes.append(report_note)
-                plan, exchange = invoke_structured(
-                    chat,
-                    fitted.messages + followups,
-                    OptimizationPlan,
-                    purpose=purpose,
-                    normalize=normalize_payload,
-                    attempt=attempt,
-                    round=round_no,
-                    response_format=self.response_format,
-                    memory=self.format_memory,
-                )
+                plan, exchange = self._request(chat, ctx, purpose, fitted.messages + followups, attempt)
                 model = exchange.model
                 if exchange_note:
                     exchange.notes.insert(0, exchange_note)
-                if plan is not None:
-                    if iteration:
-                        plan = self._carry_quantization(plan, ctx)
-                        exchange.parsed = plan.model_dump(mode="json")
-                    errors = validate_plan(plan, ctx, self.model_layer_names, require_pruning=True)
-                    if errors:
-                        exchange.reject(errors)
+                plan = self._checked(plan, exchange, ctx, purpose)
                 _emit(self.exchange_log, exchange)
                 _add_usage(usage, exchange)
                 if plan is not None and exchange.ok:
@@ -324,23 +306,7 @@ class LLMPlanner:
                     state = self._state(model, attempts, rejected, usage, exchange)
                     self._add_notes(state, chat, report_notes, fitted)
                     return PlanResult(plan=plan, source=source, planner_state=state)
-                entry: RejectedAttempt = {
-                    "attempt": attempt,
-                    "failure": exchange.failure,
-                    "reasons": list(exchange.errors),
-                    "plan": exchange.parsed,
-                }
-                if exchange.parsed is None and exchange.raw_response:
-                    entry["raw"] = exchange.raw_response[:_RAW_KEPT]
-                rejected.append(entry)
-                logger.warning(
-                    "LLM %s attempt %d/%d rejected (%s): %s",
-                    purpose,
-                    attempt,
-                    self.max_attempts,
-                    exchange.failure,
-                    "; ".join(exchange.errors[:3]),
-                )
+                rejected.append(self._rejected(exchange, purpose))
                 if exchange.transport_failed:
                     detail = exchange.errors[-1] if exchange.errors else ""
                     reason = f"the LLM endpoint failed ({exchange.failure}): {detail}"
@@ -354,6 +320,57 @@ class LLMPlanner:
         result = self._fallback_result(ctx, purpose, model, attempts, rejected, usage, reason)
         self._add_notes(result.planner_state, chat, report_notes, fitted)
         return result
+
+    def _request(
+        self, chat: BaseChatModel, ctx: PlanningContext, purpose: Purpose, messages: list[dict[str, str]], attempt: int
+    ) -> tuple[OptimizationPlan | None, LLMExchange]:
+        """Ask the model for a plan once (:func:`~tools.llm.structured.invoke_structured`): the plan, if it parsed,
+        and the exchange."""
+        return invoke_structured(
+            chat,
+            messages,
+            OptimizationPlan,
+            purpose=purpose,
+            normalize=normalize_payload,
+            attempt=attempt,
+            round=next_round(ctx) if purpose == "iteration" else None,
+            response_format=self.response_format,
+            memory=self.format_memory,
+        )
+
+    def _checked(
+        self, plan: OptimizationPlan | None, exchange: LLMExchange, ctx: PlanningContext, purpose: Purpose
+    ) -> OptimizationPlan | None:
+        """The answer's plan, an iteration's with the latest quantization recommendations carried, validated: the
+        exchange is rejected with the reasons where it is invalid."""
+        if plan is not None:
+            if purpose == "iteration":
+                plan = self._carry_quantization(plan, ctx)
+                exchange.parsed = plan.model_dump(mode="json")
+            errors = validate_plan(plan, ctx, self.model_layer_names, require_pruning=True)
+            if errors:
+                exchange.reject(errors)
+        return plan
+
+    def _rejected(self, exchange: LLMExchange, purpose: Purpose) -> RejectedAttempt:
+        """The rejected attempt's entry in ``planner_state["rejected"]``, logged."""
+        entry: RejectedAttempt = {
+            "attempt": exchange.attempt,
+            "failure": exchange.failure,
+            "reasons": list(exchange.errors),
+            "plan": exchange.parsed,
+        }
+        if exchange.parsed is None and exchange.raw_response:
+            entry["raw"] = exchange.raw_response[:_RAW_KEPT]
+        logger.warning(
+            "LLM %s attempt %d/%d rejected (%s): %s",
+            purpose,
+            exchange.attempt,
+            self.max_attempts,
+            exchange.failure,
+            "; ".join(exchange.errors[:3]),
+        )
+        return entry
 
     def _followup(self, exchange: LLMExchange) -> list[dict[str, str]]:
         """The rejected answer (cut to fit the budget) and the reasons, to send back with the next attempt."""

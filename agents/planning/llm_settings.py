@@ -1,4 +1,4 @@
-"""A run's LLM settings: the ``--llm-*`` options of its :class:`~graph.context.Context` over the environment."""
+"""A run's LLM settings: the ``--llm-*`` options of its :class:`~agents.context.Context` over the environment."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from tools.llm.client import LLMSettings
 
 if TYPE_CHECKING:
-    from graph.context import Context
+    from agents.context import Context
 
 __all__ = ["llm_settings", "settings_from_options"]
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tools.compression.units import kind_named
-from tools.llm.structured import find_object, norm_key, normalize_generic
+from tools.llm.structured import find_unwrapped, norm_key, normalize_generic
 from tools.schemas import InputShape, OptimizationPlan
 
 __all__ = ["NORMALIZERS", "normalize_payload"]
@@ -233,17 +233,15 @@ def _normalize_plan(data: Any, notes: list[str]) -> Any:
     if isinstance(data, list):
         notes.append("read a top-level list as the recommendations")
         data = {"recommendations": data}
-    known = {*_PRUNING_KEYS, "recommendations"}
-    found = find_object(data, known)
+    found = find_unwrapped(data, {*_PRUNING_KEYS, "recommendations"}, "plan", notes)
     if found is None:
         rec_keys = {norm_key(k) for k in data} if isinstance(data, dict) else set()
         if {_PRUNE_REC_KEYS.get(k) for k in rec_keys} >= {"layer", "pruning_ratio"}:
             notes.append("read a single top-level recommendation as the pruning recommendations")
+            notes.append("unwrapped the plan from an enclosing object")  # the list made around it counts as one
             found = {"pruning_recommendations": [data]}
         else:
             return data
-    if found is not data:
-        notes.append("unwrapped the plan from an enclosing object")
     out: dict[str, Any] = {}
     for key, value in found.items():
         norm = norm_key(key)
@@ -280,11 +278,9 @@ def _normalize_shape(data: Any, notes: list[str]) -> Any:
     if isinstance(data, list):
         data = {"shape": data}
     known = {*_SHAPE_KEYS, "shape", "input_shape", "size", "image_size", "input_size"}
-    found = find_object(data, known)
+    found = find_unwrapped(data, known, "shape", notes)
     if found is None:
         return data
-    if found is not data:
-        notes.append("unwrapped the shape from an enclosing object")
     out: dict[str, Any] = {}
     for key, value in found.items():
         norm = norm_key(key)

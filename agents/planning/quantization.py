@@ -1,11 +1,11 @@
 """Per-layer quantization decisions from the measured int8 sensitivity (the rules planner's, and the LLM's default).
 
-The profile's ``int8_sensitivity`` (``tools.ops.int8_sensitivity``) holds, per block of layers, what static int8 of
-that block alone does to the model in ONNX Runtime on this CPU (KL divergence and top-1 flips against the float
+The profile's ``int8_sensitivity`` (``tools.stages.ops.int8_sensitivity``) holds, per block of layers, what static int8
+of that block alone does to the model in ONNX Runtime on this CPU (KL divergence and top-1 flips against the float
 model, on calibration images), and what int8 of every block does. :func:`quantization_plan` turns it into the
 paper's schema: every layer int8, then the blocks whose int8 dominates the damage kept in float (``float32``),
 each with the numbers that justify it. The deployment builds both the full-int8 candidate and, from these
-decisions, the mixed one, and measures which holds the budget (``tools.deployment``).
+decisions, the mixed one, and measures which holds the budget (``tools.stages.deployment``).
 """
 
 from __future__ import annotations

@@ -85,6 +85,36 @@ def _predicted_damage(r: RoundRecord) -> float:
     return float(r.planner_state.get("predicted_damage") or r.planner_state.get("damage_budget") or 0.0)
 
 
+def _units_to_step(
+    ctx: PlanningContext, model: DamageModel, base: dict[str, float], step: float
+) -> list[SensitivityUnit]:
+    """The sensitivity units in the order a coordinate step from allocation ``base`` tries them: to grow (``step``
+    > 0), least marginal damage per marginal saving first; to shrink, the most damaging after the step first."""
+    sens = ctx.profile.sensitivity
+    assert sens is not None
+
+    def damage_after(unit: SensitivityUnit) -> float:
+        ratio = min(ctx.max_ratio, max(0.0, base.get(unit.pattern, 0.0) + step))
+        cost = model.cost(unit, ratio)
+        return float("inf") if cost is None else cost
+
+    def damage_per_saving(unit: SensitivityUnit) -> float:
+        current = base.get(unit.pattern, 0.0)
+        ratio = next_reachable(unit, current, step)
+        if ratio is None:
+            return float("inf")
+        c0, c1 = model.cost(unit, current), model.cost(unit, ratio)
+        v0 = unit_saving(unit, current, ctx.profile.total_params, ctx.objective)
+        v1 = unit_saving(unit, ratio, ctx.profile.total_params, ctx.objective)
+        if c1 is None or v1 is None or v1 <= (v0 or 0.0):
+            return float("inf")
+        return max(c1 - (c0 or 0.0), 0.0) / (v1 - (v0 or 0.0))
+
+    if step > 0:
+        return sorted(sens.units, key=damage_per_saving)
+    return sorted(sens.units, key=damage_after, reverse=True)
+
+
 @dataclass(frozen=True)
 class _Target:
     pattern: str
@@ -375,32 +405,8 @@ class RulesPlanner:
         budget = float(base_round.planner_state.get("damage_budget", 0.0))
         model = DamageModel.fit(sens)
         units = {u.pattern: u for u in sens.units}
-        total_params = ctx.profile.total_params
-
-        def damage_after(unit: SensitivityUnit, step: float) -> float:
-            ratio = min(ctx.max_ratio, max(0.0, base.get(unit.pattern, 0.0) + step))
-            cost = model.cost(unit, ratio)
-            return float("inf") if cost is None else cost
-
-        def damage_per_saving(unit: SensitivityUnit, step: float) -> float:
-            current = base.get(unit.pattern, 0.0)
-            ratio = next_reachable(unit, current, step)
-            if ratio is None:
-                return float("inf")
-            c0, c1 = model.cost(unit, current), model.cost(unit, ratio)
-            v0 = unit_saving(unit, current, total_params, ctx.objective)
-            v1 = unit_saving(unit, ratio, total_params, ctx.objective)
-            if c1 is None or v1 is None or v1 <= (v0 or 0.0):
-                return float("inf")
-            return max(c1 - (c0 or 0.0), 0.0) / (v1 - (v0 or 0.0))
-
-        def ranked(step: float) -> list[SensitivityUnit]:
-            if step > 0:
-                return sorted(sens.units, key=lambda u: damage_per_saving(u, step))
-            return sorted(sens.units, key=lambda u: damage_after(u, step), reverse=True)
-
         for step in steps:
-            for unit in ranked(step):
+            for unit in _units_to_step(ctx, model, base, step):
                 current = base.get(unit.pattern, 0.0)
                 ratio = next_reachable(unit, current, step)
                 kind = unit_kind(unit)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import Any, Protocol
 
+from agents.context import Selection
 from agents.planning.recovery import (
     AT_TARGET,
     DEPTH_KEY,
@@ -15,7 +16,6 @@ from agents.planning.recovery import (
     recoveries_of,
     undershot,
 )
-from graph.context import Selection
 from tools.compression.units import kind_of, sheds_layers
 from tools.deploy.choice import TIE_MARGIN
 from tools.schemas import OptimizationPlan, RoundResult
@@ -82,10 +82,10 @@ def layers_removed(r: RoundResult) -> int:
 
 def ladder_starts(rounds: Sequence[RoundResult], source: RoundResult) -> list[RoundResult]:
     """The distilled rounds whose students ``source``'s may start from, the likeliest first: each removed some of
-    the blocks ``source`` removes and no other (``tools.cross_fit.extends_by_blocks`` checks the rest of the
+    the blocks ``source`` removes and no other (``tools.stages.cross_fit.extends_by_blocks`` checks the rest of the
     structure), the most blocks first, then the most accurate. Its students start nearer than the original's
     round does: CIFAR ResNet-56's eight blocks, 17 points lost training-free and 0.86 unseen after distillation from
-    there, gained 0.54 unseen distilled from the five-block round's students (``tools.cross_fit``)."""
+    there, gained 0.54 unseen distilled from the five-block round's students (``tools.stages.cross_fit``)."""
     wanted = blocks_removed(source)
     distilled = [r for r in rounds if r.cross_fit is not None and r.cross_fit.students]
     removed = {r.round: blocks_removed(r) for r in distilled}
@@ -280,6 +280,51 @@ def round_to_distill(
     distilled = [r.cross_fit.source_round for r in rounds if r.cross_fit is not None]
     if len(distilled) >= rescues:
         return None
+    candidates = _distill_candidates(rounds, selection, budget, original_params, objective, distilled)
+    rescuable = _rescuable(rounds, candidates, budget)
+    planned = planned_since_recovery(rounds)
+    if planned is None:
+        if objective == "latency":
+            return _fastest(rescuable, objective)
+        return min(candidates, key=lambda r: (_budget_drop(r), r.round), default=None)
+    since = {r.round for r in planned}
+    ladder = [r for r in rescuable if DEPTH_KEY in r.planner_state and r.round in since]
+    if objective == "latency" and ladder:  # the depth ladder's step after a depth round came back: its own target
+        return _fastest(ladder, objective)
+    target = distillation_target(rounds, budget)
+    if target is None or (search_goes_on and not planned):
+        return None
+    tries_left = search_goes_on and not targets_done and bool(planned)
+    if tries_left and undershot(planned[-1], target):
+        return None  # the search plans again past it before a distillation is spent on a smaller round
+    fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
+    if not fits and targets_done and objective == "latency":
+        fits = rescuable
+    return _fastest(fits, objective)
+
+
+def _budget_drop(r: RoundResult) -> float:
+    """The round's drop plus one standard error (infinite where unknown): how near the budget it stands."""
+    value = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
+    return math.inf if value is None else value
+
+
+def _fastest(pool: Sequence[RoundResult], objective: str) -> RoundResult | None:
+    """The round of ``pool`` that costs least (:func:`cost_of`), the earliest among equals; None for none."""
+    return min(pool, key=lambda r: (cost_of(r, objective), r.round), default=None)
+
+
+def _distill_candidates(
+    rounds: Sequence[RoundResult],
+    selection: Selection,
+    budget: float,
+    original_params: int,
+    objective: str,
+    distilled: Sequence[int],
+) -> list[RoundResult]:
+    """The rounds worth distilling (:func:`round_to_distill`): evaluated by the search, not ``distilled`` yet, with a
+    known drop, and cheaper than the round distillation counts as kept (the original when none is), or planned at the
+    distillation target and no dearer than it."""
     confirmed = robust_rounds(rounds, budget)
     kept = _robust_kept(rounds, confirmed, selection, objective)
     confirmed_rounds = {r.round for r in confirmed}
@@ -288,10 +333,6 @@ def round_to_distill(
         ceiling = cost_of(kept, objective) if kept is not None else math.inf
     else:
         ceiling = kept.metrics.params if kept is not None else original_params
-
-    def drop(r: RoundResult) -> float:
-        value = budget_drop_points(r.accuracy_drop_points, r.metrics.paired)
-        return math.inf if value is None else value
 
     def worth_it(r: RoundResult) -> bool:
         if objective == "latency":  # faster than the kept one by more than timing noise (the deployment's tie rule)
@@ -302,43 +343,24 @@ def round_to_distill(
             return bool(cost <= ceiling)
         return r.round not in confirmed_rounds and cost < bar
 
-    candidates = [
+    return [
         r
         for r in rounds
         if r.cross_fit is None
         and r.round not in distilled
         and r.metrics.artifact
-        and math.isfinite(drop(r))
+        and math.isfinite(_budget_drop(r))
         and worth_it(r)
     ]
 
-    def fastest(pool: list[RoundResult]) -> RoundResult | None:
-        return min(pool, key=lambda r: (cost_of(r, objective), r.round), default=None)
 
-    # what distillation may bring back, for the latency objective: rounds within their kind's rescue limit, or whose
-    # students start from a distilled round within budget (the ladder's step: what it lost from the original's
-    # training-free does not say what its students start from)
+def _rescuable(rounds: Sequence[RoundResult], candidates: Sequence[RoundResult], budget: float) -> list[RoundResult]:
+    """Of ``candidates``, what distillation may bring back for the latency objective: rounds within their kind's rescue
+    limit (:func:`rescue_limit_points`), or whose students start from a distilled round within budget (the ladder's
+    step: what it lost from the original's training-free does not say what its students start from)."""
+
     def rescuable_round(r: RoundResult) -> bool:
         held = any(s.within_budget for s in ladder_starts(rounds, r))
         return held or float(r.accuracy_drop_points or 0.0) <= rescue_limit_points(r.plan, budget)
 
-    rescuable = [r for r in candidates if rescuable_round(r)]
-    planned = planned_since_recovery(rounds)
-    if planned is None:
-        if objective == "latency":
-            return fastest(rescuable)
-        return min(candidates, key=lambda r: (drop(r), r.round), default=None)
-    since = {r.round for r in planned}
-    ladder = [r for r in rescuable if DEPTH_KEY in r.planner_state and r.round in since]
-    if objective == "latency" and ladder:  # the depth ladder's step after a depth round came back: its own target
-        return fastest(ladder)
-    target = distillation_target(rounds, budget)
-    if target is None or (search_goes_on and not planned):
-        return None
-    tries_left = search_goes_on and not targets_done and bool(planned)
-    if tries_left and undershot(planned[-1], target):
-        return None  # the search plans again past it before a distillation is spent on a smaller round
-    fits = [r for r in candidates if float(r.accuracy_drop_points or 0.0) <= TARGET_SLACK * target]
-    if not fits and targets_done and objective == "latency":
-        fits = rescuable
-    return fastest(fits)
+    return [r for r in candidates if rescuable_round(r)]

@@ -32,6 +32,7 @@ from tools.compression.reports import PrunableLayers
 from tools.compression.units import UNIT_KINDS, UnitKind, kind_of
 from tools.profiling.profile import name_pattern
 from tools.schemas import OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+from tools.text import listing
 
 #: The profile's layer types a quantization recommendation may select (what the runtimes quantize).
 QUANTIZABLE_TYPES = frozenset({"Linear", "Conv1d", "Conv2d"})
@@ -39,13 +40,6 @@ QUANTIZABLE_TYPES = frozenset({"Linear", "Conv1d", "Conv2d"})
 logger = logging.getLogger(__name__)
 
 __all__ = ["repair_plan", "validate_plan"]
-
-_MAX_LISTED = 4
-
-
-def _listing(items: Sequence[str], limit: int = _MAX_LISTED) -> str:
-    shown = ", ".join(repr(i) for i in items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 @dataclass
@@ -111,13 +105,17 @@ def _pruning_errors(
     hits_classifier = [n for n in u.classifier if rx.search(n)]
     if hits_classifier:
         errors.append(
-            f"{where}: selects the classifier {_listing(hits_classifier)}, whose outputs are the logits and are "
-            "never pruned; anchor the pattern (^...$) so that it selects only the layers you mean"
+            f"{where}: selects the classifier {listing(hits_classifier, quote=True)}, whose outputs are the logits "
+            "and are never pruned; anchor the pattern (^...$) so that it selects only the layers you mean"
         )
         fatal = True
     if not u.selectable[kind.name]:
         usable = [k for k in UNIT_KINDS.values() if u.selectable[k.name]]
-        hint = f"; use pruning_type {usable[0].name!r} on {_listing(usable[0].patterns(u.prunable))}" if usable else ""
+        hint = (
+            f"; use pruning_type {usable[0].name!r} on {listing(usable[0].patterns(u.prunable), quote=True)}"
+            if usable
+            else ""
+        )
         errors.append(f"{where}: {u.model_class} has no {kind.noun}s{hint}")
         return errors, True
     selected = u.selected(kind, rx)
@@ -132,7 +130,7 @@ def _pruning_errors(
             errors.append(msg + (f"; for those use pruning_type {others[0].name!r}" if others else ""))
         elif not hits_classifier:
             patterns = kind.patterns(u.prunable)
-            listed = _listing(patterns) if patterns else "none"
+            listed = listing(patterns, quote=True) if patterns else "none"
             hint = f"; it selects {others[0].noun}s: use pruning_type {others[0].name!r}" if others else ""
             errors.append(f"{where}: matches no {kind.noun}; {kind.noun} patterns: {listed}{hint}")
     else:
@@ -167,7 +165,9 @@ def _quantization_errors(i: int, rec: QuantizationRecommendation, u: _Universe) 
         return [*errors, f"{where}: invalid regular expression: {problem}"]
     if u.quant_names and not any(rx.search(n) for n in u.quant_names):
         patterns = sorted({name_pattern(n) for n in u.quant_names})
-        errors.append(f"{where}: matches no Linear or Conv module; use 'all' or a pattern such as {_listing(patterns)}")
+        errors.append(
+            f"{where}: matches no Linear or Conv module; use 'all' or a pattern such as {listing(patterns, quote=True)}"
+        )
     return errors
 
 

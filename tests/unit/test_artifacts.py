@@ -79,7 +79,7 @@ def test_pruned_then_quantized_reloads_as_deployed(vit_original: Path, tmp_path:
     # latency is measured where the artifact runs: int8 kernels on the CPU whatever --device says; float models on
     # the run's device (and a CUDA device that is not there is a clear error, not a silent CPU figure)
     from tools.models.base import ModelLoadError
-    from tools.ops import latency_device
+    from tools.stages.ops import latency_device
 
     assert latency_device(out, "cuda") == "cpu"
     assert latency_device(vit_original, "cpu") == "cpu"

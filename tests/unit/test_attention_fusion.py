@@ -11,13 +11,13 @@ import torch
 
 from tests.helpers import save_tiny, tiny_vit
 from tests.unit.test_pruning import ResidualCNN
-from tools import ops
 from tools.artifacts.io import load_compressed, save_original
 from tools.deploy.base import Build, QuantizationError
 from tools.deploy.config import QuantizationConfig
 from tools.deploy.onnxruntime.fusion import AttentionFusionError, PackedAttention, fuse_attention
 from tools.models.sources import acquire_model
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+from tools.stages import ops
 
 SHAPE = InputShape(channels=3, height=16, width=16)
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]

@@ -1,4 +1,4 @@
-"""The ``run`` command's options are generated from the settings (``graph.context.Context``): one option per setting,
+"""The ``run`` command's options are generated from the settings (``agents.context.Context``): one option per setting,
 each with help, and nothing else besides the model, its data and the run's place."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import fields
 
 import pytest
 
+from agents.context import Context
 from graph.cli import build_parser
-from graph.context import Context
 from graph.options import FACTORY_FLAGS, NOT_OPTIONS, context_from, setting_flags
 
 #: What ``run`` takes besides the settings: the model and its factory options, the data, the run's place.

@@ -13,8 +13,8 @@ from tools.deploy.choice import DeployChoice
 from tools.deploy.registry import FLOAT
 from tools.evaluation.confirm import ConfirmRule, confirm_sequence
 from tools.evaluation.datasets import AUTO_CONFIRM, CONFIRM_MAX, confirm_rows, split_indices
-from tools.run_data import ConfirmSealed, DataReads, EvalSpec, confirming, read_log, record_reads
 from tools.schemas import InputShape, PairedAccuracy, PartAccuracy
+from tools.stages.run_data import ConfirmSealed, DataReads, EvalSpec, confirming, read_log, record_reads
 
 
 def _paired(delta: float, se: float, samples: int = 1000) -> PairedAccuracy:
@@ -144,8 +144,8 @@ def test_a_forced_backend_over_the_budget_is_refused_whatever_its_name(
     build of the pruned model within it, the original as it is."""
     import torch
 
-    from tools import deployment as deployment_module
-    from tools import ops
+    from tools.stages import deployment as deployment_module
+    from tools.stages import ops
 
     def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
         return deploy_row(backend, 1.0, source, ok=False).model_copy(
@@ -185,9 +185,9 @@ def test_a_failed_confirmation_chooses_the_next_build_of_the_declared_sequence(
     from langgraph.runtime import Runtime
 
     import agents.confirmation as confirmation
-    from graph.context import Context
+    from agents.context import Context
     from tests.helpers import typed_state
-    from tools import run_data
+    from tools.stages import run_data
 
     original = tmp_path / "models" / "original"
     rows = [
@@ -238,7 +238,7 @@ def test_without_quantization_the_kept_rounds_float_model_is_confirmed_and_gives
     from langgraph.runtime import Runtime
 
     import agents.confirmation as confirmation
-    from graph.context import Context
+    from agents.context import Context
     from tests.helpers import typed_state
 
     figures = iter([_part(-0.4, 0.3), _part(-1.5, 0.3)])

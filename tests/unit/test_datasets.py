@@ -268,10 +268,10 @@ def test_cifar10_folder_500_samples_fast(shared_dir: Path) -> None:
 def test_automatic_evaluation_size_follows_the_budget_and_the_model_macs() -> None:
     """--eval-samples 0: at least what the budget test needs (2,000 images for 1 point), small models more (up to
     5,000)."""
+    from agents.context import Context
     from agents.evaluation import eval_spec
-    from graph.context import Context
     from tests.helpers import typed_state
-    from tools.run_data import auto_eval_samples
+    from tools.stages.run_data import auto_eval_samples
 
     assert auto_eval_samples(15_000_000) == 5000  # cifar10-vit-tiny
     assert auto_eval_samples(17_600_000_000) == 2000  # ViT-B/16: what a 1-point budget needs
@@ -320,7 +320,7 @@ def test_the_automatic_evaluation_size_takes_the_rows_no_part_takes() -> None:
 
 
 def test_the_run_spec_takes_the_spare_rows_only_at_the_automatic_size(image_folder: Path) -> None:
-    from tools.run_data import EvalSpec, check_data
+    from tools.stages.run_data import EvalSpec, check_data
 
     spec = EvalSpec(dataset=str(image_folder), samples=6, calibration_samples=4, spare_to_evaluation=True)
     total = check_data(spec).total

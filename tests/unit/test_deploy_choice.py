@@ -25,7 +25,7 @@ def _c(backend: str, latency_ms: float | None, ok: bool = True, error: str | Non
 
 
 def _fake_measure(built: list[tuple[str | None, str]], over: set[tuple[str | None, str]]) -> Callable[..., Any]:
-    """A stand-in for ``tools.deployment._measure``: an OpenVINO row for each backend asked for, recording
+    """A stand-in for ``tools.stages.deployment._measure``: an OpenVINO row for each backend asked for, recording
     ``(source, backend)`` in ``built``; over the budget for the pairs in ``over``."""
 
     def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
@@ -79,8 +79,8 @@ def test_available_backends_lists_float_first_and_only_importable_ones() -> None
 def test_without_data_static_int8_is_calibrated_on_synthetic_inputs(tmp_path: Path) -> None:
     """An untrained built-in has no dataset: static int8 still runs (latency, memory) and the table says on what."""
     from tests.helpers import save_tiny, tiny_vit
-    from tools import ops
-    from tools.deployment import deploy
+    from tools.stages import ops
+    from tools.stages.deployment import deploy
 
     source = save_tiny(tiny_vit(), tmp_path / "src", 16)
     original = tmp_path / "run" / "models" / "original"
@@ -111,9 +111,9 @@ def test_backends_over_budget_are_built_again_from_a_round_with_more_headroom(
     """The best round's candidates all fail the budget: the headroom round's are built, timed with them, and
     the choice says which model the deployed one was built from."""
     from tests.helpers import save_tiny, tiny_vit
-    from tools import deployment as deployment_module
-    from tools import ops
-    from tools.deployment import deploy
+    from tools.stages import deployment as deployment_module
+    from tools.stages import ops
+    from tools.stages.deployment import deploy
 
     # each candidate keeps the answer its measurement got (the count of tries is test_the_budget_test_counts_...)
     monkeypatch.setattr(deployment_module, "judge_together", lambda candidates, *_: len(candidates))
@@ -242,8 +242,8 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
     import logging
 
     from tests.helpers import save_tiny, tiny_resnet
-    from tools import ops
-    from tools.deployment import deploy
+    from tools.stages import ops
+    from tools.stages.deployment import deploy
 
     original = tmp_path / "run" / "models" / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)
@@ -268,7 +268,7 @@ def test_a_backend_that_does_not_apply_is_listed_without_a_warning(tmp_path: Pat
 
     # measured choice: a backend of Linear layers only is not even built for a CNN
     assert "only Linear layers" in (fused_row(forced=False).skipped or "")
-    with caplog.at_level(logging.INFO, logger="tools.deployment"):
+    with caplog.at_level(logging.INFO, logger="tools.stages.deployment"):
         fused = fused_row(forced=True)  # asked for: it is tried, and says why it cannot be built
     assert fused.error is None and "no attention module that can be fused" in (fused.skipped or "")
     records = [r for r in caplog.records if "onnxruntime-fused" in r.getMessage()]
@@ -283,8 +283,8 @@ def test_linear_only_int8_is_left_out_where_linear_layers_do_little() -> None:
     from torch import nn
 
     from tests.helpers import tiny_vit
-    from tools.deployment import MIN_LINEAR_SHARE
     from tools.profiling.static import mac_shares
+    from tools.stages.deployment import MIN_LINEAR_SHARE
     from tools.zoo.cifar_resnet import resnet20
 
     cnn = mac_shares(resnet20(), torch.randn(1, 3, 32, 32))
@@ -326,8 +326,8 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
     when the two are timed again alone: the best model deploys, and the choice says it was built from it."""
     import torch
 
-    from tools import deployment as deployment_module
-    from tools import ops
+    from tools.stages import deployment as deployment_module
+    from tools.stages import ops
 
     headroom = tmp_path / "rounds" / "round-00" / "model"
     latency_ms = {(None, "openvino-bf16"): 1.00, (None, "openvino-int8"): 0.80, (str(headroom), "openvino-int8"): 0.90}
@@ -370,8 +370,8 @@ def test_an_alternative_refuted_when_timed_again_is_not_what_deploys(monkeypatch
 def test_bf16_is_not_built_for_cpus_without_vnni(monkeypatch: Any) -> None:
     """--int8-cpu no-vnni on a CPU with bf16: the target computes no bf16, so the bf16 row says why it is not built;
     on such a CPU itself, or for the CPU's own kind, nothing is left out here."""
-    from tools import deployment as deployment_module
     from tools.deploy.cpu import CpuFeatures
+    from tools.stages import deployment as deployment_module
 
     amx = CpuFeatures(model_name="Xeon", machine="x86_64", features=["avx2", "avx512bw", "amx_int8", "amx_bf16"])
     avx2 = CpuFeatures(model_name="EPYC", machine="x86_64", features=["avx2"])
@@ -393,8 +393,8 @@ def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(
     that candidate out with a row saying why, deploys the others, and leaves no marker of those behind. A marker
     left by a process the machine's restart killed (another boot id in it) is no crash: that candidate is tried."""
     from tests.helpers import save_tiny, tiny_resnet
-    from tools import ops
-    from tools.deployment import attempt_marker, deploy
+    from tools.stages import ops
+    from tools.stages.deployment import attempt_marker, deploy
     from tools.store import files
 
     boot_id = tmp_path / "boot_id"
@@ -589,10 +589,10 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
     standard error, and lost 1.28 points on 5,000 images no run saw. Less the student's 0.37-point lead it fails."""
     from agents.quantization import half_luck
     from tests.helpers import save_tiny, tiny_vit, typed_state
-    from tools import ops
     from tools.deploy.choice import luck_removed
-    from tools.deployment import Judging, deploy
     from tools.schemas import Metrics, PairedAccuracy
+    from tools.stages import ops
+    from tools.stages.deployment import Judging, deploy
     from tools.stats import within_budget
 
     half = PairedAccuracy(
@@ -643,7 +643,7 @@ def test_a_students_lead_on_its_half_is_taken_off_its_builds_for_the_budget_test
     original = tmp_path / "original"
     ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src", 16)), original)
     measured = Metrics(accuracy=0.8, params=1, latency_s=1e-3, memory_mb=1.0, paired=half)
-    monkeypatch.setattr("tools.deployment.ops.evaluate", lambda *args, **kwargs: measured)
+    monkeypatch.setattr("tools.stages.deployment.ops.evaluate", lambda *args, **kwargs: measured)
     choice = deploy(
         original,
         original,
@@ -691,7 +691,7 @@ def test_the_note_says_why_the_unpruned_original_deploys() -> None:
 def test_every_candidate_is_judged_alone_on_the_choose_images() -> None:
     """Each candidate that ran is judged alone, drop plus one standard error (the confirmation then judges the one
     that ships on images nothing chose on): twelve builds that each pass alone all pass, and the count is returned."""
-    from tools.judging import judge_together
+    from tools.stages.judging import judge_together
     from tools.stats import CHOOSE_Z, within_budget
 
     paired = PairedAccuracy(
@@ -723,8 +723,8 @@ def test_a_forced_backend_over_the_budget_is_refused_unless_allowed(
     do); --allow-over-budget ships it, and the choice says so."""
     import torch
 
-    from tools import deployment as deployment_module
-    from tools import ops
+    from tools.stages import deployment as deployment_module
+    from tools.stages import ops
 
     def measure(backend: str, source_dir: Path, artifact_dir: Path, *, source: str | None = None, **_: Any) -> Any:
         over = backend == "openvino-int8"
@@ -822,9 +822,9 @@ def _deploy_with_alternatives(
     FP32, int8 and int8 mixed, every row timed at ``latency_ms[backend]`` (the original's times ``original_slower``)."""
     import torch
 
-    from tools import deployment as deployment_module
-    from tools import ops
     from tools.deploy.accuracy import AccuracyControl
+    from tools.stages import deployment as deployment_module
+    from tools.stages import ops
 
     original, headroom = tmp_path / "original", tmp_path / "rounds" / "round-00" / "model"
 
@@ -936,7 +936,7 @@ def test_a_kept_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_
     from langgraph.runtime import Runtime
 
     import agents.quantization
-    from graph.context import Context
+    from agents.context import Context
     from tests.helpers import typed_state
 
     kept = tmp_path / "run" / "rounds" / "round-00" / "model"

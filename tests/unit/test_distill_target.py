@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from langgraph.runtime import Runtime
 
+from agents.context import Context
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.recovery import (
     AT_TARGET,
@@ -26,7 +27,6 @@ from agents.planning.recovery import (
 )
 from agents.planning.rules import RulesPlanner
 from agents.planning.selection import distillation_target, round_to_distill
-from graph.context import Context
 from graph.routing import route_after_evaluate_model
 from tests.helpers import typed_state
 from tools.compression.distill_budget import (
@@ -311,7 +311,7 @@ def test_distillation_precision_follows_the_setting_and_the_cpu(monkeypatch: pyt
 
 def test_a_round_that_overshot_the_target_gets_another_try_three_at_most() -> None:
 
-    from graph.context import Context
+    from agents.context import Context
 
     def at_target(record: RoundResult, target: float | None = 1.6) -> RoundResult:
         return record.model_copy(update={"planner_state": {**record.planner_state, AT_TARGET: target}})
@@ -508,7 +508,7 @@ def test_with_the_latency_objective_the_depth_ladder_goes_on_after_a_depth_round
     collapsed = [*rounds, depth(_round(6, 45.0, 700, False, 0.6), 1.7, 8)]
     assert round_to_distill(collapsed, "accuracy", 1.0, 4, 860, objective="latency") is None  # past 25 budgets
     # unless its students start from a distilled round's within budget whose blocks it removes with more
-    # (tools.cross_fit): CIFAR ResNet-56's eight blocks from its five-block round's students, 54 points lost
+    # (tools.stages.cross_fit): CIFAR ResNet-56's eight blocks from its five-block round's students, 54 points lost
     # before training, came back at +0.61
     students = [{"artifact": "s0", "judged_on_half": 1}, {"artifact": "s1", "judged_on_half": 0}]
     assert rounds[5].cross_fit is not None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.context import Context
 from agents.distillation import distillation_summary
-from graph.context import Context
 from tests.helpers import typed_state
 
 

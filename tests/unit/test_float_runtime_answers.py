@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from tools import deployment
 from tools.evaluation.paired import ImagePredictions
+from tools.stages import deployment
 
 LOGITS = torch.tensor([[2.0, 0.5, -1.0], [0.1, 3.0, 0.2], [1.0, 1.1, 0.9]])
 
@@ -29,7 +29,7 @@ class _Spec:
 def _twin(monkeypatch: pytest.MonkeyPatch, runtime_logits: torch.Tensor, stopped: bool = False) -> tuple[Any, list]:
     source = ImagePredictions(key={}, predictions=[0, 1, 1], correct=[1, 1, 0], stopped_early=stopped)
     adopted: list[Any] = []
-    monkeypatch.setattr("tools.run_data.first_evaluated_images", lambda *a: torch.zeros(3, 3, 4, 4))
+    monkeypatch.setattr("tools.stages.run_data.first_evaluated_images", lambda *a: torch.zeros(3, 3, 4, 4))
     monkeypatch.setattr(deployment.ops, "predictions_on", lambda *a, **k: source)
     models = {"model": lambda x: LOGITS, "runtime": lambda x: runtime_logits}
     monkeypatch.setattr(deployment, "load_compressed", lambda path: models[Path(path).name])
@@ -67,8 +67,8 @@ def test_a_build_copied_from_one_of_the_same_recipe_takes_its_answers(monkeypatc
 
 def test_quantize_says_which_build_it_copied(tmp_path: Path) -> None:
     from tests.helpers import save_tiny, tiny_resnet
-    from tools import ops
     from tools.deploy.config import QuantizationConfig
+    from tools.stages import ops
 
     original = tmp_path / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from graph.context import Context
+from agents.context import Context
 from tests.helpers import tiny_vit
 from tests.unit.test_head_masking import _images, _logits, _swin, _vit, _vit_style
 from tools.compression.heads import attention_modules

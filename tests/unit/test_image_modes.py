@@ -19,7 +19,7 @@ from tools.evaluation.datasets import (
     too_many_unreadable,
 )
 from tools.evaluation.sources import DatasetError
-from tools.run_data import EvalSpec, _in_mode, check_data, confirming, part_sizes
+from tools.stages.run_data import EvalSpec, _in_mode, check_data, confirming, part_sizes
 
 RNG = np.random.default_rng(0)
 

@@ -12,8 +12,8 @@ import pytest
 from langgraph.runtime import Runtime
 
 from agents import int8
+from agents.context import Context
 from agents.planning.quantization import quantization_plan
-from graph.context import Context
 from tests.helpers import typed_state
 from tools.deploy.choice import DeployCandidate, DeployChoice
 from tools.schemas import ModelProfile
@@ -38,7 +38,7 @@ def _choice(int8_within: bool) -> DeployChoice:
 def _profile_int8(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, int8_within: bool, quant_backend: str = "auto"
 ) -> tuple[dict[str, Any], list[str]]:
-    from tools import deployment, ops
+    from tools.stages import deployment, ops
 
     profile_dir = tmp_path / "profile"
     profile_dir.mkdir(parents=True)

@@ -259,8 +259,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
 
 @pytest.mark.parametrize("name", BUILDS)
 def test_pruned_model_reloads_and_predicts_with_the_same_logits(saved: dict[str, dict[str, Any]], name: str) -> None:
-    from tools import ops
-    from tools.predict import predict
+    from tools.stages import ops
+    from tools.stages.predict import predict
 
     run = saved[name]
     structure = json.loads((run["pruned"] / "artifact.json").read_text())["structure"]

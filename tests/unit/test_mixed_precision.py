@@ -19,10 +19,10 @@ from tools.deploy.choice import DeployCandidate, DeployChoice
 from tools.deploy.onnxruntime import graph as graphs
 from tools.deploy.onnxruntime.mixed import StaticInt8Build, layer_group, layer_groups, measure_int8_sensitivity
 from tools.deploy.registry import plan_quantization
-from tools.deployment import full_int8, split_budget
 from tools.models.base import LogitsOnly
 from tools.models.sources import acquire_model
 from tools.schemas import Int8GroupDamage, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
+from tools.stages.deployment import full_int8, split_budget
 
 SIZE = 16
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]
@@ -255,7 +255,7 @@ def test_mixed_candidates_are_built_only_when_full_int8_is_over_budget() -> None
 def test_a_full_int8_over_the_budget_on_the_choose_images_has_its_mixed_precision_built() -> None:
     # EfficientNet-Lite0 under the AVX2 cap: the original's ONNX Runtime static int8 on 375 images, 1.7x its FP32:
     # over the budget alone (drop + one standard error), its mixed precision is built; within it, it is not needed
-    from tools.deployment import _mixed_for
+    from tools.stages.deployment import _mixed_for
     from tools.stats import Budget
 
     def row(backend: str, precision: str, drop: float, half_width: float, latency_s: float) -> DeployCandidate:
@@ -340,8 +340,8 @@ def test_the_parameters_objective_keeps_back_only_what_int8_surely_loses() -> No
     """``hold="sure"``: the low end of the loss's interval (``_row``'s is the drop +- 0.3). The ViT-tiny in
     ``torch.nn``: OpenVINO int8 of the original -0.17 [-0.45, +0.11] kept 0.17 back, and the run kept 63.9 % fewer
     parameters where the same weights in Hugging Face's classes kept 69.9 % with nothing held back."""
+    from agents.context import Objective
     from agents.int8 import HOLD_BY_OBJECTIVE
-    from graph.context import Objective
 
     def fastest(drop: float) -> DeployChoice:
         rows = [_row("openvino-int8", "int8 static (NNCF)", drop, True)]

@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import save_file
 
 from tests.helpers_torch import VersionedNet
-from tools import ops
 from tools.artifacts.io import load_compressed
 from tools.models.factory import build_factory_model, load_factory_original
 from tools.models.specs import FactorySpec
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation
+from tools.stages import ops
 
 FACTORY = "tests.helpers_torch:versioned_net"
 OPTIONS = {"labels": "a,b,c", "image_size": "8", "channels": 3}

@@ -104,7 +104,7 @@ def test_budget_without_a_pair_uses_the_point_estimate() -> None:
 @pytest.fixture(scope="module")
 def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.helpers import save_tiny, tiny_vit
-    from tools import ops
+    from tools.stages import ops
 
     root = tmp_path_factory.mktemp("paired")
     source = save_tiny(tiny_vit(), root / "tiny", 16)
@@ -114,7 +114,7 @@ def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _spec(original: Path, **changes: Any) -> Any:
-    from tools import ops
+    from tools.stages import ops
 
     label_match = ops.match_dataset_labels(original, "digits", None, 40, 0)
     fields = {"dataset": "digits", "label_match": label_match, "samples": 40, "calibration_samples": 16}
@@ -128,7 +128,8 @@ def _shape() -> Any:
 
 
 def test_predictions_are_kept_beside_the_artifact_and_reused(original: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tools import load_compressed, ops
+    from tools import load_compressed
+    from tools.stages import ops
 
     spec = _spec(original)
     first = ops.predictions_on(original, original, _shape(), spec)
@@ -177,8 +178,8 @@ def _saved_key(artifact: Path, part: str) -> dict[str, Any]:
 
 
 def test_evaluate_pairs_every_artifact_but_the_original(original: Path) -> None:
-    from tools import ops
     from tools.schemas import OptimizationPlan, PruningRecommendation
+    from tools.stages import ops
 
     spec = _spec(original)
     base = ops.evaluate(original, original, _shape(), spec)
@@ -204,7 +205,7 @@ def test_evaluate_pairs_every_artifact_but_the_original(original: Path) -> None:
     assert p.ci95_low_points <= p.delta_points <= p.ci95_high_points
     assert p.gained - p.lost == round(p.delta_points * 40 / 100)
 
-    from tools.run_data import confirming
+    from tools.stages.run_data import confirming
 
     with confirming():
         confirm = ops.evaluate_accuracy_on(

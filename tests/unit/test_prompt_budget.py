@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.context import Context
 from agents.planning.base import PlanningContext, RoundRecord
 from agents.planning.llm_planner import LLMPlanner
 from agents.planning.prompt_budget import FULL, LEVELS, cuts, rounds_shown
@@ -20,7 +21,6 @@ from agents.planning.prompts import (
     iteration_prompt,
     plan_schema_json,
 )
-from graph.context import Context
 from tests.fake_openai import FakeOpenAI
 from tests.helpers import planning_context, tiny_vit
 from tools.llm.budget import estimate_prompt_tokens, estimate_tokens, fit_messages

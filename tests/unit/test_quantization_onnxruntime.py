@@ -16,7 +16,6 @@ pytest.importorskip("onnx")
 from graph import Context, build_graph
 from graph.options import build_parser, context_from
 from tests.helpers import save_tiny, tiny_vit
-from tools import ops
 from tools.artifacts.io import deployed_file, is_complete, load_compressed, load_module, load_original, save_original
 from tools.deploy.base import QuantizationError
 from tools.deploy.config import QuantizationConfig
@@ -25,6 +24,7 @@ from tools.deploy.onnxruntime.session import OrtModel, onnx_baseline
 from tools.deploy.registry import get_backend, quantize, resolve_backend_name
 from tools.models.sources import acquire_model
 from tools.schemas import InputShape, OptimizationPlan, PruningRecommendation, QuantizationRecommendation
+from tools.stages import ops
 
 SHAPE = InputShape(channels=3, height=16, width=16, source="test")
 ALL = [QuantizationRecommendation(layer="all", dtype="qint8")]

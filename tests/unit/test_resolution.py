@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.run_data import auto_eval_samples
+from tools.stages.run_data import auto_eval_samples
 from tools.stats import images_needed, resolution_note, resolution_points
 
 
@@ -44,7 +44,7 @@ def test_an_original_at_chance_adds_the_agreement_budget_unless_one_is_given() -
     share of answers changed holds besides, at --max-accuracy-drop's value; a --max-disagreement given wins, and an
     unlabelled run's budget is the agreement itself (no second one)."""
     from agents.common import disagreement_budget
-    from graph.context import Context
+    from agents.context import Context
     from tests.helpers import typed_state
 
     baseline = {"data_parts": {"evaluation": 400}, "at_chance": True}

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from agents.context import Context
 from agents.evaluation import with_deploy_latency
-from graph.context import Context
 from tests.helpers import typed_state
 from tools.schemas import RoundResult
 
@@ -46,7 +46,7 @@ def test_a_round_is_timed_with_the_earlier_rounds_and_they_take_the_new_timing(
         calls.append({"source": source, "earlier": dict(earlier)})
         return {"model": 0.80e-3, "reference": 1.00e-3, "0": 0.97e-3, "1": 0.88e-3}
 
-    monkeypatch.setattr("tools.ops.latency_in_build", fake_latency_in_build)
+    monkeypatch.setattr("tools.stages.ops.latency_in_build", fake_latency_in_build)
     state = typed_state(
         {
             "run_dir": str(tmp_path),
@@ -95,10 +95,10 @@ def test_latency_in_build_times_the_earlier_builds_in_the_same_call(tmp_path: Pa
     """Real builds of a tiny CNN in ONNX Runtime FP32: the new round's build is made beside it, an earlier round's
     build is timed with it and the original's, and an earlier round with no build is left out."""
     from tests.helpers import save_tiny, tiny_resnet
-    from tools import ops
     from tools.deploy.config import QuantizationConfig
-    from tools.ops import latency_in_build
-    from tools.run_data import EvalSpec
+    from tools.stages import ops
+    from tools.stages.ops import latency_in_build
+    from tools.stages.run_data import EvalSpec
 
     original = tmp_path / "original"
     ops.acquire(str(save_tiny(tiny_resnet(), tmp_path / "src", 16)), original)

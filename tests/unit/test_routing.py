@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from langgraph.runtime import Runtime
 
+from agents.context import Context
 from graph import routing
 from graph.builder import NODES, build_graph
-from graph.context import Context
 from graph.routing import after_pruning_stage, rounds_wanted
 from tests.helpers import typed_state
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from langgraph.runtime import Runtime
 
+from agents.context import Context
 from agents.iterative import select_best_model
 from agents.planning.selection import TIE_Z, accuracy_drop_points, best_round, budget_drop_points, within_budget
-from graph.context import Context
 from tests.helpers import round_result, typed_state
 from tools.schemas import OptimizationPlan, PairedAccuracy, PrunedEntry, RoundResult
 

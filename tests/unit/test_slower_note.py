@@ -10,9 +10,9 @@ import pytest
 from langgraph.runtime import Runtime
 
 from agents import evaluation
+from agents.context import Context
 from agents.evaluation import measure_latencies
-from graph.context import Context
-from graph.state import State
+from agents.state import State
 from tests.helpers import typed_state
 from tools.deploy.speedup import SpeedupFactors
 from tools.schemas import DeployedEntry

@@ -1,5 +1,5 @@
 """A distilled round's two students: a build of each is judged with the same build of the other on every choose
-image, as one try, as the round was judged (``tools.judging.judge_together``)."""
+image, as one try, as the round was judged (``tools.stages.judging.judge_together``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tools.deploy.choice import DeployCandidate
 from tools.evaluation.paired import ImagePredictions, predictions_path, save_predictions
-from tools.judging import judge_together
+from tools.stages.judging import judge_together
 from tools.stats import Budget, paired_accuracy
 
 IMAGES = 2000

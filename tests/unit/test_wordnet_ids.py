@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tools import ops
 from tools.evaluation.labels import BY_WORDNET_ID, LabelMatch, match_labels
 from tools.evaluation.wordnet import IMAGENET_1K_CLASSES, imagenet_1k, is_wordnet_id
+from tools.stages import ops
 
 TENCH, BIRD_CRANE, MACHINE_CRANE, MAILLOT, TANK_SUIT = "n01440764", "n02012849", "n03126707", "n03710637", "n03710721"
 HF_NAMES = {c.index: c.name for c in imagenet_1k().values()}  # the id2label of Hugging Face's ImageNet checkpoints

@@ -2,7 +2,7 @@
 
 A pruned or quantized artifact carries its ``recipe_hash`` (:func:`recipe_hash`: sha256 of the canonical JSON of
 everything that decides its weights: plan, importance, recovery, fine-tuning, backend, input shape, calibration
-images, source model). ``tools.ops`` reuses a complete artifact only when that hash matches the recipe at hand
+images, source model). ``tools.stages.ops`` reuses a complete artifact only when that hash matches the recipe at hand
 (:func:`stale_reason`), and rebuilds it otherwise.
 """
 
@@ -76,7 +76,7 @@ def prune_recipe_hash(
     finetune: DistillConfig | None = None,
     finetune_images: torch.Tensor | None = None,
 ) -> str:
-    """The recipe hash of a pruned model (``tools.ops.prune``): everything that decides its weights -- the
+    """The recipe hash of a pruned model (``tools.stages.ops.prune``): everything that decides its weights -- the
     original, the recommendations, importance/round_to/seed, recovery, fine-tuning, the input shape, the
     calibration images and targets -- and nothing that does not (justifications, the planner's ``max_ratio``)."""
     tuned = finetune is not None and finetune.steps > 0
@@ -100,9 +100,9 @@ def prune_recipe_hash(
 def distill_recipe_hash(
     source_dir: Path, config: DistillConfig, images: torch.Tensor, start: Path | None = None
 ) -> str:
-    """The recipe hash of a model distilled from a saved one (``tools.cross_fit.distill_saved``): the source model's
-    identity, the distillation recipe, the images it ran on and, where the student started from another saved model
-    (``start``), that one's identity."""
+    """The recipe hash of a model distilled from a saved one (``tools.stages.cross_fit.distill_saved``): the source
+    model's identity, the distillation recipe, the images it ran on and, where the student started from another saved
+    model (``start``), that one's identity."""
     recipe = {
         "kind": "distilled",
         "source": artifact_identity(source_dir),
@@ -122,7 +122,7 @@ def quantize_recipe_hash(
     int8_target: str | None = None,
     accuracy_control: str | None = None,
 ) -> str:
-    """The recipe hash of a quantized model (``tools.ops.quantize``): the source model's identity (a rebuilt
+    """The recipe hash of a quantized model (``tools.stages.ops.quantize``): the source model's identity (a rebuilt
     pruned model changes it), the backend asked for, the export shape and the export form
     (``tools.deploy.export_form.export_form_key``); for a backend that quantizes, also the recommendations' layers
     and dtypes, the calibration images, the CPU kind int8 is built for (``vnni`` / ``no-vnni``) and its settings and

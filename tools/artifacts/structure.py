@@ -112,7 +112,7 @@ def blocks_added(structure: dict[str, dict[str, Any]], start: dict[str, dict[str
     it differs from ``start`` by those alone: every module ``start`` changed is changed alike in ``structure`` or lies
     in a block it removes, and it changes nothing else; None otherwise, or where it removes no block more. A model of
     ``start``'s structure becomes one of ``structure``'s by replacing those blocks (a depth ladder's step from the
-    step before it: ``tools.cross_fit``)."""
+    step before it: ``tools.stages.cross_fit``)."""
 
     def skipped(entry: dict[str, Any]) -> bool:
         return bool(entry.get("replace", {}).get("type") == "SkippedBlock")

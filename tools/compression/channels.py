@@ -27,7 +27,7 @@ import torch_pruning as tp
 from torch import nn
 
 from tools.compression.forward import check_forward, forward_logits, one_line, restore, snapshot
-from tools.compression.heads import attention_modules, has_attention, kept_count, other_attention
+from tools.compression.heads import PruningTally, attention_modules, has_attention, kept_count, other_attention
 from tools.compression.reports import AppliedPruning, SkippedPruning
 from tools.compression.shortcuts import SelectionConv
 from tools.schemas import PruningRecommendation
@@ -371,9 +371,14 @@ def _least_important(scores: torch.Tensor, n_prune: int, blocks: int) -> list[in
     return sorted(int(p) + b * per for b in range(blocks) for p in positions)
 
 
+#: What pruning one module's group did: its output channels before and after, the group's layers, the consumers of
+#: its outputs, and which of its output channels each layer of the group keeps.
+_Pruned = tuple[int, int, set[nn.Module], list[str], dict[str, list[bool]]]
+
+
 def _prune_one(
     ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any
-) -> tuple[int, int, set[nn.Module], list[str], dict[str, list[bool]]] | str:
+) -> _Pruned | str:
     """Prune ``ratio`` of ``module``'s output channels with its group; (before, after, group, consumers, the output
     channels each layer of the group keeps)."""
     issue = _static_issue(ctx, module)
@@ -409,6 +414,27 @@ def _prune_one(
     return n, _out_channels(module), members, consumers, kept
 
 
+def _prune_checked(
+    ctx: PruningContext, module: nn.Module, ratio: float, round_to: int | None, importance: Any, verify_each: bool
+) -> _Pruned | str:
+    """:func:`_prune_one`, rolled back (and the graph retraced) where it raises or, with ``verify_each``, leaves a
+    forward that fails; then why not."""
+    snap = snapshot(ctx.model)
+    try:
+        result = _prune_one(ctx, module, ratio, round_to, importance)
+    except Exception as exc:
+        restore(snap)
+        ctx.rebuild()
+        return f"pruning raised {one_line(exc)}"
+    if isinstance(result, tuple) and verify_each:
+        problem = check_forward(ctx.model, ctx.inputs, ctx.num_classes)
+        if problem:
+            restore(snap)
+            ctx.rebuild()
+            return problem
+    return result
+
+
 def apply_structured(
     ctx: PruningContext,
     rec: PruningRecommendation,
@@ -424,54 +450,26 @@ def apply_structured(
     ``verify_each``: check the forward after each layer and roll that layer back on failure.
     """
     skipped: list[SkippedPruning] = []
-    modules: list[str] = []
-    consumers: list[str] = []
-    kept_outputs: dict[str, list[bool]] = {}
-    before = after = 0
+    tally = PruningTally()
     for name in [n for n in prunable_names(ctx) if regex.search(n)]:
         module = ctx.model.get_submodule(name)
         if module in claimed:
             skipped.append(SkippedPruning(target=name, reason=f"output channels already pruned with {claimed[module]}"))
             continue
-        snap = snapshot(ctx.model)
-        try:
-            result = _prune_one(ctx, module, rec.pruning_ratio, round_to, importance)
-        except Exception as exc:
-            restore(snap)
-            ctx.rebuild()
-            result = f"pruning raised {one_line(exc)}"
-        if isinstance(result, tuple) and verify_each:
-            problem = check_forward(ctx.model, ctx.inputs, ctx.num_classes)
-            if problem:
-                restore(snap)
-                ctx.rebuild()
-                result = problem
+        result = _prune_checked(ctx, module, rec.pruning_ratio, round_to, importance, verify_each)
         if isinstance(result, str):
             logger.info("structured %r: skip %s (%s)", rec.layer, name, result)
             skipped.append(SkippedPruning(target=name, reason=result))
             continue
         n_before, n_after, members, used_by, kept = result
-        consumers.extend(used_by)
-        kept_outputs.update(kept)
+        tally.add(name, n_before, n_after, used_by)
+        tally.kept_outputs.update(kept)
         for member in members:
             claimed.setdefault(member, f"the group of {name} ({rec.layer!r})")
-        modules.append(name)
-        before += n_before
-        after += n_after
         logger.debug("structured %r: %s %d -> %d channels", rec.layer, name, n_before, n_after)
-    if not modules:
+    if not tally.modules:
         return None, skipped
-    applied = AppliedPruning(
-        pattern=rec.layer,
-        pruning_type=rec.pruning_type,
-        ratio=rec.pruning_ratio,
-        modules=modules,
-        before=before,
-        after=after,
-        consumers=list(dict.fromkeys(consumers)),
-        kept_outputs=kept_outputs,
-    )
-    return applied, skipped
+    return tally.applied(rec), skipped
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -447,6 +448,74 @@ def _train(step: _Step, steps: int, batch_size: int, precision: Precision, gener
     return losses
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """Where the student and the teacher were before distillation, and which of the student's parameters trained."""
+
+    student_device: torch.device
+    student_dtype: torch.dtype
+    teacher_device: torch.device
+    teacher_training: bool
+    flags: dict[str, bool]
+
+    @classmethod
+    def of(cls, student: nn.Module, teacher: nn.Module) -> _Placement:
+        """Where ``student`` and ``teacher`` are now."""
+        flags = {name: p.requires_grad for name, p in student.named_parameters()}
+        return cls(_device_of(student), _float_dtype(student), _device_of(teacher), teacher.training, flags)
+
+    def restore(self, student: nn.Module, teacher: nn.Module) -> None:
+        """Put both models back, the student in eval mode with its ``requires_grad`` flags and no gradients."""
+        student.to(device=self.student_device, dtype=self.student_dtype).eval()
+        teacher.to(device=self.teacher_device).train(self.teacher_training)
+        for name, p in student.named_parameters():
+            p.requires_grad_(self.flags.get(name, p.requires_grad))
+            p.grad = None
+
+
+def _feature_blocks(
+    student: nn.Module, teacher: nn.Module, images: torch.Tensor, config: DistillConfig, device: torch.device
+) -> list[str]:
+    """The blocks whose outputs the student is taught to match (:func:`matched_blocks`; none without a
+    ``feature_weight``)."""
+    blocks = matched_blocks(student, teacher, images[:1].to(device)) if config.feature_weight > 0 else []
+    if blocks:
+        logger.info(
+            "matching %d block outputs: %s", len(blocks), ", ".join(blocks[:4]) + (" ..." if len(blocks) > 4 else "")
+        )
+    return blocks
+
+
+def _report(
+    losses: list[float],
+    n: int,
+    config: DistillConfig,
+    device: torch.device,
+    precision: Precision,
+    cache: ViewCache | None,
+    started: tuple[float, float],
+) -> DistillReport:
+    """What distillation did: ``losses`` of its steps on ``n`` images, timed from ``started`` (the wall clock and the
+    process's CPU time)."""
+    seconds = time.perf_counter() - started[0]
+    cpu_seconds = (time.process_time() - started[1]) / max(1, torch.get_num_threads())
+    tail = max(1, round(0.1 * len(losses)))
+    return DistillReport(
+        steps=len(losses),
+        samples=n,
+        seconds=round(seconds, 3),
+        cpu_seconds=round(cpu_seconds, 3) if device.type == "cpu" else None,
+        device=str(device),
+        loss_first=sum(losses[:tail]) / tail,
+        loss_last=sum(losses[-tail:]) / tail,
+        lr=config.lr,
+        temperature=config.temperature,
+        precision=precision,
+        cached_from=cache.cut.name if cache is not None else "",
+        views=cache.views if cache is not None else 0,
+    )
+
+
 @counts_as("distil")
 def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, config: DistillConfig) -> DistillReport:
     """Fine-tune ``student`` IN PLACE to match ``teacher``'s logits on ``images``; see the module doc.
@@ -457,23 +526,17 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
     if config.steps == 0 or len(images) == 0:
         return DistillReport(samples=len(images), lr=config.lr, temperature=config.temperature)
     device = resolve_device(config.device)
-    student_device, student_dtype = _device_of(student), _float_dtype(student)
-    teacher_device, teacher_training = _device_of(teacher), teacher.training
-    flags = {name: p.requires_grad for name, p in student.named_parameters()}
-    if not any(flags.values()):
+    placement = _Placement.of(student, teacher)
+    if not any(placement.flags.values()):
         raise ValueError("the student has no trainable parameter (all requires_grad=False)")
     n, batch_size, steps = len(images), min(config.batch_size, len(images)), config.steps
     student.to(device=device, dtype=torch.float32)
     teacher.to(device=device).eval()
     generator = torch.Generator().manual_seed(config.seed)
     losses: list[float] = []
-    blocks = matched_blocks(student, teacher, images[:1].to(device)) if config.feature_weight > 0 else []
-    if blocks:
-        logger.info(
-            "matching %d block outputs: %s", len(blocks), ", ".join(blocks[:4]) + (" ..." if len(blocks) > 4 else "")
-        )
+    blocks = _feature_blocks(student, teacher, images, config, device)
     precision: Precision = "fp32" if config.precision == "fastest" else config.precision
-    start, cpu_start = time.perf_counter(), time.process_time()
+    started = time.perf_counter(), time.process_time()
     step: _Step | None = None
     cache: ViewCache | None = None
     try:
@@ -502,25 +565,5 @@ def distill_(student: nn.Module, teacher: nn.Module, images: torch.Tensor, confi
     finally:
         if step is not None:
             step.remove()
-        student.to(device=student_device, dtype=student_dtype).eval()
-        teacher.to(device=teacher_device).train(teacher_training)
-        for name, p in student.named_parameters():
-            p.requires_grad_(flags.get(name, p.requires_grad))
-            p.grad = None
-    seconds = time.perf_counter() - start
-    cpu_seconds = (time.process_time() - cpu_start) / max(1, torch.get_num_threads())
-    tail = max(1, round(0.1 * len(losses)))
-    return DistillReport(
-        steps=len(losses),
-        samples=n,
-        seconds=round(seconds, 3),
-        cpu_seconds=round(cpu_seconds, 3) if device.type == "cpu" else None,
-        device=str(device),
-        loss_first=sum(losses[:tail]) / tail,
-        loss_last=sum(losses[-tail:]) / tail,
-        lr=config.lr,
-        temperature=config.temperature,
-        precision=precision,
-        cached_from=cache.cut.name if cache is not None else "",
-        views=cache.views if cache is not None else 0,
-    )
+        placement.restore(student, teacher)
+    return _report(losses, n, config, device, precision, cache, started)

@@ -115,8 +115,8 @@ AUTO_FEATURE_WEIGHT = 1.0
 
 
 #: A distillation after the search that trains one student on the fit images (the run's extra images among them:
-#: ``tools.cross_fit.solo``) gives it this many times the steps of each of a cross-fitted pair's two: the time of the
-#: pair. Measured (``benchmarks/cross_fit_distill.py``, one AMD EPYC Zen 4 core, bf16, unseen = the other half of
+#: ``tools.stages.cross_fit.solo``) gives it this many times the steps of each of a cross-fitted pair's two: the time of
+#: the pair. Measured (``benchmarks/cross_fit_distill.py``, one AMD EPYC Zen 4 core, bf16, unseen = the other half of
 #: CIFAR-10's test split): CIFAR ResNet-20 pruned by 28 % (-7.6 points repaired) came back at -1.80 / -1.72 after
 #: 5,000 steps on 2,035 images and at -0.90 with the 50,000 CIFAR-10 training images added; its 19 % round at
 #: -0.94 / -0.68 after 2,000 steps on 2,035 images, -0.74 with them: more images pay once students train long.

@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -258,25 +258,33 @@ def narrowable(module: nn.Module, spec: AttentionSpec) -> bool:
     return isinstance(getattr(module, scale_attr, None), float) and head_dim_of(module, spec) > 1
 
 
+@dataclass(frozen=True)
+class HeadCut:
+    """What one attention module loses: the share ``ratio`` of its heads or head dimensions, ranked by the criterion
+    ``importance`` (``gen``: the random one's generator; ``scores``: the data-aware ones'), narrowed widths rounded to
+    a multiple of ``round_to`` (0: any width)."""
+
+    ratio: float
+    importance: str
+    gen: torch.Generator
+    scores: ChannelScores | None = None
+    round_to: int = 0
+
+
 def prune_heads_of(
-    module: nn.Module,
-    spec: AttentionSpec,
-    ratio: float,
-    importance: str,
-    gen: torch.Generator,
-    scores: ChannelScores | None = None,
-    round_to: int = 0,
-    parent: nn.Module | None = None,
+    module: nn.Module, spec: AttentionSpec, cut: HeadCut, parent: nn.Module | None = None
 ) -> tuple[int, int] | str:
+    """Remove ``cut.ratio`` of ``module``'s whole heads (see module doc) with their per-head parameters, those of
+    ``parent`` (the module holding it) too. Returns (heads before, after) or why not."""
     heads = int(getattr(module, spec.heads_attr))
     head_dim = head_dim_of(module, spec)
-    n_prune = min(heads - 1, math.floor(ratio * heads + 0.5))
+    n_prune = min(heads - 1, math.floor(cut.ratio * heads + 0.5))
     if n_prune <= 0:
-        return f"ratio {ratio} removes no head of {heads}" if heads > 1 else "has a single head"
+        return f"ratio {cut.ratio} removes no head of {heads}" if heads > 1 else "has a single head"
     problem = _layout_problem(module, spec, heads, head_dim)
     if problem:
         return problem
-    ranking = _head_scores(module, spec, heads, importance, gen, scores)
+    ranking = _head_scores(module, spec, heads, cut.importance, cut.gen, cut.scores)
     kept_heads = torch.sort(torch.argsort(ranking, descending=True, stable=True)[: heads - n_prune]).values
     keep = (kept_heads[:, None] * head_dim + torch.arange(head_dim)[None, :]).reshape(-1)
     # a fused layer keeps the same heads of each of its three parts
@@ -322,36 +330,31 @@ def _qkv_rows(module: nn.Module, spec: AttentionSpec) -> list[tuple[torch.Tensor
     return list(zip(fused.weight.chunk(3), biases, strict=True))
 
 
-def narrow_heads_of(
-    module: nn.Module,
-    spec: AttentionSpec,
-    ratio: float,
-    importance: str,
-    gen: torch.Generator,
-    scores: ChannelScores | None = None,
-    round_to: int = 0,
-) -> tuple[int, int] | str:
-    """Narrow every head of ``module`` (see module doc) to a multiple of ``round_to`` dimensions (0: any
-    width). Returns (head_dim before, after) or why not."""
+def narrow_heads_of(module: nn.Module, spec: AttentionSpec, cut: HeadCut) -> tuple[int, int] | str:
+    """Narrow every head of ``module`` (see module doc) by ``cut.ratio`` of its dimensions, to a multiple of
+    ``cut.round_to`` (0: any width). Returns (head_dim before, after) or why not."""
     heads = int(getattr(module, spec.heads_attr))
     head_dim = head_dim_of(module, spec)
     if not narrowable(module, spec):
         return "its forward derives the softmax scale from head_dim, or heads have one dimension: not narrowed"
-    if round_to and head_dim <= round_to:
-        return f"heads of {head_dim} dimensions, not more than head_round_to={round_to}: not narrowed"
-    kept = kept_count(head_dim, ratio, round_to)
+    if cut.round_to and head_dim <= cut.round_to:
+        return f"heads of {head_dim} dimensions, not more than head_round_to={cut.round_to}: not narrowed"
+    kept = kept_count(head_dim, cut.ratio, cut.round_to)
     if kept >= head_dim:
-        multiple = f" to a multiple of {round_to}" if round_to else ""
-        return f"ratio {ratio} removes no dimension of {head_dim}{multiple}"
+        multiple = f" to a multiple of {cut.round_to}" if cut.round_to else ""
+        return f"ratio {cut.ratio} removes no dimension of {head_dim}{multiple}"
     problem = _layout_problem(module, spec, heads, head_dim)
     if problem:
         return problem
     q, k, v = _qkv_rows(module, spec)
     o: nn.Linear = getattr(module, spec.o)
     o_norms = o.weight.detach().float().pow(2).sum(0).sqrt().reshape(heads, head_dim).cpu()
-    channel = (scores or {}).get(o) if importance in DATA_AWARE else None
-    if importance not in DATA_AWARE and importance not in HEAD_NORM_P:
-        qk_rank, vo_rank = torch.rand(heads, head_dim, generator=gen), torch.rand(heads, head_dim, generator=gen)
+    channel = (cut.scores or {}).get(o) if cut.importance in DATA_AWARE else None
+    if cut.importance not in DATA_AWARE and cut.importance not in HEAD_NORM_P:
+        qk_rank, vo_rank = (
+            torch.rand(heads, head_dim, generator=cut.gen),
+            torch.rand(heads, head_dim, generator=cut.gen),
+        )
     else:
         qk_rank = _norms(q, heads, head_dim) * _norms(k, heads, head_dim)
         if channel is not None and channel.numel() == o.in_features:
@@ -394,6 +397,38 @@ def head_targets(model: nn.Module, regex: re.Pattern[str]) -> list[tuple[str, nn
     return targets
 
 
+@dataclass
+class PruningTally:
+    """What one recommendation has pruned so far: its modules, their counts summed before and after, the layers
+    whose input channels went with them, and which of its outputs each layer whose own outputs were pruned kept."""
+
+    modules: list[str] = field(default_factory=list)
+    before: int = 0
+    after: int = 0
+    consumers: list[str] = field(default_factory=list)
+    kept_outputs: dict[str, list[bool]] = field(default_factory=dict)
+
+    def add(self, name: str, before: int, after: int, consumers: Iterable[str]) -> None:
+        """Count the module ``name``, pruned from ``before`` to ``after``, and the ``consumers`` of its outputs."""
+        self.modules.append(name)
+        self.before += before
+        self.after += after
+        self.consumers.extend(consumers)
+
+    def applied(self, rec: PruningRecommendation) -> AppliedPruning:
+        """``rec`` as applied: the tally, each consumer once."""
+        return AppliedPruning(
+            pattern=rec.layer,
+            pruning_type=rec.pruning_type,
+            ratio=rec.pruning_ratio,
+            consumers=list(dict.fromkeys(self.consumers)),
+            modules=self.modules,
+            before=self.before,
+            after=self.after,
+            kept_outputs=self.kept_outputs,
+        )
+
+
 #: Prunes one attention module: (its name, the module, its spec, the module holding it) -> (count before, count
 #: after), or why not.
 HeadPruner = Callable[[str, nn.Module, AttentionSpec, nn.Module], "tuple[int, int] | str"]
@@ -413,9 +448,7 @@ def apply_heads(
     Returns (applied, skipped, changed).
     """
     skipped: list[SkippedPruning] = []
-    modules: list[str] = []
-    consumers: list[str] = []
-    before = after = 0
+    tally = PruningTally()
     snap = snapshot(model)
     for name, module, spec in head_targets(model, regex):
         try:
@@ -425,34 +458,24 @@ def apply_heads(
         if isinstance(result, str):
             skipped.append(SkippedPruning(target=name, reason=result))
             continue
-        modules.append(name)
-        consumers.append(f"{name}.{spec.o}")
-        before += result[0]
-        after += result[1]
+        tally.add(name, *result, consumers=[f"{name}.{spec.o}"])
         logger.debug("%s %r: %s %d -> %d", rec.pruning_type, rec.layer, name, *result)
-    if not modules:
+    if not tally.modules:
         return None, skipped, False
     problem = check_forward(model, inputs, num_classes)
     if problem:
         restore(snap)
-        skipped.extend(SkippedPruning(target=n, reason=problem) for n in modules)
+        skipped.extend(SkippedPruning(target=n, reason=problem) for n in tally.modules)
         return None, skipped, True
-    applied = AppliedPruning(
-        pattern=rec.layer,
-        pruning_type=rec.pruning_type,
-        ratio=rec.pruning_ratio,
-        modules=modules,
-        before=before,
-        after=after,
-        consumers=consumers,
-    )
-    return applied, skipped, True
+    return tally.applied(rec), skipped, True
 
 
 __all__ = [
     "ATTENTION_SPECS",
     "AttentionSpec",
+    "HeadCut",
     "HeadPruner",
+    "PruningTally",
     "apply_heads",
     "attention_modules",
     "has_attention",

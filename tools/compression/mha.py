@@ -49,9 +49,11 @@ __all__ = [
     "PROJECTIONS",
     "SplitMultiheadAttention",
     "conversion_problem",
+    "from_batch_first",
     "split_attention_",
     "split_layer_names",
     "split_selected_",
+    "to_batch_first",
     "with_split_attention",
 ]
 
@@ -235,11 +237,8 @@ class SplitMultiheadAttention(nn.Module):
         if is_causal and attn_mask is None:
             raise RuntimeError("Need attn_mask if specifying the is_causal hint")
         batched = query.dim() == 3
-        if batched:
-            if not self.batch_first:
-                query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        else:  # unbatched (L, E): one batch item
-            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        query, key, value = (to_batch_first(x, batched, self.batch_first) for x in (query, key, value))
+        if not batched:  # unbatched (L, E): one batch item
             key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
         batch, target, source = query.shape[0], query.shape[1], key.shape[1]
         mask = self._mask(attn_mask, key_padding_mask, batch, query.dtype)
@@ -261,15 +260,31 @@ class SplitMultiheadAttention(nn.Module):
         out = self.o_proj(attended.transpose(1, 2).reshape(batch, target, self.inner_dim))
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
-        if not batched:
-            return out.squeeze(0), None if weights is None else weights.squeeze(0)
-        return (out if self.batch_first else out.transpose(0, 1)), weights
+        out = from_batch_first(out, batched, self.batch_first)
+        if weights is not None and not batched:
+            weights = weights.squeeze(0)
+        return out, weights
 
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
             f"batch_first={self.batch_first}"
         )
+
+
+def to_batch_first(x: torch.Tensor, batched: bool, batch_first: bool) -> torch.Tensor:
+    """An ``nn.MultiheadAttention`` input as (batch, length, features): an unbatched (length, features) one as a batch
+    of one, a batched one of ``batch_first`` False transposed."""
+    if not batched:
+        return x.unsqueeze(0)
+    return x if batch_first else x.transpose(0, 1)
+
+
+def from_batch_first(x: torch.Tensor, batched: bool, batch_first: bool) -> torch.Tensor:
+    """A (batch, length, features) output in the layout of the input it answers (:func:`to_batch_first` undone)."""
+    if not batched:
+        return x.squeeze(0)
+    return x if batch_first else x.transpose(0, 1)
 
 
 def conversion_problem(mha: nn.MultiheadAttention) -> str | None:

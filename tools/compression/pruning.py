@@ -161,50 +161,19 @@ def apply_pruning(
     original split the same way (:func:`~tools.compression.mha.split_attention_`).
     """
     config = config or PruningConfig()
-    compiled: list[tuple[PruningRecommendation, re.Pattern[str], UnitKind]] = []
-    for rec in recommendations:
-        try:
-            compiled.append((rec, re.compile(rec.layer), kind_of(rec.pruning_type)))
-        except re.error as exc:
-            raise ValueError(f"invalid layer regex {rec.layer!r}: {exc}") from None
+    compiled = _compiled(recommendations)
     model.eval()
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     params_before = count_params(model)
     kinds = {kind.name: kind for _, _, kind in compiled}.values()
     for kind in kinds:  # e.g. nn.MultiheadAttention split (exact), padding shortcuts as convolutions
         kind.prepare(model, [regex for _, regex, k in compiled if k is kind], example_inputs)
-    scores = None
-    if config.importance in DATA_AWARE:
-        if channel_scores is None and calibration is not None:
-            channel_scores = DATA_AWARE[config.importance](model, calibration, calibration_targets, 64)
-        if not channel_scores:
-            logger.warning(
-                "importance %r has no calibration data; ranking by l2 weight norm instead", config.importance
-            )
-        else:
-            scores = {m: channel_scores[n] for n, m in model.named_modules() if n in channel_scores}
-
+    scores = _module_scores(model, config.importance, channel_scores, calibration, calibration_targets)
     report = PruneReport(params_before=params_before, params_after=params_before)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        session = PruningSession(
-            model=model,
-            inputs=example_inputs,
-            config=config,
-            context=new_context(model, example_inputs, graph=any(kind.traced for kind in kinds)),
-            importance=get_importance(config.importance, scores),
-            scores=scores,
-            generator=torch.Generator().manual_seed(config.seed),
-        )
-        for rec, regex, kind in compiled:
-            if not kind.matches(session, regex):
-                report.skipped.append(SkippedPruning(target=rec.layer, reason=kind.nothing_matches))
-                continue
-            applied, skipped = kind.apply(session, rec, regex)
-            if applied:
-                report.applied.append(applied)
-            report.skipped.extend(skipped)
-
+        session = _new_session(model, example_inputs, config, scores, traced=any(kind.traced for kind in kinds))
+        _apply_each(session, compiled, report)
     to_channel_selects_(model)  # what is left of the padding shortcuts, parameter-free again
     for name, p in model.named_parameters():  # pruning creates new Parameters: keep frozen ones frozen
         if name in frozen:
@@ -218,6 +187,71 @@ def apply_pruning(
         report.params_after,
     )
     return report
+
+
+_Compiled = list[tuple[PruningRecommendation, re.Pattern[str], UnitKind]]
+
+
+def _compiled(recommendations: Sequence[PruningRecommendation]) -> _Compiled:
+    """Each recommendation with its compiled pattern and its kind; ``ValueError`` for an invalid pattern."""
+    compiled: _Compiled = []
+    for rec in recommendations:
+        try:
+            compiled.append((rec, re.compile(rec.layer), kind_of(rec.pruning_type)))
+        except re.error as exc:
+            raise ValueError(f"invalid layer regex {rec.layer!r}: {exc}") from None
+    return compiled
+
+
+def _module_scores(
+    model: nn.Module,
+    importance: str,
+    channel_scores: dict[str, torch.Tensor] | None,
+    calibration: torch.Tensor | None,
+    calibration_targets: torch.Tensor | None,
+) -> dict[nn.Module, torch.Tensor] | None:
+    """The data-aware criterion's ``channel_scores`` by module, computed on ``calibration`` where not given (None:
+    ``importance`` is not data-aware, or there are no scores and it falls back to l2, said in a warning)."""
+    if importance not in DATA_AWARE:
+        return None
+    if channel_scores is None and calibration is not None:
+        channel_scores = DATA_AWARE[importance](model, calibration, calibration_targets, 64)
+    if not channel_scores:
+        logger.warning("importance %r has no calibration data; ranking by l2 weight norm instead", importance)
+        return None
+    return {m: channel_scores[n] for n, m in model.named_modules() if n in channel_scores}
+
+
+def _new_session(
+    model: nn.Module,
+    example_inputs: ExampleInputs,
+    config: PruningConfig,
+    scores: dict[nn.Module, torch.Tensor] | None,
+    *,
+    traced: bool,
+) -> PruningSession:
+    """What the recommendations of one call share, the dependency graph traced now where a kind needs it."""
+    return PruningSession(
+        model=model,
+        inputs=example_inputs,
+        config=config,
+        context=new_context(model, example_inputs, graph=traced),
+        importance=get_importance(config.importance, scores),
+        scores=scores,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+
+
+def _apply_each(session: PruningSession, compiled: _Compiled, report: PruneReport) -> None:
+    """Apply the ``compiled`` recommendations in order, each by its kind, into ``report``."""
+    for rec, regex, kind in compiled:
+        if not kind.matches(session, regex):
+            report.skipped.append(SkippedPruning(target=rec.layer, reason=kind.nothing_matches))
+            continue
+        applied, skipped = kind.apply(session, rec, regex)
+        if applied:
+            report.applied.append(applied)
+        report.skipped.extend(skipped)
 
 
 __all__ = ["apply_pruning", "count_params", "prunable_layers"]

@@ -1,7 +1,7 @@
 """Compression recipes as config objects, in the spirit of torchao's ``quantize_(model, config)``.
 
 A recipe says *how* to compress, independently of *what* (the plan's recommendations say which layers, by
-how much): :class:`PruningConfig` for :func:`tools.compression.pruning.apply_pruning` and ``tools.ops.prune``,
+how much): :class:`PruningConfig` for :func:`tools.compression.pruning.apply_pruning` and ``tools.stages.ops.prune``,
 :class:`RecoveryConfig` for :func:`tools.compression.recovery.recover_`. Fields are checked against their
 registries when a config is built (``ValueError``, one line per field), so a bad name fails at the start of a
 run rather than deep inside it. The deployment recipe, ``QuantizationConfig``, is :mod:`tools.deploy.config`.
@@ -26,7 +26,7 @@ class PruningConfig(BaseModel):
     round_to: int = Field(
         default=0,
         description="Round kept channel counts to a multiple of this (0: off, the exact ratio; a run's default "
-        "is 8, the counts int8 kernels run fastest: graph.context).",
+        "is 8, the counts int8 kernels run fastest: agents.context).",
     )
     head_round_to: int = Field(
         default=0,
@@ -40,7 +40,7 @@ class PruningConfig(BaseModel):
     kinds: tuple[str, ...] = Field(
         default=(),
         description="The unit kinds (pruning types of tools.compression.units.UNIT_KINDS) a planner may use; empty: "
-        "every one (the run checks the names: graph.context).",
+        "every one (the run checks the names: agents.context).",
     )
 
     def allows(self, pruning_type: str) -> bool:

@@ -30,6 +30,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -45,7 +47,7 @@ from tools.compression.calibration import (
     row_index,
     run_with_pre_hooks,
 )
-from tools.compression.forward import forward_logits
+from tools.compression.forward import forward_logits, forward_with_hooks
 from tools.compression.ridge import DEFAULT_FOLDS, RIDGE_GRID, LayerFit, cross_validated_fit, fit_seconds
 
 logger = logging.getLogger(__name__)
@@ -409,6 +411,38 @@ def reconstruct_(
     fit to the original's outputs it kept. Returns (layers refitted, {layer: why not}).
     """
     fit = batch.shape[0] if fit is None else max(1, min(fit, batch.shape[0]))
+    names, skipped = _refittable(pruned, original, consumers)
+    if not names and reference_stats is None:
+        return [], skipped
+    missing = [n for n in names if targets is None or n not in targets]
+    targets = {
+        **(targets or {}),
+        **(capture(original, batch[:fit], missing, outputs=True, max_rows=max_rows) if missing else {}),
+    }
+    hooks = _PassHooks(
+        images=batch.shape[0],
+        fit=fit,
+        max_rows=max_rows,
+        ridge=ridge,
+        folds=folds,
+        targets=targets,
+        kept_outputs=kept_outputs or {},
+        skipped=skipped,
+        layers_out=layers_out,
+    )
+    logits = hooks.run(pruned, batch, names, reference_stats)
+    if logits_out is not None:
+        logits_out.append(logits.float())
+    if batchnorm_out is not None:
+        batchnorm_out.extend(hooks.corrected)
+    for name in names:
+        if name not in hooks.done and name not in skipped:
+            skipped[name] = "not reached by the forward pass"
+    return hooks.done, skipped
+
+
+def _refittable(pruned: nn.Module, original: nn.Module, consumers: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The ``consumers`` reconstruction can refit (each once, in order), and why not each of the others."""
     skipped: dict[str, str] = {}
     names = []
     for name in dict.fromkeys(consumers):
@@ -421,60 +455,58 @@ def reconstruct_(
             skipped[name] = issue
         else:
             names.append(name)
-    if not names and reference_stats is None:
-        return [], skipped
-    missing = [n for n in names if targets is None or n not in targets]
-    targets = {
-        **(targets or {}),
-        **(capture(original, batch[:fit], missing, outputs=True, max_rows=max_rows) if missing else {}),
-    }
-    done: list[str] = []
-    handles = []
+    return names, skipped
 
-    def pre_hook(module: Any, args: tuple[Any, ...], name: str) -> None:
-        if name in done or name in skipped or name not in targets:
+
+@dataclass
+class _PassHooks:
+    """The forward pre-hooks of one reconstruction pass over ``images`` images (the first ``fit`` fit on), which
+    refit each consumer and correct each BatchNorm just before it runs, and what they did (see :func:`reconstruct_`)."""
+
+    images: int
+    fit: int
+    max_rows: int
+    ridge: float | None
+    folds: int
+    targets: dict[str, torch.Tensor]
+    kept_outputs: Mapping[str, Sequence[bool]]
+    skipped: dict[str, str]
+    layers_out: list[LayerFit] | None
+    done: list[str] = field(default_factory=list)
+    corrected: list[str] = field(default_factory=list)
+
+    def refit(self, module: Any, args: tuple[Any, ...], name: str) -> None:
+        """Refit the consumer ``name`` to the original's outputs from the rows it is about to receive."""
+        if name in self.done or name in self.skipped or name not in self.targets:
             return
         try:
-            rows, images = _fit_rows(module, args[0], batch.shape[0], fit, max_rows)
-            if rows.shape[0] != targets[name].shape[0]:
-                raise ValueError(f"{rows.shape[0]} input rows against {targets[name].shape[0]} output rows")
-            wanted = _kept(targets[name], (kept_outputs or {}).get(name))
-            record = _refit(name, module, rows, images, wanted, ridge, folds)
-            done.append(name)
-            if layers_out is not None:
-                layers_out.append(record)
+            rows, images = _fit_rows(module, args[0], self.images, self.fit, self.max_rows)
+            if rows.shape[0] != self.targets[name].shape[0]:
+                raise ValueError(f"{rows.shape[0]} input rows against {self.targets[name].shape[0]} output rows")
+            wanted = _kept(self.targets[name], self.kept_outputs.get(name))
+            record = _refit(name, module, rows, images, wanted, self.ridge, self.folds)
+            self.done.append(name)
+            if self.layers_out is not None:
+                self.layers_out.append(record)
         except (RuntimeError, ValueError) as exc:  # singular or shape-mismatched: keep the layer as it is
-            skipped[name] = f"fit failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            self.skipped[name] = f"fit failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
-    for name in names:
-        module = pruned.get_submodule(name)
-        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: pre_hook(m, a, name)))
-    corrected: list[str] = []
-    reference = reference_stats or {}
+    def correct(self, module: Any, args: tuple[Any, ...], name: str, reference: BatchNormStats) -> None:
+        """Correct the BatchNorm ``name`` for the change of the input it is about to receive on the fit images."""
+        fit_part = args[0][: self.fit * max(1, _entries_per_image(args[0], self.images))]
+        if name in reference and _shift_(module, _input_stats(fit_part), reference[name]):
+            self.corrected.append(name)
 
-    def correct(module: Any, args: tuple[Any, ...], name: str) -> None:
-        if name in reference and _shift_(
-            module, _input_stats(args[0][: fit * max(1, _entries_per_image(args[0], batch.shape[0]))]), reference[name]
-        ):
-            corrected.append(name)
-
-    if reference_stats is not None:
-        for name, module in _batchnorm_layers(pruned).items():
-            handles.append(module.register_forward_pre_hook(lambda m, a, name=name: correct(m, a, name)))
-    try:
-        with torch.no_grad():
-            logits = forward_logits(pruned.eval(), batch)
-        if logits_out is not None:
-            logits_out.append(logits.float())
-    finally:
-        for h in handles:
-            h.remove()
-    if batchnorm_out is not None:
-        batchnorm_out.extend(corrected)
-    for name in names:
-        if name not in done and name not in skipped:
-            skipped[name] = "not reached by the forward pass"
-    return done, skipped
+    def run(
+        self, pruned: nn.Module, batch: torch.Tensor, names: list[str], reference: BatchNormStats | None
+    ) -> torch.Tensor:
+        """The logits of ``pruned`` on ``batch``, its consumers ``names`` refitted and, with ``reference`` (the
+        original's :func:`batchnorm_input_stats`), its BatchNorms corrected on the way."""
+        handles = [pruned.get_submodule(n).register_forward_pre_hook(partial(self.refit, name=n)) for n in names]
+        if reference is not None:
+            for name, module in _batchnorm_layers(pruned).items():
+                handles.append(module.register_forward_pre_hook(partial(self.correct, name=name, reference=reference)))
+        return forward_with_hooks(pruned, batch, handles)
 
 
 def recover_(
@@ -534,14 +566,19 @@ def recover_(
     else:  # alone, BatchNorm is re-estimated outright
         report.batchnorm_layers = recalibrate_batchnorm_(pruned, batch[:fit], config.batch_size)
     report.seconds = round(time.perf_counter() - start, 3)
+    _log_recovery(report)
+    return report
+
+
+def _log_recovery(report: RecoveryReport) -> None:
+    """Log what recovery did, and in how long."""
     kept = sum(1 for layer in report.layers if layer.choice == "kept")
     logger.info(
         "recovery %s: %d layers refitted (%d kept as pruned: the refit did not beat them out of sample), "
         "%d BatchNorm corrected in %.2f s",
-        config.method,
+        report.method,
         len(report.reconstructed) - kept,
         kept,
         report.batchnorm_layers,
         report.seconds,
     )
-    return report

@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,6 +45,7 @@ from tools.compression.recovery import (
 )
 from tools.compression.reference import ReferencePasses
 from tools.compression.repair import held_out_count, kl_agreement
+from tools.compression.reports import PruneReport
 from tools.compression.units import reachable_ratio, unit_kind, unit_step
 from tools.models.base import clone_module
 from tools.schemas import (
@@ -316,6 +318,31 @@ def measure_sensitivity(
         )
 
 
+@dataclass
+class _Probing:
+    """What every probe of one profile shares: the original and its reference passes, the logits and targets probes
+    are judged against, the settings, and the profile being filled with its progress."""
+
+    original: nn.Module
+    example: torch.Tensor
+    passes: ReferencePasses
+    prefix: PrefixCache | None
+    reference: torch.Tensor
+    targets: torch.Tensor | None
+    reference_acc: float | None
+    scores: dict[str, torch.Tensor] | None
+    by_layer: dict[str, LayerProfile]
+    pruning: PruningConfig
+    recovery: RecoveryConfig
+    batch_size: int
+    result: SensitivityProfile
+    steps: int
+    progress: Callable[[int, int], None] | None
+    latency_saving: Callable[[nn.Module], float] | None
+    done: int = 0
+    refit_spent: float = 0.0  # estimated seconds of the cross-validated refits so far
+
+
 def _measure(
     original: nn.Module,
     images: torch.Tensor,
@@ -329,129 +356,199 @@ def _measure(
     progress: Callable[[int, int], None] | None,
     latency_saving: Callable[[nn.Module], float] | None = None,
 ) -> SensitivityProfile:
+    """:func:`measure_sensitivity`'s work, its defaults filled in."""
     start = time.perf_counter()
     original = original.eval()
-    example = images[:1]
     asked = list(ratios)
     ratios = sorted({float(r) for r in ratios if 0 < r <= pruning.max_ratio})
-    # re-estimating BatchNorm outright needs every layer run; the other recoveries only need what follows a change
-    prefix: PrefixCache | None = None
-    if recovery.method == "bn":
-        reference = _logits(original, images, batch_size)
-    else:
-        firsts = [name for unit in units for name in (*unit.modules, *unit.members)]
-        prefix, reference = PrefixCache.build(original, images, firsts)
+    prefix, reference = _reference_logits(original, images, units, recovery, batch_size)
     passes = ReferencePasses(original, images, targets, batch_size, holdout=held_out_count(len(images), PROBE_HOLDOUT))
     judged = passes.fit if passes.held_images.shape[0] else 0  # too few images to hold any out: judged in sample
     reference = reference[judged:]  # probes are judged on the images their repair was not fit on
     targets = None if targets is None else targets[judged:]
-    reference_acc = _accuracy(reference, targets)
-    scores = passes.channel_scores(pruning.importance)
+    run = _Probing(
+        original=original,
+        example=images[:1],
+        passes=passes,
+        prefix=prefix,
+        reference=reference,
+        targets=targets,
+        reference_acc=_accuracy(reference, targets),
+        scores=passes.channel_scores(pruning.importance),
+        by_layer={lp.name: lp for lp in layers},
+        pruning=pruning,
+        recovery=recovery,
+        batch_size=batch_size,
+        result=SensitivityProfile(
+            samples=int(reference.shape[0]),
+            fit_samples=passes.fit,
+            importance=pruning.importance,
+            recovery=recovery.method,
+            ratios=ratios,
+            seconds=0.0,
+        ),
+        steps=len(units) * len(ratios),
+        progress=progress,
+        latency_saving=latency_saving,
+    )
     if recovery.method == "reconstruct":
         passes.batchnorm_stats()  # on the whole model, before any probe replays a part of it
-    by_layer = {lp.name: lp for lp in layers}
     total_params = count_params(original)
-    result = SensitivityProfile(
-        samples=int(reference.shape[0]),
-        fit_samples=passes.fit,
-        importance=pruning.importance,
-        recovery=recovery.method,
-        ratios=ratios,
-        seconds=0.0,
-    )
-    steps, done = len(units) * len(ratios), 0
-    refit_spent = 0.0  # estimated seconds of the cross-validated refits so far
     for unit in units:
-        measured = unit.model_copy(deep=True)
-        kind = unit_kind(unit)
-        measured.size = kind.size(original, unit)
-        measured.step = unit_step(measured, pruning)
-        why_not = "no ratio removes a channel"  # else the last reason pruning gave
-        largest: tuple[float, nn.Module] | None = None  # the probe whose latency is measured (latency_saving)
-        try:
-            for requested in _probe_order(kind.probe_ratios(asked, pruning.max_ratio)):
-                if _enough(measured, requested):
-                    done += 1
-                    continue
-                ratio = reachable_ratio(measured, requested)  # what rounding leaves of the ratio
-                if ratio <= 0 or any(p.ratio == ratio for p in measured.points):
-                    done += 1
-                    continue
-                model = clone_module(original)
-                rec = PruningRecommendation(
-                    layer=unit.pattern,
-                    pruning_type=unit.pruning_type,
-                    pruning_ratio=ratio,
-                    justification="sensitivity probe",
-                )
-                torch.manual_seed(pruning.seed)  # each probe as if it were the only one (random importance)
-                report = apply_pruning(model, [rec], example, pruning, channel_scores=scores)
-                done += 1
-                if not report.applied:
-                    why_not = "; ".join(dict.fromkeys(sk.reason for sk in report.skipped)) or why_not
-                    continue
-                consumers = report.consumers()
-                repair, refits = recovery, refit_seconds(model, consumers, recovery)
-                if recovery.ridge is None and refits > 0.0:
-                    if refits > MAX_PROBE_REFIT_SECONDS or refit_spent + refits > MAX_PROFILE_REFIT_SECONDS:
-                        repair = recovery.model_copy(update={"ridge": PROBE_FIXED_RIDGE})
-                        result.fixed_ridge[unit.pattern] = len(consumers)
-                    else:
-                        refit_spent += refits
-                with contextlib.ExitStack() as replay:
-                    if prefix is not None:  # the probe and the original run only what follows the first change
-                        first = prefix.first_change(model)
-                        replay.enter_context(prefix.skip(model, first))
-                        replay.enter_context(prefix.skip(original, first))
-                    logits = _probe(model, passes, consumers, repair, batch_size, report.kept_outputs())
-                kl, agreement = kl_agreement(reference, logits)
-                accuracy = _accuracy(logits, targets)
-                involved = kind.involved(unit, list(by_layer), consumers)
-                macs = sum(by_layer[n].macs for n in involved if n in by_layer)
-                latency = sum(by_layer[n].latency_s for n in involved if n in by_layer) * ratio
-                if latency_saving is not None and (largest is None or ratio > largest[0]):
-                    largest = (ratio, model)
-                measured.params = (
-                    report.params_before - report.params_after
-                    if kind.whole
-                    else sum(p.numel() for n in involved for p in original.get_submodule(n).parameters(recurse=False))
-                )
-                measured.points.append(
-                    SensitivityPoint(
-                        ratio=ratio,
-                        params_saved=report.params_before - report.params_after,
-                        macs_saved=int(macs * ratio),
-                        latency_saved_s=latency,
-                        agreement=round(agreement, 5),
-                        kl=round(kl, 6),
-                        accuracy_drop_points=(
-                            None
-                            if accuracy is None or reference_acc is None
-                            else round(100 * (reference_acc - accuracy), 3)
-                        ),
-                    )
-                )
-                if progress is not None:
-                    progress(done, steps)
-        except Exception as exc:  # one unit that cannot be probed must not cost the others
-            logger.warning("sensitivity of %s failed: %s", unit.pattern, one_line(exc))
-            result.skipped[unit.pattern] = one_line(exc)
-            continue
-        measured.points.sort(key=lambda p: p.ratio)
-        if largest is not None and latency_saving is not None:
-            _measured_latency(measured, *largest, latency_saving)
-        if measured.points:
-            result.units.append(measured)
-        else:
-            result.skipped[unit.pattern] = f"nothing was pruned at any ratio ({why_not})"
-    result.seconds = round(time.perf_counter() - start, 2)
+        _profile_unit(run, unit, asked)
+    run.result.seconds = round(time.perf_counter() - start, 2)
+    _log_profile(run.result, total_params)
+    return run.result
+
+
+def _log_profile(result: SensitivityProfile, total_params: int) -> None:
+    """Log what the profile measured, and in how long."""
     logger.info(
         "sensitivity: %d units x %d ratios on %d images in %.1f s (%.1f%% of %d params probed)",
         len(result.units),
-        len(ratios),
+        len(result.ratios),
         result.samples,
         result.seconds,
         100 * sum(u.params for u in result.units) / max(1, total_params),
         total_params,
     )
-    return result
+
+
+def _reference_logits(
+    original: nn.Module,
+    images: torch.Tensor,
+    units: Sequence[SensitivityUnit],
+    recovery: RecoveryConfig,
+    batch_size: int,
+) -> tuple[PrefixCache | None, torch.Tensor]:
+    """The cache that replays what runs before each unit's first change (None where BatchNorm is re-estimated
+    outright: that needs every layer run; the other recoveries only need what follows a change), and the original's
+    logits on ``images``."""
+    if recovery.method == "bn":
+        return None, _logits(original, images, batch_size)
+    firsts = [name for unit in units for name in (*unit.modules, *unit.members)]
+    return PrefixCache.build(original, images, firsts)
+
+
+def _profile_unit(run: _Probing, unit: SensitivityUnit, asked: Sequence[float]) -> None:
+    """Probe ``unit`` at each of the ``asked`` ratios its kind probes, into the profile (or why it is not there)."""
+    measured = unit.model_copy(deep=True)
+    measured.size = unit_kind(unit).size(run.original, unit)
+    measured.step = unit_step(measured, run.pruning)
+    try:
+        largest, why_not = _probe_ratios(run, unit, measured, asked)
+    except Exception as exc:  # one unit that cannot be probed must not cost the others
+        logger.warning("sensitivity of %s failed: %s", unit.pattern, one_line(exc))
+        run.result.skipped[unit.pattern] = one_line(exc)
+        return
+    measured.points.sort(key=lambda p: p.ratio)
+    if largest is not None and run.latency_saving is not None:
+        _measured_latency(measured, *largest, run.latency_saving)
+    if measured.points:
+        run.result.units.append(measured)
+    else:
+        run.result.skipped[unit.pattern] = f"nothing was pruned at any ratio ({why_not})"
+
+
+def _probe_ratios(
+    run: _Probing, unit: SensitivityUnit, measured: SensitivityUnit, asked: Sequence[float]
+) -> tuple[tuple[float, nn.Module] | None, str]:
+    """Probe ``unit`` at the ratios its kind probes, needed ones only, into ``measured``: (the largest ratio probed
+    and its model, where the latency saving is measured; the last reason pruning gave for not pruning)."""
+    why_not = "no ratio removes a channel"
+    largest: tuple[float, nn.Module] | None = None
+    for requested in _probe_order(unit_kind(unit).probe_ratios(asked, run.pruning.max_ratio)):
+        if _enough(measured, requested):
+            run.done += 1
+            continue
+        ratio = reachable_ratio(measured, requested)  # what rounding leaves of the ratio
+        if ratio <= 0 or any(p.ratio == ratio for p in measured.points):
+            run.done += 1
+            continue
+        probed = _probe_point(run, unit, measured, ratio)
+        if isinstance(probed, str):
+            why_not = probed or why_not
+            continue
+        if run.latency_saving is not None and (largest is None or ratio > largest[0]):
+            largest = (ratio, probed)
+        if run.progress is not None:
+            run.progress(run.done, run.steps)
+    return largest, why_not
+
+
+def _probe_point(run: _Probing, unit: SensitivityUnit, measured: SensitivityUnit, ratio: float) -> nn.Module | str:
+    """Prune a copy of the original on ``unit`` alone at ``ratio``, repair it and add its point to ``measured``: the
+    probe's model, or why pruning left it as it was."""
+    model = clone_module(run.original)
+    rec = PruningRecommendation(
+        layer=unit.pattern,
+        pruning_type=unit.pruning_type,
+        pruning_ratio=ratio,
+        justification="sensitivity probe",
+    )
+    torch.manual_seed(run.pruning.seed)  # each probe as if it were the only one (random importance)
+    report = apply_pruning(model, [rec], run.example, run.pruning, channel_scores=run.scores)
+    run.done += 1
+    if not report.applied:
+        return "; ".join(dict.fromkeys(sk.reason for sk in report.skipped))
+    consumers = report.consumers()
+    repair = _probe_recovery(run, unit.pattern, model, consumers)
+    with contextlib.ExitStack() as replay:
+        if run.prefix is not None:  # the probe and the original run only what follows the first change
+            first = run.prefix.first_change(model)
+            replay.enter_context(run.prefix.skip(model, first))
+            replay.enter_context(run.prefix.skip(run.original, first))
+        logits = _probe(model, run.passes, consumers, repair, run.batch_size, report.kept_outputs())
+    _add_point(run, unit, measured, ratio, report, logits)
+    return model
+
+
+def _probe_recovery(run: _Probing, pattern: str, model: nn.Module, consumers: list[str]) -> RecoveryConfig:
+    """The recovery of a probe: the profile's, or at :data:`PROBE_FIXED_RIDGE` where its cross-validated refits would
+    take too long (:data:`MAX_PROBE_REFIT_SECONDS`, :data:`MAX_PROFILE_REFIT_SECONDS`)."""
+    recovery = run.recovery
+    refits = refit_seconds(model, consumers, recovery)
+    if recovery.ridge is None and refits > 0.0:
+        if refits > MAX_PROBE_REFIT_SECONDS or run.refit_spent + refits > MAX_PROFILE_REFIT_SECONDS:
+            run.result.fixed_ridge[pattern] = len(consumers)
+            return recovery.model_copy(update={"ridge": PROBE_FIXED_RIDGE})
+        run.refit_spent += refits
+    return recovery
+
+
+def _add_point(
+    run: _Probing,
+    unit: SensitivityUnit,
+    measured: SensitivityUnit,
+    ratio: float,
+    report: PruneReport,
+    logits: torch.Tensor,
+) -> None:
+    """Add to ``measured`` the probe at ``ratio``: what it saved (``report``) and how its repaired ``logits`` differ
+    from the original's."""
+    kind = unit_kind(unit)
+    kl, agreement = kl_agreement(run.reference, logits)
+    accuracy = _accuracy(logits, run.targets)
+    involved = kind.involved(unit, list(run.by_layer), report.consumers())
+    macs = sum(run.by_layer[n].macs for n in involved if n in run.by_layer)
+    latency = sum(run.by_layer[n].latency_s for n in involved if n in run.by_layer) * ratio
+    measured.params = (
+        report.params_before - report.params_after
+        if kind.whole
+        else sum(p.numel() for n in involved for p in run.original.get_submodule(n).parameters(recurse=False))
+    )
+    measured.points.append(
+        SensitivityPoint(
+            ratio=ratio,
+            params_saved=report.params_before - report.params_after,
+            macs_saved=int(macs * ratio),
+            latency_saved_s=latency,
+            agreement=round(agreement, 5),
+            kl=round(kl, 6),
+            accuracy_drop_points=(
+                None
+                if accuracy is None or run.reference_acc is None
+                else round(100 * (run.reference_acc - accuracy), 3)
+            ),
+        )
+    )

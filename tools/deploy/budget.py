@@ -1,8 +1,8 @@
 """One accuracy budget for pruning and int8: how much of it the original's int8 deployment keeps back.
 
 The int8 damage of the original is cheap to measure before pruning starts (the original through every runtime,
-:func:`tools.deployment.deploy`); :func:`split_budget` keeps that much of the budget in reserve, so that the pruning
-search does not choose a round that int8 then pushes over.
+:func:`tools.stages.deployment.deploy`); :func:`split_budget` keeps that much of the budget in reserve, so that the
+pruning search does not choose a round that int8 then pushes over.
 """
 
 from __future__ import annotations
@@ -62,6 +62,46 @@ def _held(kept: DeployCandidate, hold: Hold) -> float:
     return max(drop, 0.0)
 
 
+def _is_int8(c: DeployCandidate) -> bool:
+    """Whether ``c`` runs below FP32 (int8, bf16): "int8" in :func:`split_budget`."""
+    return c.precision != PRECISION_FP32
+
+
+def _not_worth_room(chosen: DeployCandidate, candidates: list[DeployCandidate]) -> str | None:
+    """Why the original's ``chosen`` int8 takes no pruning room: it runs within :data:`INT8_MARGIN` of the fastest
+    float runtime within budget (None: it is faster, or there is no timing to tell)."""
+    floats = [
+        c.latency_s
+        for c in candidates
+        if c.ran and not _is_int8(c) and c.source is None and c.within_budget and c.latency_s is not None
+    ]
+    fastest_float = min(floats, default=None)
+    if chosen.latency_s is None or fastest_float is None or not chosen.latency_s > fastest_float * (1 - INT8_MARGIN):
+        return None
+    return (
+        f"{chosen.backend} of the original, the fastest, runs at {1e3 * chosen.latency_s:.2f} ms, within "
+        f"{100 * INT8_MARGIN:.0f} % of the fastest float runtime ({1e3 * fastest_float:.2f} ms): int8 is not worth "
+        "pruning room on this CPU"
+    )
+
+
+def _why_held(kept: DeployCandidate, chosen: DeployCandidate, hold: Hold) -> str:
+    """Why ``kept``'s loss (that of ``chosen``, the fastest, or of one nearly as fast) is what int8 keeps back."""
+    paired = kept.paired
+    interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
+    drop = float(kept.accuracy_drop_points or 0.0)
+    change = f"loses {drop:.2f}" if drop >= 0 else f"gains {-drop:.2f}"
+    which = (
+        "the fastest within budget"
+        if kept is chosen
+        else f"the least damaging int8 within {100 * INT8_MARGIN:.0f} % of the fastest ({chosen.backend})"
+    )
+    why = f"{kept.backend} of the original, {which}, {change} points (drop{interval}) on the evaluation images"
+    if hold == "sure" and paired is not None and drop > 0:
+        why += "; only the part its interval shows for sure is kept"
+    return why
+
+
 def split_budget(original: DeployChoice, total_points: float, hold: Hold = "expected") -> AccuracyBudget:
     """The accuracy budget split from the original's deployment table (``original``: :func:`deploy` of the original,
     every int8 at full precision). "int8" here is every precision below FP32 (int8, bf16): the chosen candidate's
@@ -77,49 +117,16 @@ def split_budget(original: DeployChoice, total_points: float, hold: Hold = "expe
     69.9 % without, its OpenVINO int8 shipped -0.72 on 5,000 unseen images). ``expected`` is for the latency
     objective, whose kept round is chosen for its int8 build's speed: a pruned CNN's int8 can lose more than the
     original's (CIFAR ResNet-20's three-block round, 0.38 points against its float on unseen images)."""
-
-    def is_int8(c: DeployCandidate) -> bool:
-        return c.precision != PRECISION_FP32
-
     half = round(total_points / 2, 4)
     chosen = next((c for c in original.candidates if c.backend == original.chosen and c.source is None), None)
-    ran = [c for c in original.candidates if c.ran and is_int8(c) and c.accuracy_drop_points is not None]
-    floats = [
-        c.latency_s
-        for c in original.candidates
-        if c.ran and not is_int8(c) and c.source is None and c.within_budget and c.latency_s is not None
-    ]
-    fastest_float = min(floats, default=None)
+    ran = [c for c in original.candidates if c.ran and _is_int8(c) and c.accuracy_drop_points is not None]
     measured: str | None = None
-    if (
-        chosen is not None
-        and is_int8(chosen)
-        and chosen.latency_s is not None
-        and fastest_float is not None
-        and chosen.latency_s > fastest_float * (1 - INT8_MARGIN)
-    ):  # int8 that is not really faster than float here is not worth pruning room
-        reserve = 0.0
-        why = (
-            f"{chosen.backend} of the original, the fastest, runs at {1e3 * chosen.latency_s:.2f} ms, within "
-            f"{100 * INT8_MARGIN:.0f} % of the fastest float runtime ({1e3 * fastest_float:.2f} ms): int8 is not worth "
-            "pruning room on this CPU"
-        )
-    elif chosen is not None and is_int8(chosen) and chosen.accuracy_drop_points is not None:
+    not_worth = _not_worth_room(chosen, original.candidates) if chosen is not None and _is_int8(chosen) else None
+    if not_worth is not None:  # int8 that is not really faster than float here is not worth pruning room
+        reserve, why = 0.0, not_worth
+    elif chosen is not None and _is_int8(chosen) and chosen.accuracy_drop_points is not None:
         kept = _least_damage_as_fast(chosen, ran)
-        reserve = min(_held(kept, hold), half)
-        paired = kept.paired
-        interval = f" [{-paired.ci95_high_points:+.2f}, {-paired.ci95_low_points:+.2f}]" if paired else ""
-        drop = float(kept.accuracy_drop_points or 0.0)
-        change = f"loses {drop:.2f}" if drop >= 0 else f"gains {-drop:.2f}"
-        which = (
-            "the fastest within budget"
-            if kept is chosen
-            else f"the least damaging int8 within {100 * INT8_MARGIN:.0f} % of the fastest ({chosen.backend})"
-        )
-        why = f"{kept.backend} of the original, {which}, {change} points (drop{interval}) on the evaluation images"
-        if hold == "sure" and paired is not None and drop > 0:
-            why += "; only the part its interval shows for sure is kept"
-        measured = kept.backend
+        reserve, why, measured = min(_held(kept, hold), half), _why_held(kept, chosen, hold), kept.backend
     elif ran and not any(c.within_budget for c in ran):
         reserve, measured = half, None
         why = "every int8 deployment of the original is over the budget: half is kept for mixed-precision int8"

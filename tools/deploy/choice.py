@@ -113,7 +113,7 @@ class DeployCandidate(BaseModel):
         description="Built from one of a distilled round's two students: its answers and those of the same build of "
         "the other student, each on the half of the evaluation images its student was not distilled on, paired with "
         "the original's on every image. The budget test judges both builds by it, as the search judged the round "
-        "(:func:`tools.judging.judge_together`; no half's luck taken off: both halves are in it).",
+        "(:func:`tools.stages.judging.judge_together`; no half's luck taken off: both halves are in it).",
     )
     budget_z: float | None = Field(
         default=None,

@@ -4,7 +4,7 @@
 chosen and says why; the choice records every step that did. It builds, evaluates and times nothing: where a step
 compares candidates timed again alone (the runoff, an alternative's margin, the floor of the original's one-command
 builds), it reads those timings from ``alone`` and, when they are not there yet, raises :class:`NeedTimes` naming the
-artifacts to time together; the caller (``tools.deployment.deploy``) times them and decides again. So the same
+artifacts to time together; the caller (``tools.stages.deployment.deploy``) times them and decides again. So the same
 candidates, rules and timings always give the same choice.
 """
 

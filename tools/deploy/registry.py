@@ -9,8 +9,8 @@ are all derived from there. Adding a runtime is one module and one line of :data
 ``auto`` has two meanings, both defined here:
 
 * :data:`AUTO` as a run's ``--deploy`` (:class:`tools.deploy.config.QuantizationConfig`): build, evaluate and
-  time every available backend and deploy the fastest within the accuracy budget (:mod:`tools.deployment`);
-* ``auto`` given to one quantize call (``tools.ops.quantize``, :func:`get_backend`): the single backend
+  time every available backend and deploy the fastest within the accuracy budget (:mod:`tools.stages.deployment`);
+* ``auto`` given to one quantize call (``tools.stages.ops.quantize``, :func:`get_backend`): the single backend
   :func:`default_quantize_backend` names -- ``onnxruntime`` where ``onnx`` and ``onnxruntime`` import, else
   :data:`DEFAULT_BACKEND`.
 
@@ -73,6 +73,25 @@ DEPLOYMENTS: dict[str, Deployment] = {FLOAT: FloatModel(), **BACKENDS}
 #: What a user gets from a runtime in one command, without this tool: the original in these builds takes part in the
 #: deployment's last timing, and the deployed model must beat the fastest of them within the budget.
 ONE_COMMAND_BUILDS = ("openvino", "openvino-int8", "onnxruntime-fp32", "onnxruntime")
+
+#: The bench's baselines of the original (``graph.bench``), bench method -> the deployment it runs as. ONNX Runtime's
+#: own export and ``quantize_dynamic`` (the paper's baseline: ``tools.deploy.onnxruntime.session.onnx_baseline``):
+BENCH_EXPORTED_BASELINES: dict[str, str] = {"onnxruntime-fp32": "onnxruntime-fp32", "onnxruntime-quant": "onnxruntime"}
+#: The builds of these backends, calibrated on the run's images, in the order the bench builds them:
+BENCH_BUILT_BASELINES: dict[str, str] = {
+    "openvino-fp32": "openvino",
+    "openvino-int8-quant": "openvino-int8",
+    "onnxruntime-static-quant": "onnxruntime-static",
+}
+#: Every baseline of the bench, in its order. A runtime's FP32 row is the one whose deployment is its own float
+#: reference (the original for PyTorch): it separates the runtime's speed-up from the precision's.
+BENCH_BASELINES: dict[str, str] = {**BENCH_EXPORTED_BASELINES, **BENCH_BUILT_BASELINES}
+
+#: The float deployment that evaluates a float model faster than PyTorch on a CPU: the twin of a slow float
+#: evaluation (``tools.evaluation.twin``), whose answers match PyTorch's (checked there).
+FLOAT_TWIN = "openvino"
+#: The build whose per-block int8 cost the int8 profile measures (``tools.deploy.onnxruntime.mixed``).
+INT8_PROFILED_IN = "onnxruntime-static"
 
 #: A run's ``--deploy auto``: measure every available backend and deploy the fastest within budget. To one
 #: quantize call, ``auto`` is the backend :func:`default_quantize_backend` names.
@@ -213,12 +232,12 @@ def quantize(
     """Return a dynamically quantized copy of ``model`` (on the CPU) and what was quantized.
 
     In memory, so for torch backends only; ``onnxruntime`` quantizes while saving
-    (:func:`tools.ops.quantize`, or :func:`tools.artifacts.io.save_quantized`).
+    (:func:`tools.stages.ops.quantize`, or :func:`tools.artifacts.io.save_quantized`).
     """
     impl = get_backend(backend)
     if not isinstance(impl, ModuleBackend):
         raise QuantizationError(
-            f"the {impl.name} backend quantizes into an artifact, not in memory: use tools.ops.quantize"
+            f"the {impl.name} backend quantizes into an artifact, not in memory: use tools.stages.ops.quantize"
         )
     report = plan_quantization(model, recommendations, backend=impl.name)
     qmodel = impl.quantize(model, report.layers)

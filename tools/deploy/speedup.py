@@ -12,6 +12,8 @@ for an FP32 deployment, nothing pruned) is 1 by construction and says so.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field, computed_field
 
 from tools.deploy.registry import runtime_and_precision
@@ -21,6 +23,11 @@ __all__ = ["SpeedupFactors"]
 
 def _ratio(before: float, after: float) -> float:
     return before / after if after > 0 else float("nan")
+
+
+def _factor(before: str, after: str) -> Any:
+    """A computed field: the ratio of the latencies in the fields named ``before`` and ``after``."""
+    return computed_field(return_type=float)(property(lambda self: _ratio(getattr(self, before), getattr(self, after))))
 
 
 class SpeedupFactors(BaseModel):
@@ -38,25 +45,10 @@ class SpeedupFactors(BaseModel):
         default_factory=list, description="Steps that compare an artifact with itself (their factor is exactly 1)."
     )
 
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def runtime_factor(self) -> float:
-        return _ratio(self.original_s, self.runtime_fp32_s)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def precision_factor(self) -> float:
-        return _ratio(self.runtime_fp32_s, self.runtime_original_s)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def pruning_factor(self) -> float:
-        return _ratio(self.runtime_original_s, self.deployed_s)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def total(self) -> float:
-        return _ratio(self.original_s, self.deployed_s)
+    runtime_factor = _factor("original_s", "runtime_fp32_s")
+    precision_factor = _factor("runtime_fp32_s", "runtime_original_s")
+    pruning_factor = _factor("runtime_original_s", "deployed_s")
+    total = _factor("original_s", "deployed_s")
 
     @classmethod
     def measure(

@@ -1,8 +1,8 @@
 """The confirmation: the build that ships, judged once on images nothing chose on.
 
-A run's data has three disjoint parts, each with one job (``tools.run_data``): *fit* images calibrate, recover and
-distil; *choose* images decide every comparison (rounds, students, builds); *confirm* images judge the one build that
-ships, once. The figure a report gives for what ships is its drop on the confirm part, paired with the original's
+A run's data has three disjoint parts, each with one job (``tools.stages.run_data``): *fit* images calibrate, recover
+and distil; *choose* images decide every comparison (rounds, students, builds); *confirm* images judge the one build
+that ships, once. The figure a report gives for what ships is its drop on the confirm part, paired with the original's
 answers on the same images, with a 95 % interval.
 
 **What the budget means.** "Within 1 point" is what users, the paper, NNCF's ``max_drop`` and Neural Compressor's

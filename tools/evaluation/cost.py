@@ -53,8 +53,8 @@ def _check_counts(warmup: int, repeats: int, block: int = 1) -> None:
 
 
 #: Calls of a model in a row per interleaved repetition when the tool times deployment candidates
-#: (``tools.ops.compare_latency``): a deployed model serves call after call with its weights and code in cache, while
-#: a call that follows another model's runs cold, and cold caches slow runtimes unequally. Measured on an AMD EPYC
+#: (``tools.stages.ops.compare_latency``): a deployed model serves call after call with its weights and code in cache,
+#: while a call that follows another model's runs cold, and cold caches slow runtimes unequally. Measured on an AMD EPYC
 #: with AVX512-VNNI (``benchmarks/runtimes_vs_original.py``, 1 thread, batch 1): cifar10-swin-tiny's deployed OpenVINO
 #: FP32 ran 0.87 ms against 1.00 for the original's (1.15x) one call each, 0.37 against 0.52 (1.41x) in blocks of 20;
 #: CIFAR ResNet-32's original in OpenVINO int8 0.52 ms against bf16 0.58 one call each, 0.26 against 0.36 in blocks.
@@ -64,6 +64,35 @@ SERVING_BLOCK = 5
 
 #: The most repetitions ``compare_latencies(min_seconds=...)`` grows to.
 MAX_REPEATS = 2000
+
+
+def _warm_up(models: Mapping[str, Callable[..., Any]], example_input: Any, warmup: int) -> dict[str, float]:
+    """Call each model in turn, ``warmup`` rounds (at least one) under ``torch.no_grad``; each one's last seconds."""
+    warm: dict[str, float] = {}
+    with torch.no_grad():  # a cache a model fills on its first call must not hold an inference tensor
+        for _ in range(max(1, warmup)):
+            for name in models:
+                start = time.perf_counter()
+                _invoke(models[name], example_input)
+                warm[name] = time.perf_counter() - start
+    return warm
+
+
+def _repetitions(
+    warm: dict[str, float], repeats: int, block: int, *, max_seconds: float | None, min_seconds: float | None
+) -> tuple[int, dict[str, int]]:
+    """The repetitions to run (grown for ``min_seconds``) and how many of them each model takes part in (fewer for
+    one slower than ``max_seconds``), from each model's warm-up seconds (see :func:`compare_latencies`)."""
+    if min_seconds is not None:
+        fastest = max(block * min(warm.values()), 1e-9)
+        repeats = max(repeats, min(MAX_REPEATS, math.ceil(min_seconds / fastest)))
+    rounds = {
+        name: repeats
+        if max_seconds is None
+        else min(repeats, max(3, math.ceil(max_seconds / max(block * seconds, 1e-9))))
+        for name, seconds in warm.items()
+    }
+    return repeats, rounds
 
 
 @counts_as("time")
@@ -101,25 +130,11 @@ def compare_latencies(
     names = list(models)
     sync = _needs_cuda_sync(example_input) and torch.cuda.is_available()
     times: dict[str, list[float]] = {name: [] for name in names}
-    warm: dict[str, float] = {}
     with eval_mode(list(models.values())):
-        with torch.no_grad():  # a cache a model fills on its first call must not hold an inference tensor
-            for _ in range(max(1, warmup)):
-                for name in names:
-                    start = time.perf_counter()
-                    _invoke(models[name], example_input)
-                    warm[name] = time.perf_counter() - start
+        warm = _warm_up(models, example_input, warmup)
         if sync:
             torch.cuda.synchronize()
-        if min_seconds is not None:
-            fastest = max(block * min(warm.values()), 1e-9)
-            repeats = max(repeats, min(MAX_REPEATS, math.ceil(min_seconds / fastest)))
-        rounds = {
-            name: repeats
-            if max_seconds is None
-            else min(repeats, max(3, math.ceil(max_seconds / max(block * warm[name], 1e-9))))
-            for name in names
-        }
+        repeats, rounds = _repetitions(warm, repeats, block, max_seconds=max_seconds, min_seconds=min_seconds)
         order = random.Random(0)
         for repetition in range(repeats):
             for name in order.sample(names, len(names)):

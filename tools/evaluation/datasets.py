@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tools.evaluation.sources import UNLABELLED, DatasetError, pick_from_dict, resolve_source
+from tools.evaluation.sources import UNLABELLED, DatasetError, DatasetSource, pick_from_dict, resolve_source
 from tools.text import first_line
 
 logger = logging.getLogger(__name__)
@@ -401,6 +401,74 @@ def subset(data: EvalDataset, positions: list[int]) -> EvalDataset:
     )
 
 
+@dataclass
+class _Split:
+    """A loaded split: its source, rows and name, the image and label columns, and the class names and encoder."""
+
+    source: DatasetSource
+    rows: Any
+    name: str | None
+    image_column: str
+    label_column: str
+    names: list[str]
+    encode: Callable[[Any], int]
+
+    def labels(self, chosen: Any, spec: str) -> list[int]:
+        """The class index of each ``chosen`` row; a ``DatasetError`` for an unlabelled row or an unknown class."""
+        labels = [self.encode(value) for value in chosen[self.label_column]]
+        if any(label < 0 for label in labels):
+            raise DatasetError(
+                f"split {self.name!r} of {spec} has unlabelled rows (label < 0): choose a labelled split"
+            )
+        bad = [label for label in labels if label >= len(self.names)]
+        if bad:
+            raise DatasetError(
+                f"label {bad[0]} exceeds the {len(self.names)} class names of column {self.label_column!r}"
+            )
+        return labels
+
+
+def _open_split(spec: str, split: str | None) -> _Split:
+    """Load split ``split`` of ``spec`` (None: the source's choice) and find its columns and class names; a
+    ``DatasetError`` when it is empty."""
+    source = resolve_source(spec)
+    rows, used_split = source.load(spec, split)
+    if hasattr(rows, "keys") and not hasattr(rows, "column_names"):  # a DatasetDict from a custom loader
+        rows, used_split = pick_from_dict(rows, split)
+    columns = list(rows.column_names)
+    image_column = find_image_column(rows.features, columns)
+    label_column = find_label_column(rows.features, columns, exclude=image_column)
+    if len(rows) == 0:
+        raise DatasetError(f"split {used_split!r} of {spec} is empty")
+    names, encode = _label_names_and_encoder(rows, label_column)
+    return _Split(source, rows, used_split, image_column, label_column, names, encode)
+
+
+def _row_indices(
+    spec: str,
+    total: int,
+    samples: int | None,
+    seed: int,
+    *,
+    part: str,
+    sizes: dict[str, int] | None,
+    spare_to_evaluation: bool,
+) -> list[int]:
+    """The rows to load: a seeded subset of ``samples`` rows, or with ``sizes`` those of ``part`` (see
+    :func:`load_eval_dataset`); a ``DatasetError`` when the split leaves ``part`` none."""
+    if sizes is None:
+        return subset_indices(total, samples, seed)
+    asked = {**sizes, "evaluation": total if samples is None else samples}
+    indices = split_indices(total, asked, seed, spare_to_evaluation=spare_to_evaluation)[part]
+    if not indices:
+        wanted = ", ".join(f"{name} {count}" for name, count in sizes.items() if count)
+        raise DatasetError(
+            f"{spec} has {total} image(s), too few to leave any for its {part} part (asked for: {wanted}, the "
+            "evaluation the rest): give more images, or set that part's option to 0 (e.g. --calibration-samples 0)"
+        )
+    return indices
+
+
 def load_eval_dataset(
     spec: str,
     *,
@@ -425,47 +493,16 @@ def load_eval_dataset(
         raise DatasetError(f"samples must be >= 1 (or None for all), not {samples}")
     if part not in PARTS:
         raise DatasetError(f"unknown dataset part {part!r}: choose one of {', '.join(PARTS)}")
-    source = resolve_source(spec)
-    rows, used_split = source.load(spec, split)
-    if hasattr(rows, "keys") and not hasattr(rows, "column_names"):  # a DatasetDict from a custom loader
-        rows, used_split = pick_from_dict(rows, split)
-    columns = list(rows.column_names)
-    image_column = find_image_column(rows.features, columns)
-    label_column = find_label_column(rows.features, columns, exclude=image_column)
-    total = len(rows)
-    if total == 0:
-        raise DatasetError(f"split {used_split!r} of {spec} is empty")
-    names, encode = _label_names_and_encoder(rows, label_column)
-    if sizes is None:
-        indices = subset_indices(total, samples, seed)
-    else:
-        asked = {**sizes, "evaluation": total if samples is None else samples}
-        indices = split_indices(total, asked, seed, spare_to_evaluation=spare_to_evaluation)[part]
-        if not indices:
-            wanted = ", ".join(f"{name} {count}" for name, count in sizes.items() if count)
-            raise DatasetError(
-                f"{spec} has {total} image(s), too few to leave any for its {part} part (asked for: {wanted}, the "
-                "evaluation the rest): give more images, or set that part's option to 0 (e.g. --calibration-samples 0)"
-            )
-    chosen = rows.select_columns([image_column, label_column]).select(indices, keep_in_memory=True)
-    chosen = _undecoded(chosen, image_column)  # decode each image here, so that a broken one can be skipped
-    labels = [encode(value) for value in chosen[label_column]]
-    if any(label < 0 for label in labels):
-        raise DatasetError(f"split {used_split!r} of {spec} has unlabelled rows (label < 0): choose a labelled split")
-    bad = [label for label in labels if label >= len(names)]
-    if bad:
-        raise DatasetError(f"label {bad[0]} exceeds the {len(names)} class names of column {label_column!r}")
-    root = Path(spec).expanduser().resolve() if source.name == "imagefolder" else None
-    images, kept, unreadable = _decode_rows(chosen[image_column], indices, root)
+    data = _open_split(spec, split)
+    total = len(data.rows)
+    indices = _row_indices(spec, total, samples, seed, part=part, sizes=sizes, spare_to_evaluation=spare_to_evaluation)
+    chosen = data.rows.select_columns([data.image_column, data.label_column]).select(indices, keep_in_memory=True)
+    chosen = _undecoded(chosen, data.image_column)  # decode each image here, so that a broken one can be skipped
+    labels = data.labels(chosen, spec)
+    root = Path(spec).expanduser().resolve() if data.source.name == "imagefolder" else None
+    images, kept, unreadable = _decode_rows(chosen[data.image_column], indices, root)
     if unreadable:
-        logger.warning(
-            "left out %d unreadable of %d images of the %s part of %s", len(unreadable), len(indices), part, spec
-        )
-        problem = (
-            None if max_unreadable is None else too_many_unreadable(spec, unreadable, len(indices), max_unreadable)
-        )
-        if problem:
-            raise DatasetError(problem)
+        _check_unreadable(spec, part, unreadable, len(indices), max_unreadable)
         labels = [labels[i] for i in kept]
         indices = [indices[i] for i in kept]
     logger.info(
@@ -473,22 +510,33 @@ def load_eval_dataset(
         len(images),
         total,
         spec,
-        source.name,
-        used_split,
-        image_column,
-        label_column,
-        len(names),
+        data.source.name,
+        data.name,
+        data.image_column,
+        data.label_column,
+        len(data.names),
     )
     return EvalDataset(
         images=images,
         labels=labels,
-        label_names=[str(n) for n in names],
-        source=f"{source.name}:{spec}",
+        label_names=[str(n) for n in data.names],
+        source=f"{data.source.name}:{spec}",
         size_total=total,
-        split=used_split,
+        split=data.name,
         indices=indices,
         unreadable=unreadable,
     )
+
+
+def _check_unreadable(
+    spec: str, part: str, unreadable: list[UnreadableImage], looked_at: int, max_unreadable: float | None
+) -> None:
+    """Warn that the ``unreadable`` images are left out; a ``DatasetError`` when they are more than
+    ``max_unreadable`` of the ``looked_at`` (None: never)."""
+    logger.warning("left out %d unreadable of %d images of the %s part of %s", len(unreadable), looked_at, part, spec)
+    problem = None if max_unreadable is None else too_many_unreadable(spec, unreadable, looked_at, max_unreadable)
+    if problem:
+        raise DatasetError(problem)
 
 
 def _undecoded(rows: Any, column: str) -> Any:

@@ -328,6 +328,46 @@ def _settle_duplicates(
     return merged
 
 
+def _match_by_position(
+    model_names: dict[int, str],
+    dataset_labels: Sequence[str],
+    model_groups: dict[int, list[int]],
+    dataset_duplicates: dict[str, list[int]],
+) -> LabelMatch:
+    """Each dataset class matched to the model class at its position (the two line up, repeated names included)."""
+    result = LabelMatch(
+        mapping={i: i for i in range(len(dataset_labels))},
+        matched_names={str(d): model_names[i] for i, d in enumerate(dataset_labels)},
+        match_kinds={str(d): BY_POSITION for d in dataset_labels},
+        duplicates={label_alternatives(model_names[first])[0]: group for first, group in model_groups.items()},
+        dataset_duplicates=dataset_duplicates,
+        duplicates_matched=BY_POSITION,
+    )
+    logger.info("%s", result.duplicates_note())
+    return result
+
+
+def _no_match_error(model_names: dict[int, str], dataset_labels: Sequence[str]) -> LabelMatchError:
+    """The error when no dataset class matches a model class, with a hint when the model's labels are generic."""
+    hint = ""
+    if all(_GENERIC_LABEL.match(n) for n in model_names.values()):
+        hint = " (the model's labels are generic LABEL_n: its config carries no class names)"
+    return LabelMatchError(
+        f"no dataset class ({preview(dataset_labels, 5, quote=True)}) matches a model class "
+        f"({preview(list(model_names.values()), 5, quote=True)}){hint}: use a dataset of the model's classes"
+    )
+
+
+def _warn_unmatched(unmatched: list[str], total: int) -> None:
+    """Warn that the ``unmatched`` dataset classes (of ``total``) are left out."""
+    logger.warning(
+        "%d/%d dataset classes match no model class and are left out: %s",
+        len(unmatched),
+        total,
+        preview(unmatched, 5, quote=True),
+    )
+
+
 def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_labels: Sequence[str]) -> LabelMatch:
     """Match dataset class names to model classes (rules in the module docstring).
 
@@ -349,16 +389,7 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
         label_alternatives(str(dataset_labels[first]))[0]: group for first, group in dataset_groups.items()
     }
     if (model_groups or dataset_groups) and _lines_up(model_names, dataset_labels):
-        result = LabelMatch(
-            mapping={i: i for i in range(len(dataset_labels))},
-            matched_names={str(d): model_names[i] for i, d in enumerate(dataset_labels)},
-            match_kinds={str(d): BY_POSITION for d in dataset_labels},
-            duplicates={label_alternatives(model_names[first])[0]: group for first, group in model_groups.items()},
-            dataset_duplicates=dataset_duplicates,
-            duplicates_matched=BY_POSITION,
-        )
-        logger.info("%s", result.duplicates_note())
-        return result
+        return _match_by_position(model_names, dataset_labels, model_groups, dataset_duplicates)
     models = {m_index: _Name.of(name) for m_index, name in model_names.items()}
     repeats = {index: first for first, group in dataset_groups.items() for index in group[1:]}
     found = _match_by_tiers(models, [_Name.of(str(n)) for n in dataset_labels], set(repeats))
@@ -371,13 +402,7 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
             ambiguous[d_index] = ambiguous[first]
 
     if not mapping:
-        hint = ""
-        if all(_GENERIC_LABEL.match(n) for n in model_names.values()):
-            hint = " (the model's labels are generic LABEL_n: its config carries no class names)"
-        raise LabelMatchError(
-            f"no dataset class ({preview(dataset_labels, 5, quote=True)}) matches a model class "
-            f"({preview(list(model_names.values()), 5, quote=True)}){hint}: use a dataset of the model's classes"
-        )
+        raise _no_match_error(model_names, dataset_labels)
     result = LabelMatch(
         mapping=dict(sorted(mapping.items())),
         unmatched=[str(n) for i, n in enumerate(dataset_labels) if i not in mapping],
@@ -392,12 +417,7 @@ def match_labels(model_id2label: Mapping[int, str] | Mapping[str, str], dataset_
     if merged or dataset_duplicates:
         logger.info("%s", result.duplicates_note())
     if result.unmatched:
-        logger.warning(
-            "%d/%d dataset classes match no model class and are left out: %s",
-            len(result.unmatched),
-            len(dataset_labels),
-            preview(result.unmatched, 5, quote=True),
-        )
+        _warn_unmatched(result.unmatched, len(dataset_labels))
     loose = {d: k for d, k in result.match_kinds.items() if k != "exact"}
     if loose:
         logger.info("label matches beyond exact names: %s", {d: result.matched_names[d] for d in loose})
@@ -458,10 +478,5 @@ def _match_wordnet_ids(model_names: dict[int, str], labels: list[str]) -> LabelM
         )
     logger.info("%s", result.wordnet_ids)
     if result.unmatched and placed is not None:
-        logger.warning(
-            "%d/%d dataset classes match no model class and are left out: %s",
-            len(result.unmatched),
-            len(labels),
-            preview(result.unmatched, 5, quote=True),
-        )
+        _warn_unmatched(result.unmatched, len(labels))
     return result

@@ -51,14 +51,13 @@ def float_runtime_for(macs: int | None, images: int, device: str = "cpu", groupe
     """``openvino`` where a float evaluation of ``images`` images of a ``macs``-MAC model on the CPU would take PyTorch
     more than :data:`TWIN_AFTER_SECONDS` (estimated; the ``grouped_conv_macs`` among them at
     :data:`GROUPED_CONV_COST`) and OpenVINO is installed, else ``torch``."""
-    import importlib.util
-
     from tools.compression.sensitivity import SENSITIVITY_MACS_PER_SECOND
+    from tools.deploy.registry import FLOAT, FLOAT_TWIN, available
 
-    if device != "cpu" or not macs or importlib.util.find_spec("openvino") is None:
-        return "torch"
+    if device != "cpu" or not macs or not available(FLOAT_TWIN):
+        return FLOAT
     macs += round((GROUPED_CONV_COST - 1.0) * grouped_conv_macs)
-    return "openvino" if images * macs / SENSITIVITY_MACS_PER_SECOND > TWIN_AFTER_SECONDS else "torch"
+    return FLOAT_TWIN if images * macs / SENSITIVITY_MACS_PER_SECOND > TWIN_AFTER_SECONDS else FLOAT
 
 
 class _Twin:

@@ -54,6 +54,7 @@ __all__ = [
     "endpoint_of",
     "extract_json_candidates",
     "find_object",
+    "find_unwrapped",
     "invoke_structured",
     "norm_key",
     "normalize_generic",
@@ -241,11 +242,17 @@ def find_object(data: Any, known: set[str], depth: int = 3) -> Any:
     return None
 
 
+def find_unwrapped(data: Any, known: set[str], what: str, notes: list[str]) -> Any:
+    """:func:`find_object`, noting ``unwrapped the <what> from an enclosing object`` where it was nested."""
+    found = find_object(data, known)
+    if found is not None and found is not data:
+        notes.append(f"unwrapped the {what} from an enclosing object")
+    return found
+
+
 def normalize_generic(data: Any, schema: type[BaseModel], notes: list[str]) -> Any:
     """The default :data:`Normalizer`: ``data``, or the nested object that has ``schema``'s fields."""
-    found = find_object(data, set(schema.model_fields))
-    if found is not None and found is not data:
-        notes.append("unwrapped the answer from an enclosing object")
+    found = find_unwrapped(data, set(schema.model_fields), "answer", notes)
     return found if found is not None else data
 
 
@@ -406,16 +413,43 @@ def invoke_structured(
         prompt=prompt,
         estimated_prompt_tokens=estimate_prompt_tokens(prompt),
     )
-    key = endpoint_of(chat)
     memory = memory if memory is not None else ResponseFormatMemory()
+    modes = _format_modes(chat, response_format, memory, exchange)
+    lc_messages = _to_messages(prompt)
+    started = time.perf_counter()
+    message = _invoke_in_formats(chat, lc_messages, schema, modes, memory, exchange)
+    exchange.latency_s = float(f"{time.perf_counter() - started:.4f}")
+    if message is None:
+        if exchange.failure is None:  # pragma: no cover - defensive
+            exchange.failure = "error"
+        return None, exchange
+    return _parse_answer(message, schema, normalize, exchange), exchange
+
+
+def _format_modes(
+    chat: BaseChatModel, response_format: ResponseFormatMode, memory: ResponseFormatMemory, exchange: LLMExchange
+) -> list[ResponseFormatMode]:
+    """The response formats to ask with, in order: from the one ``memory`` learned for the endpoint (noted on
+    ``exchange`` when not ``json_schema``), or none where the client cannot send one."""
     modes: list[ResponseFormatMode] = (
-        memory.start(key, response_format) if _supports_response_format(chat) else ["none"]
+        memory.start(endpoint_of(chat), response_format) if _supports_response_format(chat) else ["none"]
     )
     if response_format == "auto" and modes[0] != "json_schema":
         exchange.notes.append(f"response_format={modes[0]}, learned earlier for this endpoint")
-    lc_messages = _to_messages(prompt)
-    started = time.perf_counter()
-    message: Any = None
+    return modes
+
+
+def _invoke_in_formats(
+    chat: BaseChatModel,
+    lc_messages: list[BaseMessage],
+    schema: type[BaseModel],
+    modes: list[ResponseFormatMode],
+    memory: ResponseFormatMemory,
+    exchange: LLMExchange,
+) -> Any:
+    """The server's message, asked with each of ``modes`` in turn while the server refuses the format (each refusal
+    noted, and learned into ``memory``); None where the request failed otherwise (``exchange`` says how)."""
+    key = endpoint_of(chat)
     unconfirmed: str | None = None  # a plain 400/422 refusal, remembered once the next format is answered
     for i, mode in enumerate(modes):
         exchange.response_format = mode
@@ -428,33 +462,46 @@ def invoke_structured(
             named = failure == "http" and refuses_format(status, text)
             if (named or (failure == "http" and status in (400, 422))) and i + 1 < len(modes):
                 following = modes[i + 1]
-                exchange.refused_formats.append(mode)
-                reason = (
-                    f"the server refused response_format={mode} (HTTP {status}: {shorten(str(exc), 160)}); "
-                    f"asked again with response_format={following}"
-                )
-                exchange.notes.append(reason)
-                logger.warning("LLM %s: %s", purpose, reason)
-                if named:
-                    if memory.learn(key, following, reason):
-                        exchange.notes.append(f"response_format={following} is used for this endpoint from now on")
-                else:
+                reason = _note_refusal(exchange, exc, mode, following, status)
+                if not named:
                     unconfirmed = reason
+                elif memory.learn(key, following, reason):
+                    exchange.notes.append(f"response_format={following} is used for this endpoint from now on")
                 continue
             exchange.failure, exchange.http_status = failure, status
             exchange.errors.append(
                 f"{failure} error from {exchange.model}: {type(exc).__name__}: {shorten(str(exc), 240)}"
             )
-            logger.warning("LLM %s request failed: %s", purpose, exchange.errors[-1])
-            break
+            logger.warning("LLM %s request failed: %s", exchange.purpose, exchange.errors[-1])
+            return None
         if unconfirmed is not None and memory.learn(key, mode, unconfirmed):
             exchange.notes.append(f"response_format={mode} is used for this endpoint from now on")
-        break
-    exchange.latency_s = float(f"{time.perf_counter() - started:.4f}")
-    if message is None:
-        if exchange.failure is None:  # pragma: no cover - defensive
-            exchange.failure = "error"
-        return None, exchange
+        return message
+    return None
+
+
+def _note_refusal(
+    exchange: LLMExchange,
+    exc: Exception,
+    mode: ResponseFormatMode,
+    following: ResponseFormatMode,
+    status: int | None,
+) -> str:
+    """Record on ``exchange`` (and in the log) that the server refused ``mode`` and ``following`` is asked next; the
+    reason noted."""
+    exchange.refused_formats.append(mode)
+    reason = (
+        f"the server refused response_format={mode} (HTTP {status}: {shorten(str(exc), 160)}); "
+        f"asked again with response_format={following}"
+    )
+    exchange.notes.append(reason)
+    logger.warning("LLM %s: %s", exchange.purpose, reason)
+    return reason
+
+
+def _parse_answer(message: Any, schema: type[T], normalize: Normalizer | None, exchange: LLMExchange) -> T | None:
+    """``schema`` parsed from the server's ``message`` (None where it does not parse); the answer, what was parsed and
+    what went wrong recorded on ``exchange``."""
     exchange.raw_response = str(getattr(message, "text", "") or "")
     exchange.token_usage = _usage(message)
     value, parsed, errors, notes = parse_structured(exchange.raw_response, schema, normalize)
@@ -463,8 +510,8 @@ def invoke_structured(
     if value is None:
         exchange.errors.extend(errors)
         exchange.failure = "parse" if parsed is None else "schema"
-        logger.info("LLM %s answer did not parse as %s: %s", purpose, schema.__name__, "; ".join(errors[:3]))
-        return None, exchange
+        logger.info("LLM %s answer did not parse as %s: %s", exchange.purpose, schema.__name__, "; ".join(errors[:3]))
+        return None
     exchange.parsed = value.model_dump(mode="json")
     exchange.ok = True
-    return value, exchange
+    return value

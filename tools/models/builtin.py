@@ -27,27 +27,22 @@ def _builtin_configs() -> dict[str, Callable[[], Any]]:
     def labels() -> dict[str, Any]:
         return {"num_labels": 1000}
 
+    def base_16(architecture: str) -> dict[str, Any]:
+        """The ViT-B/16 shape at 224 px (which DeiT-B/16 shares) for ``architecture``, with the labels."""
+        return {
+            "architectures": [architecture],
+            "image_size": 224,
+            "patch_size": 16,
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            **labels(),
+        }
+
     return {
-        "vit-b16": lambda: ViTConfig(
-            architectures=["ViTForImageClassification"],
-            image_size=224,
-            patch_size=16,
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
-            **labels(),
-        ),
-        "deit-b16": lambda: DeiTConfig(
-            architectures=["DeiTForImageClassification"],
-            image_size=224,
-            patch_size=16,
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
-            **labels(),
-        ),
+        "vit-b16": lambda: ViTConfig(**base_16("ViTForImageClassification")),
+        "deit-b16": lambda: DeiTConfig(**base_16("DeiTForImageClassification")),
         "swin-b": lambda: SwinConfig(
             architectures=["SwinForImageClassification"],
             image_size=224,

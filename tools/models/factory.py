@@ -188,13 +188,20 @@ def build_factory_model(spec: FactorySpec, *, search_dirs: Sequence[str] = ()) -
     if spec.labels and len(spec.labels) != outputs:
         raise ModelLoadError(f"{len(spec.labels)} labels given but {spec.factory}() has {outputs} outputs")
     labels = spec.labels or [f"class_{i}" for i in range(outputs)]
+    return _factory_model(model, spec, labels, pre, untrained=spec.weights is None)
+
+
+def _factory_model(
+    model: nn.Module, spec: FactorySpec, labels: Sequence[str], pre: Preprocessing, *, untrained: bool
+) -> FactoryModel:
+    """The :class:`FactoryModel` of ``model``, built by ``spec``'s factory, with these class names and preprocessing."""
     return FactoryModel(
         model=model,
         processor=None,
         family=family_of(model),
         source=SOURCE,
         spec=spec.factory,
-        untrained=spec.weights is None,
+        untrained=untrained,
         id2label=dict(enumerate(labels)),
         preprocessing=pre.model_dump(mode="json"),
         factory_spec=spec,
@@ -295,14 +302,4 @@ def load_factory_original(out_dir: str | os.PathLike[str]) -> FactoryModel:
             f"missing {preview(sorted(missing))}; unexpected {preview(sorted(unexpected))}"
         )
     model.eval()
-    return FactoryModel(
-        model=model,
-        processor=None,
-        family=family_of(model),
-        source=SOURCE,
-        spec=spec.factory,
-        untrained=artifact.untrained,
-        id2label=dict(enumerate(spec.labels)),
-        preprocessing=spec.preprocessing().model_dump(mode="json"),
-        factory_spec=spec,
-    )
+    return _factory_model(model, spec, spec.labels, spec.preprocessing(), untrained=artifact.untrained)

@@ -214,41 +214,21 @@ class FactorySpec(Preprocessing):
             raise ModelLoadError(f"--model {factory!r} is not a factory: write module.path:callable")
         mean_values = None if mean is None else parse_floats(mean, "mean")
         std_values = None if std is None else parse_floats(std, "std")
+        n_channels, channels_source = _channel_count(channels, mean_values, std_values)
         sources = {
             "image_size": DEFAULT_SOURCE if image_size is None else "--image-size",
             "mean": DEFAULT_SOURCE if mean is None else "--mean",
             "std": DEFAULT_SOURCE if std is None else "--std",
-            "channels": "--channels",
+            "channels": channels_source,
             "crop": DEFAULT_SOURCE if crop is None else "--crop",
         }
-        if channels is None:
-            counts = [(len(v), n) for v, n in ((mean_values, "--mean"), (std_values, "--std")) if v and len(v) > 1]
-            n_channels = counts[0][0] if counts else 3
-            sources["channels"] = f"{counts[0][1]} ({counts[0][0]} values)" if counts else DEFAULT_SOURCE
-        else:
-            try:
-                n_channels = int(channels)
-            except (TypeError, ValueError):
-                raise ModelLoadError(f"--channels {channels!r}: give 1 (greyscale) or 3 (RGB)") from None
         if mean_values is None:
             mean_values = list(IMAGENET_MEAN) if n_channels == 3 else [0.5]
         if std_values is None:
             std_values = list(IMAGENET_STD) if n_channels == 3 else [0.5]
-        weights_path: str | None = None
-        if weights is not None:
-            path = Path(weights).expanduser()
-            if not path.is_file():
-                what = "is a directory, not a file" if path.is_dir() else f"no such file ({path.resolve()})"
-                raise ModelLoadError(
-                    f"--weights {str(weights)!r}: {what}; pass the model's state dict file, "
-                    "or leave --weights out to run the model untrained"
-                )
-            weights_path = str(path.resolve())
+        weights_path = _weights_file(weights)
         size = DEFAULT_IMAGE_SIZE if image_size is None else parse_image_size(image_size)
-        crop_values = None if crop is None else parse_floats(crop, "crop")
-        if crop_values is not None and (len(crop_values) != 1 or not 0 < crop_values[0] <= 1):
-            raise ModelLoadError(f"--crop {crop!r}: give one number in (0, 1], e.g. 0.875 (224 of 256)")
-        crop_value = None if crop_values is None else crop_values[0]
+        crop_value = _crop_fraction(crop)
         try:
             return cls(
                 factory=factory.strip(),
@@ -313,6 +293,40 @@ class FactorySpec(Preprocessing):
         return Preprocessing(
             image_size=self.image_size, channels=self.channels, mean=self.mean, std=self.std, crop=self.crop
         )
+
+
+def _channel_count(channels: int | str | None, mean: list[float] | None, std: list[float] | None) -> tuple[int, str]:
+    """The number of channels and where it came from: ``--channels``; else the number of ``mean`` (then ``std``)
+    values when more than one; else 3, a default."""
+    if channels is None:
+        counts = [(len(v), n) for v, n in ((mean, "--mean"), (std, "--std")) if v and len(v) > 1]
+        return (counts[0][0], f"{counts[0][1]} ({counts[0][0]} values)") if counts else (3, DEFAULT_SOURCE)
+    try:
+        return int(channels), "--channels"
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"--channels {channels!r}: give 1 (greyscale) or 3 (RGB)") from None
+
+
+def _weights_file(weights: str | os.PathLike[str] | None) -> str | None:
+    """``--weights`` as an absolute path (``ModelLoadError`` when it is not a file); None: none given (untrained)."""
+    if weights is None:
+        return None
+    path = Path(weights).expanduser()
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else f"no such file ({path.resolve()})"
+        raise ModelLoadError(
+            f"--weights {str(weights)!r}: {what}; pass the model's state dict file, "
+            "or leave --weights out to run the model untrained"
+        )
+    return str(path.resolve())
+
+
+def _crop_fraction(crop: str | float | None) -> float | None:
+    """``--crop`` as one number in (0, 1] (``ModelLoadError`` otherwise); None: none given (no crop)."""
+    crop_values = None if crop is None else parse_floats(crop, "crop")
+    if crop_values is not None and (len(crop_values) != 1 or not 0 < crop_values[0] <= 1):
+        raise ModelLoadError(f"--crop {crop!r}: give one number in (0, 1], e.g. 0.875 (224 of 256)")
+    return None if crop_values is None else crop_values[0]
 
 
 def validation_message(exc: ValidationError) -> str:

@@ -18,6 +18,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,49 +58,59 @@ def module_latencies(
     missing = [n for n in names if n not in by_name]
     if missing:
         raise KeyError(f"no such modules: {missing[:5]}")
-    device = example_inputs.device
-    totals: dict[str, float] = dict.fromkeys(names, 0.0)  # the pass being timed
+    timer = _HookTimer(example_inputs.device, dict.fromkeys(names, 0.0))
     passes: dict[str, list[float]] = {name: [] for name in names}
-    starts: dict[str, list[float]] = defaultdict(list)
-    recording = [False]
-
-    def pre(name: str) -> Callable[..., None]:
-        def f(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if recording[0]:
-                sync(device)
-                starts[name].append(time.perf_counter())
-
-        return f
-
-    def post(name: str) -> Callable[..., None]:
-        def f(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if recording[0] and starts[name]:
-                sync(device)
-                totals[name] += time.perf_counter() - starts[name].pop()
-
-        return f
-
     handles: list[torch.utils.hooks.RemovableHandle] = []
     with clean_model(model), torch.no_grad():
         try:
             for name in names:
                 module = by_name[name]
-                handles.append(module.register_forward_pre_hook(pre(name)))
-                handles.append(module.register_forward_hook(post(name), always_call=True))
+                handles.append(module.register_forward_pre_hook(timer.pre(name)))
+                handles.append(module.register_forward_hook(timer.post(name), always_call=True))
             for _ in range(max(0, warmup)):
                 forward(model, example_inputs)
-            recording[0] = True
+            timer.recording = True
             for _ in range(max(1, iters)):
-                totals.update(dict.fromkeys(names, 0.0))
+                timer.totals.update(dict.fromkeys(names, 0.0))
                 forward(model, example_inputs)
-                sync(device)
-                for name, total in totals.items():
+                sync(timer.device)
+                for name, total in timer.totals.items():
                     passes[name].append(total)
         finally:
-            recording[0] = False
+            timer.recording = False
             for handle in handles:
                 handle.remove()
     return {name: statistics.median(times) for name, times in passes.items()}
+
+
+@dataclass
+class _HookTimer:
+    """Forward pre/post hooks that add each module's time to ``totals`` while ``recording`` (the pass being timed)."""
+
+    device: torch.device
+    totals: dict[str, float]
+    starts: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    recording: bool = False
+
+    def pre(self, name: str) -> Callable[..., None]:
+        """A forward pre-hook that notes when ``name`` starts."""
+
+        def f(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if self.recording:
+                sync(self.device)
+                self.starts[name].append(time.perf_counter())
+
+        return f
+
+    def post(self, name: str) -> Callable[..., None]:
+        """A forward hook that adds the time since ``name`` started to its total."""
+
+        def f(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if self.recording and self.starts[name]:
+                sync(self.device)
+                self.totals[name] += time.perf_counter() - self.starts[name].pop()
+
+        return f
 
 
 def model_latency(model: nn.Module, example_inputs: torch.Tensor, *, warmup: int, iters: int) -> float:

@@ -17,6 +17,7 @@ import logging
 import re
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from tqdm import tqdm
 
 from tools.profiling.dynamic import model_latency, operator_profile, self_latencies
 from tools.profiling.static import StaticDetails, static_details
-from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile
+from tools.schemas import LayerGroupProfile, LayerProfile, ModelProfile, OperatorProfile
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,54 @@ def _grouped_conv_macs(model: nn.Module, details: StaticDetails) -> int:
     )
 
 
+@dataclass
+class _Stages:
+    """What the profiling stages measured, and each stage's seconds (static, layers, latency, operators)."""
+
+    details: StaticDetails
+    names: list[str]
+    latencies: dict[str, float]
+    latency_s: float
+    operators: list[OperatorProfile]
+    peak_mb: float
+    seconds: tuple[float, float, float, float]
+
+
+def _measure_stages(
+    model: nn.Module,
+    x: torch.Tensor,
+    input_shape: tuple[int, ...],
+    *,
+    warmup: int,
+    iters: int,
+    trace_path: Path | None,
+    progress: bool,
+) -> _Stages:
+    """The four stages on the batch-1 input ``x``, under a progress bar: counts, layer and model latency, operators."""
+    started = time.perf_counter()
+    bar = tqdm(total=4, desc="profile", unit="stage", disable=not progress, leave=False)
+    bar.set_postfix_str("MACs and parameters (ptflops)")
+    details = static_details(model, input_shape)
+    names = details.layer_names()
+    t_static = time.perf_counter()
+    bar.update()
+    bar.set_postfix_str("per-layer latency (hooks)")
+    latencies = self_latencies(model, x, names, set(details.atomic), warmup=warmup, iters=iters)
+    t_layers = time.perf_counter()
+    bar.update()
+    bar.set_postfix_str("model latency")
+    latency_s = model_latency(model, x, warmup=0, iters=iters)
+    t_latency = time.perf_counter()
+    bar.update()
+    bar.set_postfix_str("operators (torch.profiler)")
+    operators, peak_mb = operator_profile(model, x, iters=min(iters, 3), trace_path=trace_path, warmup=0)
+    bar.update()
+    bar.close()
+    t_ops = time.perf_counter()
+    seconds = (t_static - started, t_layers - t_static, t_latency - t_layers, t_ops - t_latency)
+    return _Stages(details, names, latencies, latency_s, operators, peak_mb, seconds)
+
+
 def profile_model(
     model: nn.Module,
     example_inputs: torch.Tensor,
@@ -153,29 +202,11 @@ def profile_model(
     """
     x = example_inputs[:1]
     input_shape = tuple(int(s) for s in x.shape[1:])
-    started = time.perf_counter()
-
-    bar = tqdm(total=4, desc="profile", unit="stage", disable=not progress, leave=False)
-    bar.set_postfix_str("MACs and parameters (ptflops)")
-    details = static_details(model, input_shape)
-    names = details.layer_names()
-    t_static = time.perf_counter()
-    bar.update()
-    bar.set_postfix_str("per-layer latency (hooks)")
-    latencies = self_latencies(model, x, names, set(details.atomic), warmup=warmup, iters=iters)
-    t_layers = time.perf_counter()
-    bar.update()
-    bar.set_postfix_str("model latency")
-    latency_s = model_latency(model, x, warmup=0, iters=iters)
-    t_latency = time.perf_counter()
-    bar.update()
-    bar.set_postfix_str("operators (torch.profiler)")
-    operators, peak_mb = operator_profile(model, x, iters=min(iters, 3), trace_path=trace_path, warmup=0)
-    bar.update()
-    bar.close()
-    t_ops = time.perf_counter()
-
-    layers = _layer_profiles(details, names, latencies)
+    stages = _measure_stages(
+        model, x, input_shape, warmup=warmup, iters=iters, trace_path=trace_path, progress=progress
+    )
+    details = stages.details
+    layers = _layer_profiles(details, stages.names, stages.latencies)
     logger.info(
         "profiled %s: %d layers, %.3g MACs, %d params, %.4f s/forward "
         "(static %.1fs, layers %.1fs, latency %.1fs, operators %.1fs)",
@@ -183,11 +214,8 @@ def profile_model(
         len(layers),
         details.total_macs,
         details.total_params,
-        latency_s,
-        t_static - started,
-        t_layers - t_static,
-        t_latency - t_layers,
-        t_ops - t_latency,
+        stages.latency_s,
+        *stages.seconds,
     )
     return ModelProfile(
         model_class=type(model).__name__,
@@ -198,11 +226,11 @@ def profile_model(
         total_macs=details.total_macs,
         grouped_conv_macs=_grouped_conv_macs(model, details),
         attention=attention,
-        latency_s=latency_s,
-        peak_memory_mb=peak_mb,
+        latency_s=stages.latency_s,
+        peak_memory_mb=stages.peak_mb,
         layers=layers,
         groups=group_layers(layers),
-        operators=operators,
+        operators=stages.operators,
         trace_path=str(trace_path) if trace_path is not None else None,
         uncounted_macs=details.uncounted,
     )

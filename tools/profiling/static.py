@@ -166,20 +166,42 @@ class StaticDetails:
         return [n for n in self.types if n in atomic or self.params.get(n, 0) or self.macs.get(n, 0)]
 
 
-def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDetails:
-    """One hooked ptflops pass at batch size 1: MACs per owner module, params, output shapes (model left unchanged)."""
-    from ptflops import get_model_complexity_info
+@dataclass
+class _ModuleTrace:
+    """What forward hooks on every module see: the stack of owners being run and each module's first output shape."""
 
+    owners: Mapping[str, str]
+    stack: list[str] = field(default_factory=list)
+    output_shapes: dict[str, list[int]] = field(default_factory=dict)
+
+    def pre(self, name: str) -> Callable[..., None]:
+        """A forward pre-hook that pushes ``name``'s owner on the stack."""
+
+        def f(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self.stack.append(self.owners.get(name, name))
+
+        return f
+
+    def post(self, name: str) -> Callable[..., None]:
+        """A forward hook that pops the stack and records ``name``'s first output shape."""
+
+        def f(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if self.stack:
+                self.stack.pop()
+            out = first_tensor(output)
+            if out is not None and name not in self.output_shapes:
+                self.output_shapes[name] = list(out.shape)
+
+        return f
+
+
+def _recording_hooks(
+    model: nn.Module, atomic: Mapping[str, nn.Module], per_module: dict[str, int]
+) -> tuple[dict[type, Callable[..., Any]], set[str]]:
+    """A hook for every atomic module type: ptflops' own (found via the MRO, so subclasses of nn.Linear etc. count
+    too), wrapped to record each module's MACs in ``per_module``; and the names of the atomic modules hooked."""
     mapping = ptflops_mapping()
-    atomic = atomic_modules(model)
-    owners = owner_map(model, atomic)
-    params, total_params = own_params(model, atomic, owners)
     names_by_id = {id(m): n for n, m in model.named_modules()}
-    types = {n: type(m).__name__ for n, m in model.named_modules()}
-
-    # Custom hooks for every atomic module type: ptflops' own hook (found via the MRO, so
-    # subclasses of nn.Linear etc. count too) wrapped to record each module's MACs.
-    per_module: dict[str, int] = {}
     hooked: set[str] = set()
     custom_hooks: dict[type, Callable[..., Any]] = {}
 
@@ -199,6 +221,18 @@ def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDeta
         hooked.add(name)
         if type(module) not in custom_hooks:
             custom_hooks[type(module)] = wrap(hook)
+    return custom_hooks, hooked
+
+
+def _ptflops_macs(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    custom_hooks: dict[type, Callable[..., Any]],
+    counter: _AttentionMacCounter,
+    trace: _ModuleTrace,
+) -> int | None:
+    """ptflops' MAC count of one traced forward pass with ``counter`` running (None, with a warning, when it fails)."""
+    from ptflops import get_model_complexity_info
 
     device, dtype = model_device_dtype(model)
 
@@ -207,35 +241,14 @@ def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDeta
         numel = math.prod(res)
         return torch.linspace(-1.0, 1.0, numel, dtype=dtype, device=device).reshape(1, *res)
 
-    # Module stack for the attention counter, and output shapes.
-    stack: list[str] = []
-    output_shapes: dict[str, list[int]] = {}
     handles: list[torch.utils.hooks.RemovableHandle] = []
-
-    def pre(name: str) -> Callable[..., None]:
-        def f(module: nn.Module, args: tuple[Any, ...]) -> None:
-            stack.append(owners.get(name, name))
-
-        return f
-
-    def post(name: str) -> Callable[..., None]:
-        def f(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if stack:
-                stack.pop()
-            out = first_tensor(output)
-            if out is not None and name not in output_shapes:
-                output_shapes[name] = list(out.shape)
-
-        return f
-
-    counter = _AttentionMacCounter(stack, skip=hooked)
     captured = io.StringIO()
     ptflops_macs: int | None = None
     with clean_model(model):
         try:
             for name, module in model.named_modules():
-                handles.append(module.register_forward_pre_hook(pre(name)))
-                handles.append(module.register_forward_hook(post(name), always_call=True))
+                handles.append(module.register_forward_pre_hook(trace.pre(name)))
+                handles.append(module.register_forward_hook(trace.post(name), always_call=True))
             with (
                 torch.no_grad(),
                 counter,
@@ -264,6 +277,20 @@ def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDeta
         logger.warning("ptflops could not count %s; MACs are 0. Output: %s", type(model).__name__, text[-2000:])
     elif text:
         logger.debug("ptflops output: %s", text[-2000:])
+    return ptflops_macs
+
+
+def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDetails:
+    """One hooked ptflops pass at batch size 1: MACs per owner module, params, output shapes (model left unchanged)."""
+    atomic = atomic_modules(model)
+    owners = owner_map(model, atomic)
+    params, total_params = own_params(model, atomic, owners)
+    types = {n: type(m).__name__ for n, m in model.named_modules()}
+    per_module: dict[str, int] = {}
+    custom_hooks, hooked = _recording_hooks(model, atomic, per_module)
+    trace = _ModuleTrace(owners)  # the module stack for the attention counter, and output shapes
+    counter = _AttentionMacCounter(trace.stack, skip=hooked)
+    ptflops_macs = _ptflops_macs(model, input_shape, custom_hooks, counter, trace)
 
     macs: dict[str, int] = defaultdict(int)
     for name, value in per_module.items():
@@ -279,7 +306,7 @@ def static_details(model: nn.Module, input_shape: tuple[int, ...]) -> StaticDeta
         total_params=total_params,
         macs=dict(macs),
         params=params,
-        output_shapes=output_shapes,
+        output_shapes=trace.output_shapes,
         atomic=list(atomic),
         types=types,
     )

@@ -14,6 +14,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from tools.deploy.registry import BENCH_BASELINES, DEPLOYMENTS, FLOAT
 from tools.reporting.format import accuracy_pct, millions, millis, percent_less, signed_points, times
 from tools.reporting.paired_text import change_ci
 from tools.store.files import atomic_write_json, atomic_write_text
@@ -165,8 +166,22 @@ def table1_matched(model: str, rows: list[Row]) -> Table:
     return header, body
 
 
-#: The FP32 row of each runtime: the reference that separates the runtime's gain from the precision's.
-FP32_ROWS: dict[str, str] = {"pytorch": "original", "onnxruntime": "onnxruntime-fp32", "openvino": "openvino-fp32"}
+#: The runtime and precision of a row that names none: the float model's (PyTorch FP32).
+_FLOAT_RUNTIME, _FLOAT_PRECISION = DEPLOYMENTS[FLOAT].runtime, DEPLOYMENTS[FLOAT].precision
+#: The runtime of each of the bench's baselines.
+_BASELINE_RUNTIMES: dict[str, str] = {method: DEPLOYMENTS[name].runtime for method, name in BENCH_BASELINES.items()}
+#: The FP32 row of each runtime: the reference that separates the runtime's gain from the precision's (the original
+#: for PyTorch; for another runtime, the baseline deployed as its runtime's float reference).
+FP32_ROWS: dict[str, str] = {
+    _FLOAT_RUNTIME: "original",
+    **{
+        _BASELINE_RUNTIMES[method]: method
+        for method, name in BENCH_BASELINES.items()
+        if DEPLOYMENTS[name].float_reference == name
+    },
+}
+#: The paper's baseline (ONNX Runtime's dynamic int8 of the original) and OpenVINO's int8: table 3's speed gains.
+_PAPER_BASELINE, _OPENVINO_INT8 = "onnxruntime-quant", "openvino-int8-quant"
 
 
 def speedup_factors(row: Row, methods: dict[str, Row]) -> dict[str, float | None]:
@@ -178,7 +193,7 @@ def speedup_factors(row: Row, methods: dict[str, Row]) -> dict[str, float | None
     A factor whose reference row is missing is None. All latencies come from the one interleaved timing run.
     """
     base = methods["original"]
-    fp32 = methods.get(FP32_ROWS.get(row.get("runtime") or "pytorch", "original"))
+    fp32 = methods.get(FP32_ROWS.get(row.get("runtime") or _FLOAT_RUNTIME, "original"))
     unpruned = methods.get("agent-quant") if row["method"] == "agent-prune+quant" else row
 
     def ratio(before: Row | None, after: Row | None) -> float | None:
@@ -198,11 +213,30 @@ def _factor(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _table3_methods() -> list[str]:
+    """Table 3's rows in order: each runtime's FP32 baseline, the agent's quantized original, the other baselines
+    runtime by runtime, the agent's quantized pruned model."""
+    fp32 = set(FP32_ROWS.values())
+    runtimes = list(dict.fromkeys(_BASELINE_RUNTIMES.values()))
+    quantized = sorted(
+        (m for m in BENCH_BASELINES if m not in fp32), key=lambda m: runtimes.index(_BASELINE_RUNTIMES[m])
+    )
+    return [*(m for m in BENCH_BASELINES if m in fp32), "agent-quant", *quantized, "agent-prune+quant"]
+
+
+def _table3_note(name: str, row: Row) -> str:
+    """Where the agent deployed the original as the paper's baseline does: what still tells them apart."""
+    same_runtime = row.get("runtime") == _BASELINE_RUNTIMES[_PAPER_BASELINE]
+    if name == "agent-quant" and same_runtime and "dynamic" in str(row.get("precision")):
+        return f"same export and quantize_dynamic as {_PAPER_BASELINE}; sessions with a fixed batch"
+    return ""
+
+
 def table3(model: str, rows: list[Row]) -> Table:
     """Quantization and runtimes: the agent's (of the original, and of its pruned model) vs ONNX Runtime's and
     OpenVINO's, each speed-up split into runtime x precision x pruning."""
     methods = _by_method(rows)
-    base, ort, ov = methods["original"], methods.get("onnxruntime-quant"), methods.get("openvino-int8-quant")
+    base, ort, ov = methods["original"], methods.get(_PAPER_BASELINE), methods.get(_OPENVINO_INT8)
     header = [
         "model",
         "method",
@@ -220,29 +254,18 @@ def table3(model: str, rows: list[Row]) -> Table:
         "note",
     ]
     body = []
-    for name in (
-        "onnxruntime-fp32",
-        "openvino-fp32",
-        "agent-quant",
-        "onnxruntime-quant",
-        "onnxruntime-static-quant",
-        "openvino-int8-quant",
-        "agent-prune+quant",
-    ):
+    for name in _table3_methods():
         r = methods.get(name)
         if r is None:
             continue
         gain = times(ort["latency_s"], r["latency_s"]) if ort and r["latency_s"] else "-"
         gain_ov = times(ov["latency_s"], r["latency_s"]) if ov and r["latency_s"] else "-"
         factors = speedup_factors(r, methods)
-        note = ""
-        if name == "agent-quant" and r.get("runtime") == "onnxruntime" and "dynamic" in str(r.get("precision")):
-            note = "same export and quantize_dynamic as onnxruntime-quant; sessions with a fixed batch"
         body.append(
             [
                 model,
                 name,
-                f"{r.get('runtime') or 'pytorch'}, {r.get('precision') or 'fp32'}",
+                f"{r.get('runtime') or _FLOAT_RUNTIME}, {r.get('precision') or _FLOAT_PRECISION}",
                 _delta(r, base),
                 f"{r['memory_mb']:.2f}",
                 percent_less(r["memory_mb"], base["memory_mb"]),
@@ -253,7 +276,7 @@ def table3(model: str, rows: list[Row]) -> Table:
                 _factor(factors["pruning"]),
                 gain,
                 gain_ov,
-                note,
+                _table3_note(name, r),
             ]
         )
     return header, body

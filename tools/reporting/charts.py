@@ -118,61 +118,86 @@ def share_bar_chart(
         return _message_chart(title, "nothing to plot", size)
     categories = list(dict.fromkeys(b.category for b in bars))
     colours = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(categories)}
-    values = [max(0.0, finite(b.value)) for b in bars]
-    secondaries = [None if b.secondary is None else max(0.0, finite(b.secondary)) for b in bars]
-    clipped = clip_at is not None and any(v > clip_at for v in values)
-    top = max([*values, *(s for s in secondaries if s is not None), 1e-9])
-    limit = (clip_at if clipped and clip_at is not None else top) * 1.16
-    has_secondary = any(s is not None for s in secondaries)
+    scale = _bar_scale(bars, clip_at)
 
     with matplotlib.rc_context(_RC):
         fig = _figure(size)
         ax = fig.add_subplot()
-        positions = list(range(len(bars)))
-        height = 0.58 if has_secondary else 0.75
-        shown = [min(v, limit / 1.16) if clipped else v for v in values]
-        ax.barh(
-            [p - (0.12 if has_secondary else 0.0) for p in positions],
-            shown,
-            height=height,
-            color=[colours[b.category] for b in bars],
-            zorder=2,
-        )
-        if has_secondary:
-            ax.barh(
-                [p + 0.3 for p in positions],
-                [s or 0.0 for s in secondaries],
-                height=0.22,
-                color="#bbbbbb",
-                zorder=2,
-            )
-        for p, value, drawn in zip(positions, values, shown, strict=True):
-            text = f"{100 * value:.1f}%" + (" ›" if drawn < value else "")
-            ax.text(
-                drawn + limit * 0.008,
-                p - (0.12 if has_secondary else 0.0),
-                text,
-                va="center",
-                fontsize=8,
-                color="#b00020" if drawn < value else "#222222",
-            )
-        ax.set_yticks(positions, [b.label for b in bars], fontsize=8, fontfamily="DejaVu Sans Mono")
+        _draw_bars(ax, bars, colours, scale)
         ax.invert_yaxis()
-        ax.set_xlim(0, limit)
+        ax.set_xlim(0, scale.limit)
         ax.xaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
         ax.grid(axis="y", visible=False)
         ax.set_xlabel(value_label)
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
         handles = [_patch(colours[c], c) for c in categories if c]
-        if has_secondary and secondary_label:
+        if scale.has_secondary and secondary_label:
             handles.append(_patch("#bbbbbb", secondary_label))
         if handles:
             fig.legend(handles=handles, loc="outside right upper")
         notes = [footnote] if footnote else []
-        if clipped:
+        if scale.clipped:
             notes.append(f"› bars above {100 * (clip_at or 0):.0f}% are cut at the axis edge.")
         _footnote(fig, "  ".join(notes), size)
         return _png(fig)
+
+
+@dataclass(frozen=True)
+class _BarScale:
+    """The bars' values (negative and non-finite ones as 0), whether they are cut at the axis edge, and its limit."""
+
+    values: list[float]
+    secondaries: list[float | None]
+    clipped: bool
+    limit: float
+
+    @property
+    def has_secondary(self) -> bool:
+        return any(s is not None for s in self.secondaries)
+
+
+def _bar_scale(bars: Sequence[Bar], clip_at: float | None) -> _BarScale:
+    """The values of ``bars`` and the x-axis limit: the largest value, or ``clip_at`` when a bar exceeds it."""
+    values = [max(0.0, finite(b.value)) for b in bars]
+    secondaries = [None if b.secondary is None else max(0.0, finite(b.secondary)) for b in bars]
+    clipped = clip_at is not None and any(v > clip_at for v in values)
+    top = max([*values, *(s for s in secondaries if s is not None), 1e-9])
+    limit = (clip_at if clipped and clip_at is not None else top) * 1.16
+    return _BarScale(values, secondaries, clipped, limit)
+
+
+def _draw_bars(ax: Any, bars: Sequence[Bar], colours: dict[str, str], scale: _BarScale) -> None:
+    """The bars (each secondary a thin grey bar under its bar), their percentages and their labels."""
+    has_secondary = scale.has_secondary
+    positions = list(range(len(bars)))
+    height = 0.58 if has_secondary else 0.75
+    shown = [min(v, scale.limit / 1.16) if scale.clipped else v for v in scale.values]
+    ax.barh(
+        [p - (0.12 if has_secondary else 0.0) for p in positions],
+        shown,
+        height=height,
+        color=[colours[b.category] for b in bars],
+        zorder=2,
+    )
+    if has_secondary:
+        ax.barh(
+            [p + 0.3 for p in positions],
+            [s or 0.0 for s in scale.secondaries],
+            height=0.22,
+            color="#bbbbbb",
+            zorder=2,
+        )
+    for p, value, drawn in zip(positions, scale.values, shown, strict=True):
+        text = f"{100 * value:.1f}%" + (" ›" if drawn < value else "")
+        ax.text(
+            drawn + scale.limit * 0.008,
+            p - (0.12 if has_secondary else 0.0),
+            text,
+            va="center",
+            fontsize=8,
+            color="#b00020" if drawn < value else "#222222",
+        )
+    ax.set_yticks(positions, [b.label for b in bars], fontsize=8, fontfamily="DejaVu Sans Mono")
 
 
 def _footnote(fig: Figure, text: str, size: tuple[float, float], extra_inches: float = 0.0) -> float:
@@ -258,51 +283,15 @@ def scatter_panels(
     panels = [p for p in panels if p.points]
     if not panels:
         return _message_chart(title, "nothing to plot", size)
-    styles = dict(styles or {})
     order = list(dict.fromkeys(pt.series for p in panels for pt in p.points))
-    for i, name in enumerate(n for n in order if n not in styles):
-        styles[name] = SeriesStyle(color=PALETTE[i % len(PALETTE)])
+    styles = _series_styles(order, styles)
 
     with matplotlib.rc_context(_RC):
         fig = _figure(size)
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
         handles: dict[str, Any] = {}
         for ax, panel in zip(axes, panels, strict=True):
-            if len(panel.trail) > 1:
-                xs, ys = zip(*panel.trail, strict=True)
-                (line,) = ax.plot(xs, ys, ls=":", lw=1.0, color="#9a9a9a", zorder=1)
-                if panel.trail_label:
-                    handles.setdefault(panel.trail_label, line)
-            for name in order:
-                pts = [pt for pt in panel.points if pt.series == name]
-                if not pts:
-                    continue
-                style = styles[name]
-                kwargs: dict[str, Any] = {"s": style.size, "marker": style.marker, "zorder": style.zorder}
-                if style.marker in _LINE_MARKERS:
-                    kwargs.update(c=style.color, linewidths=1.6)
-                elif style.filled:
-                    kwargs.update(c=style.color, edgecolors="white", linewidths=0.6)
-                else:
-                    kwargs.update(facecolors="none", edgecolors=style.color, linewidths=1.6)
-                artist = ax.scatter([pt.x for pt in pts], [pt.y for pt in pts], label=name, **kwargs)
-                handles.setdefault(name, artist)
-            _pad_limits(ax, panel)
-            _annotate(ax, [pt for pt in panel.points if pt.note], fig)
-            ymin, ymax = ax.get_ylim()
-            span = ymax - ymin
-            for y, label in panel.hlines:
-                if ymin - 0.5 * span <= y <= ymax + 0.5 * span:  # near the data: widen the axis to show it
-                    line = ax.axhline(y, ls="--", lw=1.0, color="#d62728", alpha=0.7, zorder=1)
-                    handles.setdefault(label, line)
-                    lo, hi = ax.get_ylim()
-                    ax.set_ylim(min(lo, y - 0.06 * span), max(hi, y + 0.06 * span))
-            ax.set_xlabel(panel.xlabel)
-            ax.set_ylabel(panel.ylabel)
-            if panel.title:
-                ax.set_title(panel.title, loc="left")
-            ax.xaxis.set_major_formatter(FuncFormatter(_formatter(panel.x_format)))
-            ax.yaxis.set_major_formatter(FuncFormatter(_formatter(panel.y_format)))
+            _draw_panel(fig, ax, panel, [(name, styles[name]) for name in order], handles)
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
         ncols = min(len(handles), 4)
         legend_rows = math.ceil(len(handles) / ncols) if handles else 0
@@ -316,6 +305,59 @@ def scatter_panels(
                 ncols=ncols,
             )
         return _png(fig)
+
+
+def _series_styles(order: list[str], styles: dict[str, SeriesStyle] | None) -> dict[str, SeriesStyle]:
+    """``styles``, with a palette colour for each series of ``order`` it does not style, in order."""
+    styles = dict(styles or {})
+    for i, name in enumerate(n for n in order if n not in styles):
+        styles[name] = SeriesStyle(color=PALETTE[i % len(PALETTE)])
+    return styles
+
+
+def _draw_panel(
+    fig: Figure, ax: Any, panel: Panel, series: list[tuple[str, SeriesStyle]], handles: dict[str, Any]
+) -> None:
+    """One panel: its trail, each series' points, notes and nearby reference lines; adds legend entries to
+    ``handles`` (the first artist of each label)."""
+    if len(panel.trail) > 1:
+        xs, ys = zip(*panel.trail, strict=True)
+        (line,) = ax.plot(xs, ys, ls=":", lw=1.0, color="#9a9a9a", zorder=1)
+        if panel.trail_label:
+            handles.setdefault(panel.trail_label, line)
+    for name, style in series:
+        pts = [pt for pt in panel.points if pt.series == name]
+        if pts:
+            artist = ax.scatter([pt.x for pt in pts], [pt.y for pt in pts], label=name, **_scatter_kwargs(style))
+            handles.setdefault(name, artist)
+    _pad_limits(ax, panel)
+    _annotate(ax, [pt for pt in panel.points if pt.note], fig)
+    ymin, ymax = ax.get_ylim()
+    span = ymax - ymin
+    for y, label in panel.hlines:
+        if ymin - 0.5 * span <= y <= ymax + 0.5 * span:  # near the data: widen the axis to show it
+            line = ax.axhline(y, ls="--", lw=1.0, color="#d62728", alpha=0.7, zorder=1)
+            handles.setdefault(label, line)
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(min(lo, y - 0.06 * span), max(hi, y + 0.06 * span))
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
+    if panel.title:
+        ax.set_title(panel.title, loc="left")
+    ax.xaxis.set_major_formatter(FuncFormatter(_formatter(panel.x_format)))
+    ax.yaxis.set_major_formatter(FuncFormatter(_formatter(panel.y_format)))
+
+
+def _scatter_kwargs(style: SeriesStyle) -> dict[str, Any]:
+    """``ax.scatter``'s keywords for a series of ``style``: line markers, filled or hollow ones."""
+    kwargs: dict[str, Any] = {"s": style.size, "marker": style.marker, "zorder": style.zorder}
+    if style.marker in _LINE_MARKERS:
+        kwargs.update(c=style.color, linewidths=1.6)
+    elif style.filled:
+        kwargs.update(c=style.color, edgecolors="white", linewidths=0.6)
+    else:
+        kwargs.update(facecolors="none", edgecolors=style.color, linewidths=1.6)
+    return kwargs
 
 
 #: Where a point's note may go, in points from the point, tried in order.

@@ -147,6 +147,45 @@ def tradeoff_points(report: RunReport | dict[str, Any]) -> list[tuple[str, str, 
     return out
 
 
+#: A trade-off panel: the x and y keys of :func:`tradeoff_points`' values, the axis labels, the panel's title and
+#: the x and y tick formats.
+_PanelSpec = tuple[str, str, str, str, str, str, str]
+
+
+def _panel_specs(has_accuracy: bool, model: str) -> tuple[list[_PanelSpec], str]:
+    """The two panels of the trade-off charts and their title: accuracy against size and latency, or without accuracy
+    size against latency."""
+    if has_accuracy:
+        specs = [
+            ("params", "acc", "parameters (M)", "accuracy (%)", "Accuracy vs parameters", "{:.3g}", "{:.1f}"),
+            ("latency", "acc", "latency, batch 1 (ms)", "accuracy (%)", "Accuracy vs latency", "{:.3g}", "{:.1f}"),
+        ]
+        return specs, f"Accuracy trade-offs: {model}"
+    specs = [
+        (
+            "latency",
+            "params",
+            "latency, batch 1 (ms)",
+            "parameters (M)",
+            "Parameters vs latency",
+            "{:.3g}",
+            "{:.3g}",
+        ),
+        ("latency", "memory", "latency, batch 1 (ms)", "memory (MB)", "Memory vs latency", "{:.3g}", "{:.3g}"),
+    ]
+    return specs, f"Size vs latency: {model} (no accuracy: untrained or no dataset)"
+
+
+def _budget_lines(report: RunReport, has_accuracy: bool) -> list[tuple[float, str]]:
+    """The accuracy budget's line (the baseline's accuracy less the allowed drop), where there is one."""
+    budget_lines: list[tuple[float, str]] = []
+    base = None if report.baseline is None else _entry(report.baseline)
+    max_drop = report.settings.get("max_accuracy_drop")
+    if has_accuracy and base and base["acc"] is not None and max_drop is not None:
+        budget_lines.append((base["acc"] - float(max_drop), f"budget ({float(max_drop):g} pts)"))
+    return budget_lines
+
+
 def tradeoff_charts(report: RunReport | dict[str, Any]) -> bytes:
     """Accuracy against parameters and against latency, for every round and the named models.
 
@@ -156,32 +195,8 @@ def tradeoff_charts(report: RunReport | dict[str, Any]) -> bytes:
     report = RunReport.model_validate(report)
     entries = tradeoff_points(report)
     has_accuracy = any(v["acc"] is not None for _, _, v in entries)
-    model = report.model.get("spec") or ""
-    if has_accuracy:
-        specs = [
-            ("params", "acc", "parameters (M)", "accuracy (%)", "Accuracy vs parameters", "{:.3g}", "{:.1f}"),
-            ("latency", "acc", "latency, batch 1 (ms)", "accuracy (%)", "Accuracy vs latency", "{:.3g}", "{:.1f}"),
-        ]
-        title = f"Accuracy trade-offs: {model}"
-    else:
-        specs = [
-            (
-                "latency",
-                "params",
-                "latency, batch 1 (ms)",
-                "parameters (M)",
-                "Parameters vs latency",
-                "{:.3g}",
-                "{:.3g}",
-            ),
-            ("latency", "memory", "latency, batch 1 (ms)", "memory (MB)", "Memory vs latency", "{:.3g}", "{:.3g}"),
-        ]
-        title = f"Size vs latency: {model} (no accuracy: untrained or no dataset)"
-    budget_lines: list[tuple[float, str]] = []
-    base = None if report.baseline is None else _entry(report.baseline)
-    max_drop = report.settings.get("max_accuracy_drop")
-    if has_accuracy and base and base["acc"] is not None and max_drop is not None:
-        budget_lines.append((base["acc"] - float(max_drop), f"budget ({float(max_drop):g} pts)"))
+    specs, title = _panel_specs(has_accuracy, report.model.get("spec") or "")
+    budget_lines = _budget_lines(report, has_accuracy)
     panels = []
     for xk, yk, xlabel, ylabel, panel_title, xf, yf in specs:
         points = [

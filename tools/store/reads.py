@@ -1,5 +1,5 @@
 """The dataset rows each role of a run read (fit, choose, confirm), recorded by every consumer as it reads them:
-what a report's disjointness is computed from, not the plan of the split (``tools.run_data``)."""
+what a report's disjointness is computed from, not the plan of the split (``tools.stages.run_data``)."""
 
 from __future__ import annotations
 

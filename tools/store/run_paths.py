@@ -21,7 +21,7 @@ class RunPaths:
 
     @property
     def data_reads(self) -> Path:
-        """The dataset rows each role (fit, choose, confirm) read (``tools.run_data.DataReads``)."""
+        """The dataset rows each role (fit, choose, confirm) read (``tools.stages.run_data.DataReads``)."""
         return self.root / "data_reads.json"
 
     @property

@@ -26,7 +26,7 @@ from torch import nn
 
 from tools.compression.channels import apply_structured, channel_step, prunable_names
 from tools.compression.forward import check_forward, restore, snapshot
-from tools.compression.kinds.base import PruningSession, UnitKind, exact_name
+from tools.compression.kinds.base import PruningSession, UnitKind, exact_name, layer_shares
 from tools.compression.recipes import PruningConfig
 from tools.compression.reports import AppliedPruning, PrunableLayers, SkippedPruning
 from tools.compression.shortcuts import to_selection_convs_
@@ -125,20 +125,14 @@ class Channels(UnitKind):
             found = [stats[n] for n in members if n in stats]
             exact = len(found) == len(members)
             pattern = exact_pattern(members, list(stats)) if exact else name_pattern(members[0])
-            latency = sum(lp.latency_share for lp in found)
+            latency, shares = layer_shares(found)
             where = (
                 "coupled: pruning them also prunes the layers tied to them (e.g. through residual adds)"
                 if coupled
                 else "internal to their block (safest)"
             )
-            rows.append(
-                (
-                    latency,
-                    f"- {pattern} : {len(members)} {found[0].type if found else 'layer'}, "
-                    f"{100 * latency:.1f}% of latency, {100 * sum(lp.macs_share for lp in found):.1f}% of MACs, "
-                    f"{100 * sum(lp.params_share for lp in found):.1f}% of parameters; {where}",
-                )
-            )
+            layer_type = found[0].type if found else "layer"
+            rows.append((latency, f"- {pattern} : {len(members)} {layer_type}, {shares}; {where}"))
         return rows
 
     def group_status(self, members: Sequence[str], prunable: PrunableLayers) -> str | None:

@@ -66,11 +66,9 @@ class HeadWidth(AttentionKind):
         return unit.size
 
     def _pruner(self, session: PruningSession, ratio: float) -> HeadPruner:
-        config = session.config
+        cut = self._cut(session, ratio)
 
         def prune(name: str, module: nn.Module, spec: AttentionSpec, parent: nn.Module) -> tuple[int, int] | str:
-            return narrow_heads_of(
-                module, spec, ratio, config.importance, session.generator, session.scores, config.head_round_to
-            )
+            return narrow_heads_of(module, spec, cut)
 
         return prune

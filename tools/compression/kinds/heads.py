@@ -18,12 +18,13 @@ from torch import nn
 from tools.compression.heads import (
     ATTENTION_SPECS,
     AttentionSpec,
+    HeadCut,
     HeadPruner,
     apply_heads,
     head_targets,
     prune_heads_of,
 )
-from tools.compression.kinds.base import PruningSession, UnitKind, exact_name
+from tools.compression.kinds.base import PruningSession, UnitKind, exact_name, layer_shares, layers_inside
 from tools.compression.mha import split_selected_
 from tools.compression.reports import AppliedPruning, PrunableLayers, SkippedPruning
 from tools.schemas import LayerProfile, PruningRecommendation, SensitivityUnit
@@ -49,15 +50,12 @@ class AttentionKind(UnitKind):
         units = self.selectable(prunable)
         for pattern in sorted({name_pattern(h) for h in units}):
             members = [h for h in units if re.search(pattern, h)]
-            inside = [lp for lp in layers if any(lp.name == h or lp.name.startswith(f"{h}.") for h in members)]
-            latency = sum(lp.latency_share for lp in inside)
+            latency, shares = layer_shares(layers_inside(layers, members))
+            detail = self._detail(members, prunable)
             rows.append(
                 (
                     latency,
-                    f"- {pattern} : {len(members)} attention modules{self._detail(members, prunable)}; with their "
-                    f"q/k/v/o projections {100 * latency:.1f}% of latency, "
-                    f"{100 * sum(lp.macs_share for lp in inside):.1f}% of MACs, "
-                    f"{100 * sum(lp.params_share for lp in inside):.1f}% of parameters",
+                    f"- {pattern} : {len(members)} attention modules{detail}; with their q/k/v/o projections {shares}",
                 )
             )
         return rows
@@ -83,6 +81,11 @@ class AttentionKind(UnitKind):
 
     def _pruner(self, session: PruningSession, ratio: float) -> HeadPruner:
         raise NotImplementedError
+
+    def _cut(self, session: PruningSession, ratio: float) -> HeadCut:
+        """What each attention module a recommendation at ``ratio`` selects loses, under the session's settings."""
+        config = session.config
+        return HeadCut(ratio, config.importance, session.generator, session.scores, config.head_round_to)
 
     def apply(
         self, session: PruningSession, rec: PruningRecommendation, regex: re.Pattern[str]
@@ -137,11 +140,9 @@ class Heads(AttentionKind):
         return targets
 
     def _pruner(self, session: PruningSession, ratio: float) -> HeadPruner:
-        config = session.config
+        cut = self._cut(session, ratio)
 
         def prune(name: str, module: nn.Module, spec: AttentionSpec, parent: nn.Module) -> tuple[int, int] | str:
-            return prune_heads_of(
-                module, spec, ratio, config.importance, session.generator, session.scores, config.head_round_to, parent
-            )
+            return prune_heads_of(module, spec, cut, parent)
 
         return prune

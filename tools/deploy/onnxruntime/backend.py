@@ -39,6 +39,7 @@ from tools.deploy.onnxruntime.outliers import without_outlier_images
 from tools.deploy.onnxruntime.quantize import quantize_onnx, static_quantize_onnx
 from tools.deploy.onnxruntime.session import OrtModel
 from tools.schemas import QuantDType
+from tools.text import listing
 
 #: The FP32 backend of ONNX Runtime: the reference its int8 backends are compared with.
 FP32 = "onnxruntime-fp32"
@@ -51,7 +52,7 @@ def _int8_only(backend: str, targets: dict[str, QuantDType]) -> tuple[dict[str, 
     half = sorted(name for name, dtype in targets.items() if dtype == "float16")
     notes = []
     if half:
-        shown = ", ".join(half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+        shown = listing(half, 3)
         notes.append(
             f"the {backend} backend quantizes to int8 only: {len(half)} layer(s) asked for float16 "
             f"stay float32 ({shown}); use --deploy torch-ao-dynamic for float16"
@@ -254,8 +255,7 @@ class OnnxRuntimeBackend:
             if found and name not in layers and name not in kept:
                 kept[name] = "ONNX Runtime did not quantize it"
         if kept:
-            shown = ", ".join(list(kept)[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
-            notes.append(f"{self.name}: {len(kept)} layer(s) kept in float: {shown}")
+            notes.append(f"{self.name}: {len(kept)} layer(s) kept in float: {listing(list(kept))}")
         return report.model_copy(update={"layers": layers, "notes": notes, "int8": settings, "float_layers": kept})
 
     def load(self, out_dir: Path, report: QuantReport, rebuild: Callable[[], nn.Module]) -> QuantizedModel:

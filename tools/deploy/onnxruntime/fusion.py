@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tools.compression.mha import from_batch_first, to_batch_first
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -210,11 +212,8 @@ class PackedMultiheadAttention(PackedAttention):
         if key_padding_mask is not None or attn_mask is not None:
             raise AttentionFusionError("a fused nn.MultiheadAttention takes no attention mask")
         batched = query.dim() == 3  # unbatched: (tokens, embed_dim) whatever batch_first says
-        x = query.unsqueeze(0) if not batched else query if self.batch_first else query.transpose(0, 1)
-        out, _ = super().forward(x)
-        if not batched:
-            return out.squeeze(0), None
-        return (out if self.batch_first else out.transpose(0, 1)), None
+        out, _ = super().forward(to_batch_first(query, batched, self.batch_first))
+        return from_batch_first(out, batched, self.batch_first), None
 
 
 #: Attention classes (by name) whose forward is softmax(Q K^T / sqrt(head_dim) [+ relative position bias +

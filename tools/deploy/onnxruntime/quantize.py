@@ -213,60 +213,89 @@ def static_quantize_onnx(
     ``calibration_cache``: a JSON file of the activation ranges, written by the first call and read by the next
     ones instead of calibrating again (same graph, calibration images and method). The batch axis stays dynamic.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
     fp32_path, out_path = Path(fp32_path), Path(out_path)
+    calibrate_method = _calibration_method(fp32_path, method)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ort-static-", dir=out_path.parent) as work:
+        source = preprocess_onnx(fp32_path, Path(work) / "preprocessed.onnx") if preprocess else fp32_path
+        chosen = static_preset(source) if preset == "auto" else preset
+        selection = _preset_selection(source, chosen, nodes_to_exclude, percentile if method == "percentile" else None)
+        reader = CalibrationReader(calibration, input_name_of(source))
+        if calibration_cache is None:  # the same graph calibrated on the same images before: its ranges again
+            calibration_cache = _shared_ranges(source, calibration, f"{method} {percentile} {chosen}")
+        _quantize_static(
+            source,
+            out_path,
+            reader,
+            fp32_path,
+            preset=chosen,
+            method=method,
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            calibrate_method=calibrate_method,
+            calibration_cache_path=str(calibration_cache),
+            **selection,
+        )
+    return out_path
+
+
+def _calibration_method(fp32_path: Path, method: str) -> Any:
+    """ONNX Runtime's calibration method named ``method`` (``OnnxRuntimeError`` for an unknown one, or when
+    ``fp32_path`` does not exist)."""
+    from onnxruntime.quantization import CalibrationMethod
+
     if not fp32_path.is_file():
         raise OnnxRuntimeError(f"{fp32_path} does not exist: export the FP32 model first (export_onnx)")
     methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
     if method not in methods:
         raise OnnxRuntimeError(f"unknown calibration method {method!r}: choose one of {', '.join(methods)}")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".ort-static-", dir=out_path.parent) as work:
-        source = preprocess_onnx(fp32_path, Path(work) / "preprocessed.onnx") if preprocess else fp32_path
-        chosen = static_preset(source) if preset == "auto" else preset
-        options: dict[str, object] = {"CalibPercentile": percentile} if method == "percentile" else {}
-        op_types: list[str] | None = None
-        nodes: list[str] | None = None
-        if chosen == "transformer":
-            op_types = list(STATIC_OP_TYPES)
-            nodes = [node for node in constant_weight_nodes(source) if node not in set(nodes_to_exclude)]
-            options["OpTypesToExcludeOutputQuantization"] = ["MatMul", "Gemm"]
-        reader = CalibrationReader(calibration, input_name_of(source))
-        if calibration_cache is None:  # the same graph calibrated on the same images before: its ranges again
-            calibration_cache = _shared_ranges(source, calibration, f"{method} {percentile} {chosen}")
-        try:
-            with atomic_target(out_path) as tmp, _root_info_muted(), _quiet_stdout():
-                quantize_static(
-                    source,
-                    tmp,
-                    reader,
-                    quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=op_types,
-                    nodes_to_quantize=nodes,
-                    nodes_to_exclude=list(nodes_to_exclude) or None,
-                    per_channel=per_channel,
-                    reduce_range=reduce_range,
-                    activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8,
-                    calibrate_method=methods[method],
-                    extra_options=options,
-                    calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
-                )
-        except Exception as exc:
-            raise OnnxRuntimeError(
-                f"ONNX Runtime static quantization of {fp32_path} failed: {first_line(exc)}"
-            ) from exc
+    return methods[method]
+
+
+def _preset_selection(
+    source: Path, preset: str, nodes_to_exclude: Sequence[str], percentile: float | None
+) -> dict[str, Any]:
+    """``quantize_static``'s arguments for what ``preset`` quantizes in ``source``: ``transformer`` only the nodes with
+    a constant weight, their MatMul/Gemm outputs left in float; ``cnn`` every operator ONNX Runtime quantizes (None:
+    no restriction). ``percentile``: the percentile calibration's (None: another method)."""
+    options: dict[str, object] = {"CalibPercentile": percentile} if percentile is not None else {}
+    op_types: list[str] | None = None
+    nodes: list[str] | None = None
+    if preset == "transformer":
+        op_types = list(STATIC_OP_TYPES)
+        nodes = [node for node in constant_weight_nodes(source) if node not in set(nodes_to_exclude)]
+        options["OpTypesToExcludeOutputQuantization"] = ["MatMul", "Gemm"]
+    return {
+        "op_types_to_quantize": op_types,
+        "nodes_to_quantize": nodes,
+        "nodes_to_exclude": list(nodes_to_exclude) or None,
+        "extra_options": options,
+    }
+
+
+def _quantize_static(
+    source: Path, out_path: Path, reader: CalibrationReader, fp32_path: Path, preset: str, method: str, **arguments: Any
+) -> None:
+    """``quantize_static`` of ``source`` to ``out_path`` as QDQ (uint8 activations, int8 weights) with ``arguments``,
+    its log lines and progress muted, and logged with its ``preset`` and calibration ``method``; an ``OnnxRuntimeError``
+    naming ``fp32_path`` should it fail."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    qdq = {"quant_format": QuantFormat.QDQ, "activation_type": QuantType.QUInt8, "weight_type": QuantType.QInt8}
+    try:
+        with atomic_target(out_path) as tmp, _root_info_muted(), _quiet_stdout():
+            quantize_static(source, tmp, reader, **qdq, **arguments)
+    except Exception as exc:
+        raise OnnxRuntimeError(f"ONNX Runtime static quantization of {fp32_path} failed: {first_line(exc)}") from exc
     logger.info(
         "static int8 (%s preset, %s on %d images) of %s to %s (%.2f MB)",
-        chosen,
+        preset,
         method,
         reader.images,
         fp32_path,
         out_path,
         out_path.stat().st_size / 1e6,
     )
-    return out_path
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from tools.deploy.base import (
     QuantReport,
     Runtime,
 )
-from tools.deploy.cpu import detect_cpu, int8_settings
+from tools.deploy.cpu import CpuFeatures, detect_cpu, int8_settings
 from tools.deploy.openvino.convert import BIN_FILENAME, XML_FILENAME
 from tools.deploy.openvino.model import OpenVinoModel
 from tools.deploy.openvino.quantize import (
@@ -36,6 +36,7 @@ from tools.deploy.openvino.quantize import (
 )
 from tools.profiling.static import weight_layer_macs
 from tools.schemas import QuantDType
+from tools.text import listing
 
 logger = logging.getLogger(__name__)
 
@@ -118,16 +119,7 @@ class OpenVinoBackend:
             raise QuantizationError(f"the {self.name} backend needs an example input to convert the model")
         xml = Path(build.out_dir) / self.deployed_file
         if not self.int8:
-            deploy_openvino(build.float_model, xml, example_input=example[:1], int8=False)
-            validated = [f"{self.precision} built and validated on {cpu.describe()}"] * (
-                self.inference_precision != "f32"
-            )
-            update = {
-                "layers": {},
-                "notes": [*build.report.notes, *validated],
-                "runtime_properties": self.runtime_properties,
-            }
-            return build.report.model_copy(update=update)
+            return self._save_float(build, xml, example[:1], cpu)
         settings = build.report.int8 or int8_settings()
         weighted = [name for name, m in build.float_model.named_modules() if isinstance(m, self.layer_kinds) and name]
         if self.controlled and accuracy_control is not None:
@@ -149,8 +141,7 @@ class OpenVinoBackend:
         }
         notes = list(build.report.notes)
         if kept:
-            shown = ", ".join(list(kept)[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
-            notes.append(f"{self.name}: {len(kept)} of {len(weighted)} layer(s) in float: {shown}")
+            notes.append(f"{self.name}: {len(kept)} of {len(weighted)} layer(s) in float: {listing(list(kept))}")
         notes += [f"{self.name}: {unnamed} more int8 node(s) the conversion left unnamed"] * bool(unnamed)
         layers: dict[str, QuantDType] = {name: "qint8" for name in int8}
         return build.report.model_copy(
@@ -162,6 +153,17 @@ class OpenVinoBackend:
                 "runtime_properties": self.runtime_properties,
             }
         )
+
+    def _save_float(self, build: Build, xml: Path, example: torch.Tensor, cpu: CpuFeatures) -> QuantReport:
+        """The float model saved as IR at ``xml`` (run in :attr:`inference_precision`), and its report."""
+        deploy_openvino(build.float_model, xml, example_input=example, int8=False)
+        validated = [f"{self.precision} built and validated on {cpu.describe()}"] * (self.inference_precision != "f32")
+        update = {
+            "layers": {},
+            "notes": [*build.report.notes, *validated],
+            "runtime_properties": self.runtime_properties,
+        }
+        return build.report.model_copy(update=update)
 
     def _planned(
         self, float_model: nn.Module, example: torch.Tensor, control: AccuracyControl, layers: int

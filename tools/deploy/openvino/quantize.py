@@ -114,17 +114,7 @@ def quantize_openvino(
         ),
         "ignored_scope": nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None,
     }
-    try:
-        with _nncf_quiet(), telemetry_declined(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=UserWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            if accuracy_control is not None:
-                quantized = _controlled(ov_model, nncf.Dataset(items), accuracy_control, overflow_fix, options)
-            else:
-                parameters = _nncf_parameters(overflow_fix, bias_correction)
-                quantized = nncf.quantize(ov_model, nncf.Dataset(items), advanced_parameters=parameters, **options)
-    except Exception as exc:
-        raise OpenVinoError(f"NNCF int8 quantization failed: {first_line(exc)}") from exc
+    quantized = _nncf_quantized(ov_model, items, accuracy_control, overflow_fix, bias_correction, options)
     logger.info(
         "NNCF int8 quantization (%s preset, overflow fix %s, %s bias correction%s) calibrated on %d images",
         chosen_preset.value,
@@ -134,6 +124,30 @@ def quantize_openvino(
         subset,
     )
     return quantized
+
+
+def _nncf_quantized(
+    ov_model: Any,
+    items: list[np.ndarray],
+    control: AccuracyControl | None,
+    overflow_fix: OverflowFix,
+    bias_correction: bool,
+    options: dict[str, Any],
+) -> Any:
+    """``ov_model`` quantized by NNCF on the calibration ``items`` with ``options`` (accuracy-controlled with
+    ``control``: :func:`_controlled`), its progress bars and warnings muted; ``OpenVinoError`` should it fail."""
+    import nncf
+
+    try:
+        with _nncf_quiet(), telemetry_declined(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            if control is not None:
+                return _controlled(ov_model, nncf.Dataset(items), control, overflow_fix, options)
+            parameters = _nncf_parameters(overflow_fix, bias_correction)
+            return nncf.quantize(ov_model, nncf.Dataset(items), advanced_parameters=parameters, **options)
+    except Exception as exc:
+        raise OpenVinoError(f"NNCF int8 quantization failed: {first_line(exc)}") from exc
 
 
 #: NNCF's accuracy control ranks every group of quantizers (a variant with the group in float, compiled and run on a

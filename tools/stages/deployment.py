@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tools import ops
 from tools.artifacts.io import load_compressed, load_module
 from tools.clock import counts_as
 from tools.deploy.accuracy import AccuracyControl
@@ -40,11 +39,12 @@ from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
 from tools.deploy.decide import Decision, DecisionRules, NeedTimes, TimeAlone, decide
 from tools.deploy.registry import BACKENDS, FLOAT, ONE_COMMAND_BUILDS, runtime_and_precision
 from tools.evaluation.paired import predictions_path
-from tools.judging import Judging, judge_together, twin_sources
 from tools.models.base import example_input
-from tools.ops import calibration_images
 from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
+from tools.stages import ops
+from tools.stages.judging import Judging, judge_together, twin_sources
+from tools.stages.ops import calibration_images
 from tools.stats import drop_points
 from tools.store.files import boot_id, left_by_an_earlier_boot
 from tools.text import first_line
@@ -286,7 +286,7 @@ def _float_twin(
     every image like any other candidate)."""
     from tools.evaluation.paired import adopt_predictions
     from tools.models.base import logits_of
-    from tools.run_data import first_evaluated_images
+    from tools.stages.run_data import first_evaluated_images
 
     try:
         images = first_evaluated_images(original_dir, shape, spec, FLOAT_CHECK_IMAGES)

@@ -26,9 +26,9 @@ from tools.artifacts.structure import blocks_added
 from tools.clock import work
 from tools.compression.kinds.blocks import SkippedBlock
 from tools.compression.shortcuts import replace_module
-from tools.ops import calibration_batch, evaluate_accuracy_on, extra_batch, predictions_on
-from tools.run_data import EvalSpec, record_reads
 from tools.schemas import CrossFitStudent, InputShape, PairedAccuracy
+from tools.stages.ops import calibration_batch, evaluate_accuracy_on, extra_batch, predictions_on
+from tools.stages.run_data import EvalSpec, record_reads
 from tools.stats import paired_accuracy
 from tools.store.files import read_json
 
@@ -182,6 +182,25 @@ def distil_solo(
     )
 
 
+def _judge_students(
+    out_dirs: tuple[Path, Path], trainings: list[dict[str, Any]], original_dir: Path, shape: InputShape, whole: EvalSpec
+) -> tuple[list[CrossFitStudent], dict[int, ImagePredictions]]:
+    """Each student saved in ``out_dirs`` (what its distillation did: ``trainings``) judged on the half of the
+    evaluation images it was not distilled on: the students, and their answers by the half they answered."""
+    students: list[CrossFitStudent] = []
+    answers: dict[int, ImagePredictions] = {}
+    for trained, (out_dir, judged) in enumerate(zip(out_dirs, (1, 0), strict=True)):
+        done = trainings[trained]
+        half = whole.model_copy(update={"evaluation_half": judged})
+        part = evaluate_accuracy_on(out_dir, original_dir, shape, half, "evaluation", f"student {trained}")
+        predictions = predictions_on(out_dir, original_dir, shape, half, "evaluation")
+        if part is None or predictions is None:
+            raise ValueError("cross-fitted distillation needs a trained model and a labelled dataset")
+        answers[judged] = predictions
+        students.append(_judged_student(out_dir, judged, part, done))
+    return students, answers
+
+
 def cross_fit_distill(
     source_dir: Path,
     original_dir: Path,
@@ -211,8 +230,6 @@ def cross_fit_distill(
     halves = evaluation_halves(len(evaluation.images), whole.seed)
     extra = extra_batch(original_dir, shape, whole)
     fit = calibration.images if extra is None else torch.cat([calibration.images, extra])
-    students: list[CrossFitStudent] = []
-    answers: dict[int, ImagePredictions] = {}
     rows = list(whole.part("evaluation").indices)
     jobs: list[_Job] = []
     for trained, out_dir in enumerate(out_dirs):
@@ -220,15 +237,7 @@ def cross_fit_distill(
         record_reads(whole, "fit", [rows[i] for i in halves[trained]])  # these choose images train a student too
         jobs.append((source_dir, original_dir, out_dir, images, config, starts[trained] if starts else None))
     trainings = _distil_both(jobs, torch.get_num_threads())
-    for trained, (out_dir, judged) in enumerate(zip(out_dirs, (1, 0), strict=True)):
-        done = trainings[trained]
-        half = whole.model_copy(update={"evaluation_half": judged})
-        part = evaluate_accuracy_on(out_dir, original_dir, shape, half, "evaluation", f"student {trained}")
-        predictions = predictions_on(out_dir, original_dir, shape, half, "evaluation")
-        if part is None or predictions is None:
-            raise ValueError("cross-fitted distillation needs a trained model and a labelled dataset")
-        answers[judged] = predictions
-        students.append(_judged_student(out_dir, judged, part, done))
+    students, answers = _judge_students(out_dirs, trainings, original_dir, shape, whole)
     reference = predictions_on(original_dir, original_dir, shape, whole, "evaluation", "original")
     if reference is None:
         raise ValueError("cross-fitted distillation needs the original's answers on the evaluation images")

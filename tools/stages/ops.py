@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +29,22 @@ from tools.artifacts.io import (
 )
 from tools.clock import counts_as
 from tools.compression.recipes import PruningConfig, RecoveryConfig
-from tools.deploy.config import QuantizationConfig
-from tools.deploy.registry import BACKENDS, FLOAT
-from tools.judging import (
+from tools.deploy.config import QuantizationConfig, build_quantized
+from tools.deploy.cpu import resolve_target
+from tools.deploy.registry import BACKENDS, FLOAT, plan_quantization
+from tools.models.base import example_input, logits_of, resolve_device
+from tools.models.input_shape import ImageHints, resolve_loaded_shape
+from tools.models.sources import acquire_model
+from tools.schemas import (
+    InputShape,
+    Int8Sensitivity,
+    ModelInfo,
+    ModelProfile,
+    OptimizationPlan,
+    QuantizationRecommendation,
+    SensitivityProfile,
+)
+from tools.stages.judging import (
     accuracy_of,
     compare_latency,
     evaluate,
@@ -38,10 +52,7 @@ from tools.judging import (
     latency_device,
     predictions_on,
 )
-from tools.models.base import example_input, logits_of, resolve_device
-from tools.models.input_shape import ImageHints, resolve_loaded_shape
-from tools.models.sources import acquire_model
-from tools.run_data import (
+from tools.stages.run_data import (
     Calibration,
     DataCheck,
     EvalSpec,
@@ -56,15 +67,6 @@ from tools.run_data import (
     part_sizes,
     preprocess_of,
 )
-from tools.schemas import (
-    InputShape,
-    Int8Sensitivity,
-    ModelInfo,
-    ModelProfile,
-    OptimizationPlan,
-    QuantizationRecommendation,
-    SensitivityProfile,
-)
 from tools.store.files import atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -73,7 +75,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = [  # the run's data operations (tools.run_data) and evaluations (tools.judging) are re-exported for the nodes
+# the run's data operations (tools.stages.run_data) and evaluations (tools.stages.judging) are re-exported for the nodes
+__all__ = [
     "ROUND_TIMING_SECONDS",
     "SYNTHETIC_SAMPLES",
     "Calibration",
@@ -282,13 +285,13 @@ def int8_sensitivity(
 
     from tools.deploy.cpu import int8_settings
     from tools.deploy.onnxruntime.mixed import StaticInt8Build, int8_samples, measure_int8_sensitivity
-    from tools.deploy.registry import available
+    from tools.deploy.registry import INT8_PROFILED_IN, available
 
     target = out_dir / "int8_sensitivity.json"
     if target.is_file():
         return Int8Sensitivity.model_validate(read_json(target))
     calibration = calibration_batch(original_dir, shape, spec)
-    if calibration is None or not available("onnxruntime-static"):
+    if calibration is None or not available(INT8_PROFILED_IN):
         return None
     model = load_original(original_dir).model.eval()
     with tempfile.TemporaryDirectory(prefix=".int8-sensitivity-", dir=out_dir) as work:
@@ -363,11 +366,14 @@ def _reference(
 
 
 def _distilled(
-    model: nn.Module, original: nn.Module, images: torch.Tensor | None, config: DistillConfig
-) -> dict[str, Any]:
-    """What distilling ``model`` from ``original`` on ``images`` did (``DistillReport``), or why it was skipped."""
+    model: nn.Module, original: nn.Module, images: torch.Tensor | None, config: DistillConfig | None
+) -> dict[str, Any] | None:
+    """What distilling ``model`` from ``original`` on ``images`` did (``DistillReport``), or why it was skipped; None
+    when ``config`` asks for no steps."""
     from tools.compression.distill import distill_
 
+    if config is None or config.steps <= 0:
+        return None
     if images is None:
         return {"steps": 0, "skipped": "no images to distil on (no dataset)"}
     return distill_(model, original, images, config).model_dump()
@@ -397,10 +403,6 @@ def prune(
     (``tools.artifacts.hashes.prune_recipe_hash``); otherwise it is rebuilt, and the report's ``rebuilt``
     says why (None when nothing stale was replaced).
     """
-    from tools.compression.pruning import apply_pruning
-    from tools.compression.recovery import recover_
-    from tools.compression.repair import repair_
-
     config = config or PruningConfig()
     recovery = recovery or RecoveryConfig(method="none")
     key = prune_recipe_hash(
@@ -424,6 +426,37 @@ def prune(
     model = load_original(original_dir).model.eval()
     reference = _reference(original_dir, images, calibration.targets if calibration is not None else None, recovery)
     original = reference.original if reference is not None else _as_pruned(load_original(original_dir).model).eval()
+    report, repaired = _pruned_and_repaired(model, original, reference, plan, shape, config, recovery)
+    fit = finetune_images if finetune_images is not None else images
+    tuned = _distilled(model, original, fit, finetune) if report.applied else None
+    # max_ratio bounds what a planner may ask; it is not part of how the plan was applied
+    recipe = {
+        "plan": plan.model_dump(),
+        **config.model_dump(exclude={"max_ratio"}),
+        "report": report.model_dump(),
+        "recovery": repaired.model_dump(),
+        "finetune": tuned,
+    }
+    save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe, recipe_key=key)
+    return {**report.model_dump(), "recovery": repaired.model_dump(), "finetune": tuned, "rebuilt": stale}
+
+
+def _pruned_and_repaired(
+    model: nn.Module,
+    original: nn.Module,
+    reference: Any,
+    plan: OptimizationPlan,
+    shape: InputShape,
+    config: PruningConfig,
+    recovery: RecoveryConfig,
+) -> tuple[Any, Any]:
+    """``plan``'s pruning applied to ``model`` IN PLACE (seeded; data-aware with ``reference``'s passes, None without
+    images), then the model repaired against ``reference``, or recovered against ``original`` without it: the pruning
+    report and the repair's."""
+    from tools.compression.pruning import apply_pruning
+    from tools.compression.recovery import recover_
+    from tools.compression.repair import repair_
+
     torch.manual_seed(config.seed)
     report = apply_pruning(
         model,
@@ -436,22 +469,8 @@ def prune(
     )
     consumers = report.consumers()
     if reference is not None:
-        repaired = repair_(model, reference, consumers, recovery, report.kept_outputs())
-    else:
-        repaired = recover_(model, original, None, consumers, recovery)
-    tuned = None
-    if finetune is not None and finetune.steps > 0 and report.applied:
-        tuned = _distilled(model, original, finetune_images if finetune_images is not None else images, finetune)
-    # max_ratio bounds what a planner may ask; it is not part of how the plan was applied
-    recipe = {
-        "plan": plan.model_dump(),
-        **config.model_dump(exclude={"max_ratio"}),
-        "report": report.model_dump(),
-        "recovery": repaired.model_dump(),
-        "finetune": tuned,
-    }
-    save_compressed(model, out_dir, base_dir=original_dir, kind="pruned", recipe=recipe, recipe_key=key)
-    return {**report.model_dump(), "recovery": repaired.model_dump(), "finetune": tuned, "rebuilt": stale}
+        return report, repair_(model, reference, consumers, recovery, report.kept_outputs())
+    return report, recover_(model, original, None, consumers, recovery)
 
 
 @counts_as("build")
@@ -481,17 +500,11 @@ def quantize(
     another recipe (``tools.artifacts.hashes.quantize_recipe_hash``) was replaced (None when nothing stale was), and
     ``copied_from``: the place of ``reuse`` it was copied from this call (None when built, or complete already).
     """
-    from tools.deploy.base import ModuleBackend, QuantizationError, QuantReport
-    from tools.deploy.cpu import resolve_target
-    from tools.deploy.onnxruntime.export import OnnxRuntimeError
-    from tools.deploy.registry import AUTO, DEFAULT_BACKEND, get_backend, plan_quantization
-
     config = config or QuantizationConfig()
-    backend = config.backend
     target = resolve_target(config.int8_cpu)
     control = accuracy_control.digest() if accuracy_control is not None else None
     key = quantize_recipe_hash(
-        source_dir, recommendations, backend, shape, calibration, int8_target=target, accuracy_control=control
+        source_dir, recommendations, config.backend, shape, calibration, int8_target=target, accuracy_control=control
     )
     stale = stale_reason(out_dir, key)
     if stale is not None:
@@ -504,34 +517,19 @@ def quantize(
         logger.info("copied the quantized model %s (same recipe) to %s", built, out_dir)
     elif not is_complete(out_dir) or stale is not None:
         float_model = load_module(source_dir)
-        recipe = {"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]}
-        report = plan_quantization(float_model, recommendations, backend=backend, int8_cpu=target)
-        exports = not isinstance(get_backend(report.backend), ModuleBackend)  # an in-memory backend needs no input
-        example = example_input(shape or resolve_input_shape(original_dir)) if shape or exports else None
-
-        def save(report: QuantReport) -> None:
-            save_quantized(
-                float_model,
-                out_dir,
-                base_dir=original_dir,
-                recipe=recipe,
-                report=report,
-                example_input=example,
-                calibration=calibration,
-                recipe_key=key,
-                accuracy_control=accuracy_control,
-            )
-
-        try:
-            save(report)
-        except (OnnxRuntimeError, QuantizationError) as exc:
-            if backend != AUTO or report.backend == DEFAULT_BACKEND:
-                raise
-            why, failed = (str(exc).splitlines() or [type(exc).__name__])[0], report.backend
-            logger.warning("%s quantization failed (%s); falling back to %s", failed, why, DEFAULT_BACKEND)
-            report = plan_quantization(float_model, recommendations, backend=DEFAULT_BACKEND)
-            report.notes.append(f"--quant-backend auto: {failed} failed ({why}); used {DEFAULT_BACKEND}")
-            save(report)
+        save = partial(
+            save_quantized,
+            float_model,
+            out_dir,
+            base_dir=original_dir,
+            recipe={"source": str(source_dir), "recommendations": [r.model_dump() for r in recommendations]},
+            calibration=calibration,
+            recipe_key=key,
+            accuracy_control=accuracy_control,
+        )
+        plan = partial(plan_quantization, float_model, recommendations)
+        resolve = partial(resolve_input_shape, original_dir)
+        report = build_quantized(plan, config.backend, target, shape, resolve, save, logger)
         logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
     return {**read_json(out_dir / "artifact.json")["quantization"], "rebuilt": stale, "copied_from": copied_from}
 

@@ -39,7 +39,7 @@ def original_of(artifact_dir: Path) -> Path:
 
 def predict(artifact_dir: Path, images: list[Path], top_k: int = 5) -> list[Prediction]:
     """Top-``top_k`` (label, probability) of each image under the artifact at ``artifact_dir``."""
-    from tools import ops
+    from tools.stages import ops
 
     original = original_of(artifact_dir)
     shape = ops.resolve_input_shape(original)

@@ -1,5 +1,5 @@
 """Evaluations of saved artifacts on the run's data: per-image predictions paired with the original's, accuracy,
-latency, throughput, size and MACs (re-exported by :mod:`tools.ops` for the nodes).
+latency, throughput, size and MACs (re-exported by :mod:`tools.stages.ops` for the nodes).
 
 A float model whose PyTorch evaluation would be long is evaluated by its OpenVINO FP32 twin
 (``EvalSpec.float_runtime``, :mod:`tools.evaluation.twin`); on an unlabelled dataset each image's target is the
@@ -20,11 +20,12 @@ from torch import nn
 
 from tools.artifacts.io import deployed_files, load_compressed, load_module, load_original
 from tools.deploy.choice import DeployCandidate, luck_removed
+from tools.deploy.registry import FLOAT_TWIN
 from tools.evaluation.cross_fitted import cross_fitted
 from tools.evaluation.paired import predictions_path
 from tools.models.base import example_input, resolve_device
-from tools.run_data import EvalSpec, preprocess_of
 from tools.schemas import InputShape, Metrics, PairedAccuracy, PartAccuracy
+from tools.stages.run_data import EvalSpec, preprocess_of
 from tools.stats import CHOOSE_Z
 from tools.store.files import read_json
 
@@ -113,7 +114,7 @@ def predictions_on(
     quantized = read_json(artifact_dir / "artifact.json")["kind"] == "quantized"
     device = str(resolve_device("cpu" if quantized else spec.device))
     load = (lambda: model) if model is not None else (lambda: load_compressed(artifact_dir, device=device))
-    if spec.float_runtime == "openvino" and not quantized and device == "cpu":
+    if spec.float_runtime == FLOAT_TWIN and not quantized and device == "cpu":
         load = _twin_of(load, shape, spec.seed)
     data, preprocess = spec.part(part), preprocess_of(original_dir, shape)
     label = spec.part_label(part)  # one half of the evaluation part keeps its own predictions file

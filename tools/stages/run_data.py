@@ -25,6 +25,7 @@ from PIL import Image
 from pydantic import BaseModel, Field
 
 from tools.artifacts.io import load_original
+from tools.deploy.pytorch import FLOAT
 from tools.models.base import build_preprocess
 from tools.schemas import InputShape
 from tools.stats import images_needed
@@ -134,7 +135,7 @@ class EvalSpec(BaseModel):
         "this many points (the accuracy budget); None: every candidate sees every image.",
     )
     float_runtime: str = Field(
-        default="torch",
+        default=FLOAT,
         description="What runs a float model's evaluation: torch, or openvino (its FP32 twin, checked against it: "
         "tools.evaluation.twin) where the run judged PyTorch too slow for the images and MACs.",
     )
@@ -175,7 +176,7 @@ class EvalSpec(BaseModel):
         if name == "confirm" and not _CONFIRM_OPEN[0]:
             raise ConfirmSealed(
                 "the confirm part was asked for before the confirmation of the build that ships: nothing may choose "
-                "on it (read it inside tools.run_data.confirming())"
+                "on it (read it inside tools.stages.run_data.confirming())"
             )
         sizes = tuple(sorted(self.sizes().items()))
         data = _dataset(self.dataset, self.split, self.samples, self.seed, name, sizes, self.spare_to_evaluation)
