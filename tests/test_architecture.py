@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("graph", "agents", "tools")
 VOCABULARY = {"agents.state", "agents.context"}
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 60
 #: The packages (and loose modules) of ``tools/``, from the bottom up: a module imports only its own layer or
 #: lower ones. ``tools`` itself (the package's ``__init__``, which resolves ``load_compressed`` lazily) is the top.
 TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
@@ -175,6 +176,18 @@ def test_no_import_cycle_between_project_files() -> None:
 def test_no_project_file_is_too_long() -> None:
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_function_is_too_long() -> None:
+    """A reader holds a function in mind: none is over :data:`MAX_FUNCTION_LINES` lines, docstring included."""
+    long = sorted(
+        f"{name}.{node.name}: {n} lines"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        if (n := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    )
+    assert not long, "functions to split where a reader loses the thread:\n" + "\n".join(long)
 
 
 def test_every_module_imports_on_its_own() -> None:

@@ -86,6 +86,25 @@ def _compile(pattern: str) -> tuple[re.Pattern[str] | None, str | None]:
         return None, str(exc)
 
 
+def _nothing_selected(
+    where: str, kind: UnitKind, rx: re.Pattern[str], u: _Universe, classifier: list[str]
+) -> list[str]:
+    """Why a pattern that selects no unit of ``kind`` does not (nothing more where it hit the ``classifier``)."""
+    blocked_hits = [n for n in u.blocked if rx.search(n) and n not in classifier]
+    others = u.others(kind, rx)
+    if blocked_hits:
+        reasons = "; ".join(f"{n}: {u.blocked[n]}" for n in blocked_hits[:2])
+        more = f" (and {len(blocked_hits) - 2} more)" if len(blocked_hits) > 2 else ""
+        msg = f"{where}: selects only modules whose output channels cannot be pruned — {reasons}{more}"
+        return [msg + (f"; for those use pruning_type {others[0].name!r}" if others else "")]
+    if classifier:
+        return []
+    patterns = kind.patterns(u.prunable)
+    listed = listing(patterns, quote=True) if patterns else "none"
+    hint = f"; it selects {others[0].noun}s: use pruning_type {others[0].name!r}" if others else ""
+    return [f"{where}: matches no {kind.noun}; {kind.noun} patterns: {listed}{hint}"]
+
+
 def _pruning_errors(
     i: int, rec: PruningRecommendation, ctx: PlanningContext, u: _Universe, claimed: dict[tuple[str, str], int]
 ) -> tuple[list[str], bool]:
@@ -121,18 +140,7 @@ def _pruning_errors(
     selected = u.selected(kind, rx)
     if not selected:
         fatal = True
-        blocked_hits = [n for n in u.blocked if rx.search(n) and n not in hits_classifier]
-        others = u.others(kind, rx)
-        if blocked_hits:
-            reasons = "; ".join(f"{n}: {u.blocked[n]}" for n in blocked_hits[:2])
-            more = f" (and {len(blocked_hits) - 2} more)" if len(blocked_hits) > 2 else ""
-            msg = f"{where}: selects only modules whose output channels cannot be pruned — {reasons}{more}"
-            errors.append(msg + (f"; for those use pruning_type {others[0].name!r}" if others else ""))
-        elif not hits_classifier:
-            patterns = kind.patterns(u.prunable)
-            listed = listing(patterns, quote=True) if patterns else "none"
-            hint = f"; it selects {others[0].noun}s: use pruning_type {others[0].name!r}" if others else ""
-            errors.append(f"{where}: matches no {kind.noun}; {kind.noun} patterns: {listed}{hint}")
+        errors += _nothing_selected(where, kind, rx, u, hits_classifier)
     else:
         overlap = sorted({claimed[(rec.pruning_type, n)] for n in selected if (rec.pruning_type, n) in claimed})
         if overlap:
