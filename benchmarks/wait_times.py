@@ -31,6 +31,7 @@ CIFAR_NORM = ["--image-size", "32", "--mean", "0.485,0.456,0.406", "--std", "0.2
 HALF_A = REPO / "runs" / "figures" / "halves" / "a"
 HALF_A_DATA = ["--dataset", str(HALF_A)]
 IMAGENET_1000 = REPO / "runs" / "figures" / "imagenet-1000"
+IMAGENET_FLAT = REPO / "runs" / "figures" / "imagenet-1000-flat"
 LITE2_MODULE = """from efficientnet_lite_pytorch import EfficientNet
 
 
@@ -106,6 +107,31 @@ ROWS: dict[str, tuple[float, Any]] = {
 ROWS["lite2-extra"] = (1200, lambda: [*ROWS["lite2"][1](), "--extra-images", str(SHARED / "data" / "imagenette-train")])
 
 
+def _without(args: list[str], *flags: str) -> list[str]:
+    """``args`` less each of ``flags`` and the value after it."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip or arg in flags:
+            skip = not skip
+            continue
+        out.append(arg)
+    return out
+
+
+#: issue 92: the same images as one flat folder, no labels: a 2 % budget on the answers changed (label-free)
+ROWS["lite2-unlabelled"] = (
+    1200,
+    lambda: [
+        *_without(ROWS["lite2"][1](), "--dataset", "--max-accuracy-drop"),
+        "--dataset",
+        str(IMAGENET_FLAT),
+        "--max-disagreement",
+        "2",
+    ],
+)
+
+
 def _prepare(out: Path) -> None:
     if not HALF_A.is_dir():
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "split_halves.py")], check=True)
@@ -116,6 +142,10 @@ def _prepare(out: Path) -> None:
                 link = IMAGENET_1000 / cls.name / image.name
                 if not link.exists():
                     link.symlink_to(image.resolve())
+                flat = IMAGENET_FLAT / image.name  # the same images in one folder: no class folders, no labels
+                if not flat.exists():
+                    flat.parent.mkdir(parents=True, exist_ok=True)
+                    flat.symlink_to(image.resolve())
     (out / "lite2.py").write_text(LITE2_MODULE)
 
 
