@@ -131,6 +131,26 @@ def test_in_memory_quantize_is_for_torch_backends_and_auto_picks_onnxruntime() -
     assert get_backend("torch-ao-dynamic").deployed_file == "model.safetensors"
 
 
+def test_auto_falls_back_to_the_default_backend_when_onnxruntime_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` to one quantize call: where ONNX Runtime's build fails, the default backend's is made instead, and
+    its report says why; a backend named outright fails as it is."""
+    original = tmp_path / "original"
+    ops.acquire(str(save_tiny(tiny_vit(), tmp_path / "src", 32)), original)
+    shape = InputShape(channels=3, height=32, width=32)
+
+    def fails(self: Any, build: Any) -> None:
+        raise QuantizationError("export refused")
+
+    monkeypatch.setattr(type(get_backend("onnxruntime")), "save", fails)
+    report = ops.quantize(original, original, ALL, tmp_path / "q", QuantizationConfig(backend="auto"), shape=shape)
+    assert report["backend"] == "torch-ao-dynamic"
+    assert "onnxruntime failed (export refused); used torch-ao-dynamic" in report["notes"][-1]
+    with pytest.raises(QuantizationError, match="export refused"):
+        ops.quantize(original, original, ALL, tmp_path / "q2", QuantizationConfig(backend="onnxruntime"), shape=shape)
+
+
 def test_cli_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROFILING_AGENT_QUANT_BACKEND", raising=False)  # the tests' default is not the product's
     args = build_parser().parse_args(["run", "--model", "m", "--run-dir", "r", "--quant-backend", "onnxruntime"])

@@ -13,13 +13,16 @@ import logging
 from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
 
 from tools.deploy.base import ModuleBackend, QuantizationError, QuantReport
 from tools.deploy.cpu import INT8_TARGETS
 from tools.deploy.onnxruntime.export import OnnxRuntimeError
-from tools.deploy.registry import AUTO, DEFAULT_BACKEND, DEPLOY_CHOICES, get_backend
+from tools.deploy.registry import AUTO, DEFAULT_BACKEND, DEPLOY_CHOICES, get_backend, plan_quantization
 from tools.models.base import example_input
-from tools.schemas import InputShape
+from tools.schemas import InputShape, QuantizationRecommendation
+
+logger = logging.getLogger(__name__)
 
 
 def _one_of(value: str, choices: Sequence[str], what: str) -> str:
@@ -59,21 +62,21 @@ class QuantizationConfig(BaseModel):
 
 
 def build_quantized(
-    plan: Callable[..., QuantReport],
+    model: nn.Module,
+    recommendations: Sequence[QuantizationRecommendation],
     backend: str,
     target: str,
     shape: InputShape | None,
     resolve_shape: Callable[[], InputShape],
     save: Callable[..., object],
-    log: logging.Logger,
 ) -> QuantReport:
-    """A model's quantization planned with ``backend`` (``plan(backend=, int8_cpu=)``: :func:`~tools.deploy.registry.
-    plan_quantization` of the model and its recommendations; int8 for the CPU kind ``target``) and built with
+    """``model``'s quantization as ``recommendations`` ask, planned with ``backend``
+    (:func:`~tools.deploy.registry.plan_quantization`; int8 for the CPU kind ``target``) and built with
     ``save(report=, example_input=)``: a backend that exports the model is given an input of ``shape`` (default:
     ``resolve_shape()``), an in-memory one only of a ``shape`` given. With ``auto``, should the backend it takes fail
-    (``OnnxRuntimeError``, ``QuantizationError``), :data:`DEFAULT_BACKEND`'s build instead, with a note and a warning
-    on ``log`` (the caller's logger). Returns the report built."""
-    report = plan(backend=backend, int8_cpu=target)
+    (``OnnxRuntimeError``, ``QuantizationError``), :data:`DEFAULT_BACKEND`'s build instead, with a note and a
+    warning. Returns the report built."""
+    report = plan_quantization(model, recommendations, backend=backend, int8_cpu=target)
     exports = not isinstance(get_backend(report.backend), ModuleBackend)  # an in-memory backend needs no input
     example = example_input(shape or resolve_shape()) if shape or exports else None
     try:
@@ -82,8 +85,8 @@ def build_quantized(
         if backend != AUTO or report.backend == DEFAULT_BACKEND:
             raise
         why, failed = (str(exc).splitlines() or [type(exc).__name__])[0], report.backend
-        log.warning("%s quantization failed (%s); falling back to %s", failed, why, DEFAULT_BACKEND)
-        report = plan(backend=DEFAULT_BACKEND)
+        logger.warning("%s quantization failed (%s); falling back to %s", failed, why, DEFAULT_BACKEND)
+        report = plan_quantization(model, recommendations, backend=DEFAULT_BACKEND)
         report.notes.append(f"--quant-backend auto: {failed} failed ({why}); used {DEFAULT_BACKEND}")
         save(report=report, example_input=example)
     return report

@@ -31,7 +31,7 @@ from tools.clock import counts_as
 from tools.compression.recipes import PruningConfig, RecoveryConfig
 from tools.deploy.config import QuantizationConfig, build_quantized
 from tools.deploy.cpu import resolve_target
-from tools.deploy.registry import BACKENDS, FLOAT, plan_quantization
+from tools.deploy.registry import BACKENDS, FLOAT
 from tools.models.base import example_input, logits_of, resolve_device
 from tools.models.input_shape import ImageHints, resolve_loaded_shape
 from tools.models.sources import acquire_model
@@ -71,6 +71,9 @@ from tools.store.files import atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from tools.compression.distill import DistillConfig
+    from tools.compression.recovery import RecoveryReport
+    from tools.compression.reference import ReferencePasses
+    from tools.compression.reports import PruneReport
     from tools.deploy.accuracy import AccuracyControl
 
 logger = logging.getLogger(__name__)
@@ -347,7 +350,7 @@ def _artifact_key(original_dir: Path) -> str:
 @counts_as("prune")
 def _reference(
     original_dir: Path, images: torch.Tensor | None, targets: torch.Tensor | None, recovery: RecoveryConfig
-) -> Any:
+) -> ReferencePasses | None:
     """The original's passes over the calibration images (``tools.compression.reference``), shared by every round of
     the run, the last ones held out to judge each round's recovery on images it was not fit on; None without
     images."""
@@ -444,12 +447,12 @@ def prune(
 def _pruned_and_repaired(
     model: nn.Module,
     original: nn.Module,
-    reference: Any,
+    reference: ReferencePasses | None,
     plan: OptimizationPlan,
     shape: InputShape,
     config: PruningConfig,
     recovery: RecoveryConfig,
-) -> tuple[Any, Any]:
+) -> tuple[PruneReport, RecoveryReport]:
     """``plan``'s pruning applied to ``model`` IN PLACE (seeded; data-aware with ``reference``'s passes, None without
     images), then the model repaired against ``reference``, or recovered against ``original`` without it: the pruning
     report and the repair's."""
@@ -527,9 +530,8 @@ def quantize(
             recipe_key=key,
             accuracy_control=accuracy_control,
         )
-        plan = partial(plan_quantization, float_model, recommendations)
         resolve = partial(resolve_input_shape, original_dir)
-        report = build_quantized(plan, config.backend, target, shape, resolve, save, logger)
+        report = build_quantized(float_model, recommendations, config.backend, target, shape, resolve, save)
         logger.info("quantized %s into %s with %s", source_dir, out_dir, report.backend)
     return {**read_json(out_dir / "artifact.json")["quantization"], "rebuilt": stale, "copied_from": copied_from}
 
