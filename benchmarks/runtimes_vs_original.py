@@ -210,12 +210,12 @@ def load_timed(m: Timed) -> Any:
 
 def linear_only_note(run: RunInfo) -> str:
     """For a model whose Linear layers do little of its work (a CNN): ONNX Runtime's dynamic int8 quantizes only
-    those, and the tool itself does not build it (``tools.stages.deployment.MIN_LINEAR_SHARE``): said beside its row."""
+    those, and the tool itself does not build it (``tools.stages.not_built.MIN_LINEAR_SHARE``): said beside its row."""
     from torch import nn
 
     from tools.artifacts.io import load_module
     from tools.profiling.static import mac_shares
-    from tools.stages.deployment import MIN_LINEAR_SHARE
+    from tools.stages.not_built import MIN_LINEAR_SHARE
 
     share = mac_shares(load_module(run.original), example_input(run.shape)).get(nn.Linear, 1.0)
     if share >= MIN_LINEAR_SHARE:

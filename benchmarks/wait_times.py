@@ -194,6 +194,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(ROWS), help="rows, comma-separated")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "waits")
+    parser.add_argument("--seed", type=int, default=0, help="the runs' --seed (the split, the search's draws)")
     args = parser.parse_args()
     args.out = args.out.resolve()
     if not SHARED.is_dir():
@@ -214,7 +215,7 @@ def main() -> None:
         run_dir = args.out / name
         if run_dir.exists():
             raise fail(f"{run_dir} exists: remove it or pass another --out")
-        threads = [] if name == "demo" else ["--iterations", "5", "--threads", "1"]
+        threads = [] if name == "demo" else ["--iterations", "5", "--threads", "1", "--seed", str(args.seed)]
         cmd = ["profiling-agent", *command(), *threads, "--run-dir", str(run_dir)]
         print(" ".join(cmd), flush=True)
         start = time.perf_counter()

@@ -38,7 +38,7 @@ TOOLS_LAYERS: tuple[frozenset[str], ...] = tuple(
         {"tools.reporting"},
         {"tools.stages.run_data"},
         {"tools.stages.judging"},
-        {"tools.stages.ops"},
+        {"tools.stages.ops", "tools.stages.not_built"},
         {"tools.stages.cross_fit", "tools.stages.deployment", "tools.stages.predict"},
         {"tools"},
     )

@@ -284,7 +284,7 @@ def test_linear_only_int8_is_left_out_where_linear_layers_do_little() -> None:
 
     from tests.helpers import tiny_vit
     from tools.profiling.static import mac_shares
-    from tools.stages.deployment import MIN_LINEAR_SHARE
+    from tools.stages.not_built import MIN_LINEAR_SHARE
     from tools.zoo.cifar_resnet import resnet20
 
     cnn = mac_shares(resnet20(), torch.randn(1, 3, 32, 32))
@@ -371,19 +371,19 @@ def test_bf16_is_not_built_for_cpus_without_vnni(monkeypatch: Any) -> None:
     """--int8-cpu no-vnni on a CPU with bf16: the target computes no bf16, so the bf16 row says why it is not built;
     on such a CPU itself, or for the CPU's own kind, nothing is left out here."""
     from tools.deploy.cpu import CpuFeatures
-    from tools.stages import deployment as deployment_module
+    from tools.stages import not_built
 
     amx = CpuFeatures(model_name="Xeon", machine="x86_64", features=["avx2", "avx512bw", "amx_int8", "amx_bf16"])
     avx2 = CpuFeatures(model_name="EPYC", machine="x86_64", features=["avx2"])
     backends = [FLOAT, "openvino", "openvino-bf16", "openvino-int8"]
-    monkeypatch.setattr(deployment_module, "detect_cpu", lambda: amx)
+    monkeypatch.setattr(not_built, "detect_cpu", lambda: amx)
     monkeypatch.setattr("tools.deploy.cpu.detect_cpu", lambda: amx)
-    rows = deployment_module._off_target(backends, "no-vnni")
+    rows = not_built.off_target(backends, "no-vnni")
     assert [(r.backend, r.ran) for r in rows] == [("openvino-bf16", False)]
     assert "compute no bf16" in (rows[0].skipped or "")
-    assert deployment_module._off_target(backends, "auto") == []
-    monkeypatch.setattr(deployment_module, "detect_cpu", lambda: avx2)
-    assert deployment_module._off_target(backends, "no-vnni") == [], "its own row says why (not applicable here)"
+    assert not_built.off_target(backends, "auto") == []
+    monkeypatch.setattr(not_built, "detect_cpu", lambda: avx2)
+    assert not_built.off_target(backends, "no-vnni") == [], "its own row says why (not applicable here)"
 
 
 def test_a_candidate_the_process_died_in_is_left_out_when_the_run_resumes(
@@ -1000,3 +1000,36 @@ def test_a_kept_round_that_saves_less_than_the_tie_margin_of_the_originals_macs_
     state = state.model_copy(update={"deployment": changes["deployment"]})
     (note,) = agents.quantization.adopt_original(state, Runtime(context=ctx))["notes"]
     assert "nothing of the pruned model (round-00) was built" in note
+
+
+def test_no_build_is_made_in_a_runtime_where_the_model_in_float_cannot_outrun_the_original(tmp_path: Path) -> None:
+    """A model whose float build in a runtime is not 3 % faster than the original's there, timed alone together, gets
+    no int8 or bf16 build in that runtime (a tie goes to the original): the rows say so. A runtime where it is
+    faster builds as before, and a runtime the original was not built in before is not judged."""
+    from tools.deploy.choice import DeployCandidate
+    from tools.stages.not_built import cannot_outrun_in_float
+
+    built: list[tuple[str, bool]] = []
+
+    def build(backend: str, of_the_original: bool) -> DeployCandidate:
+        built.append((backend, of_the_original))
+        where = tmp_path / ("original" if of_the_original else "model") / backend
+        return DeployCandidate(backend=backend, runtime="?", precision="fp32", artifact=str(where))
+
+    times = {"model openvino": 0.0190, "original openvino": 0.0195, "model onnxruntime-fp32": 0.0150}
+    times["original onnxruntime-fp32"] = 0.0200
+    full = ["torch", "onnxruntime-fp32", "onnxruntime-static", "openvino", "openvino-bf16", "openvino-int8"]
+    full.append("openvino-int8-fast-bias")
+    originals = {"openvino": "x", "onnxruntime-fp32": "y"}
+
+    def retime(paths: dict[str, Path]) -> dict[str, float]:
+        return {name: times[name] for name in paths}
+
+    own, theirs, rows = cannot_outrun_in_float(full, set(), originals, build, retime)
+    assert sorted(own) == ["onnxruntime-fp32", "openvino"] and {c.backend for c in theirs} == set(own)
+    assert sorted(built) == [(b, o) for b in ("onnxruntime-fp32", "openvino") for o in (False, True)]
+    assert [r.backend for r in rows] == ["openvino-bf16", "openvino-int8", "openvino-int8-fast-bias"]
+    why = "19.000 ms) is not 3 % faster than the original's (19.500 ms)"
+    assert all(not r.ran and why in (r.skipped or "") for r in rows)
+    _, _, rows = cannot_outrun_in_float(full, set(), {"onnxruntime-fp32": "y"}, build, retime)
+    assert rows == []

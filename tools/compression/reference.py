@@ -92,7 +92,7 @@ class ReferencePasses:
         wanted = list(dict.fromkeys(names))
         missing = [n for n in wanted if (n, max_rows) not in self._outputs]
         if missing:
-            stats, hooks = batchnorm_stats_hooks(self.original)
+            stats, hooks = batchnorm_stats_hooks(self.original, self.fit)
             gather = self._batchnorm is None and bool(hooks)  # the BatchNorm statistics in the same pass
             extra = hooks if gather else None
             found = capture(self.original, self.images, missing, outputs=True, max_rows=max_rows, pre_hooks=extra)

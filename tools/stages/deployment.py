@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from tools.artifacts.io import load_compressed, load_module
+from tools.artifacts.io import load_compressed
 from tools.clock import counts_as
 from tools.deploy.accuracy import AccuracyControl
-from tools.deploy.base import PRECISION_BF16, PRECISION_FP32, BackendNotApplicable
+from tools.deploy.base import PRECISION_FP32, BackendNotApplicable
 from tools.deploy.budget import mixed_to_build, split_budget
 from tools.deploy.choice import (
     DeployCandidate,
@@ -35,14 +34,12 @@ from tools.deploy.choice import (
     slower_than_the_original,
 )
 from tools.deploy.config import QuantizationConfig
-from tools.deploy.cpu import detect_cpu, int8_settings, resolve_target
+from tools.deploy.cpu import int8_settings
 from tools.deploy.decide import Decision, DecisionRules, NeedTimes, TimeAlone, decide
 from tools.deploy.registry import BACKENDS, FLOAT, ONE_COMMAND_BUILDS, runtime_and_precision
 from tools.evaluation.paired import predictions_path
-from tools.models.base import example_input
-from tools.profiling.static import mac_shares
 from tools.schemas import InputShape, Int8Sensitivity, PairedAccuracy, QuantizationRecommendation
-from tools.stages import ops
+from tools.stages import not_built, ops
 from tools.stages.judging import Judging, judge_together, twin_sources
 from tools.stages.ops import calibration_images
 from tools.stats import drop_points
@@ -97,8 +94,6 @@ TIMING_SECONDS = 2.0
 #: The same for the timings again of close candidates (runoff, alternatives, never slower, mixed or not), at three
 #: times the repeats: the three 25-ms builds of EfficientNet-Lite2's original in a runoff took 28 s, 300 calls in all.
 RETIMING_SECONDS = 4.0
-#: Dynamic int8 of Linear layers is not built for a model whose Linear layers do less than this share of its MACs.
-MIN_LINEAR_SHARE = 0.05
 
 
 def accuracy_control(
@@ -317,36 +312,6 @@ def attempt_marker(artifact_dir: Path) -> Path:
     return artifact_dir.parent / f".{artifact_dir.name}.attempt"
 
 
-def _linear_only_pointless(backends: list[str], source_dir: Path, shape: InputShape) -> list[DeployCandidate]:
-    """Rows for the backends that quantize only Linear layers (dynamic int8) of a model whose Linear layers do less
-    than :data:`MIN_LINEAR_SHARE` of its MACs (a CNN's classifier): no faster than float, not built."""
-    linear_only = [b for b in backends if b in BACKENDS and tuple(BACKENDS[b].layer_kinds) == (nn.Linear,)]
-    if not linear_only:
-        return []
-    share = mac_shares(load_module(source_dir), example_input(shape)).get(nn.Linear, 1.0)
-    if share >= MIN_LINEAR_SHARE:
-        return []
-    why = f"it quantizes only Linear layers, which do {100 * share:.2g} % of this model's MACs (no faster than float)"
-    return [
-        DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
-        for b in linear_only
-    ]
-
-
-def _off_target(backends: list[str], int8_cpu: str) -> list[DeployCandidate]:
-    """Rows for the bf16 backends when the deployment is built for CPUs without VNNI (``--int8-cpu no-vnni`` on a
-    CPU with it): none of those computes bf16 (AVX512-BF16 and AMX came after VNNI), so there a bf16 model runs in
-    FP32, and this CPU's bf16 timing says nothing of the target. Not built."""
-    if resolve_target(int8_cpu) != "no-vnni" or detect_cpu().kind == "no-vnni":
-        return []
-    why = "built for CPUs without VNNI (--int8-cpu no-vnni), which compute no bf16: it would run in FP32 there"
-    return [
-        DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
-        for b in backends
-        if b in BACKENDS and BACKENDS[b].precision == PRECISION_BF16
-    ]
-
-
 @counts_as("time")
 def _time(
     candidates: list[DeployCandidate], original_dir: Path, shape: InputShape, repeats: int, seed: int
@@ -400,6 +365,7 @@ class _Deployment:
     judged_by: Callable[[Path], Judging]
     repeats: int
     int8_cpu: str
+    originals: dict[str, str]
 
     def retime(self, close: dict[str, Path]) -> dict[str, float]:
         """``close`` timed again alone, interleaved, with three times the repeats."""
@@ -414,6 +380,12 @@ class _Deployment:
         judged = self.judged_by(source_dir)
         return self.measure(backend, source_dir, artifact_dir, judged=judged, **({"source": source} if source else {}))
 
+    def build_either(self, backend: str, of_the_original: bool, alt: Path) -> DeployCandidate:
+        """``backend`` built from the model, or from the original into ``alt`` (a copy of its earlier build)."""
+        if of_the_original:
+            return self.build(backend, self.original_dir, alt / backend, str(self.original_dir))
+        return self.build(backend, self.source_dir, self.out_root / backend)
+
 
 def _own_candidates(
     d: _Deployment, backends: list[str], forced: bool, at: int | None
@@ -423,16 +395,25 @@ def _own_candidates(
     original's index among the alternatives), the original FP32 model's latency where they were timed, and the
     one-command builds worth making here."""
     full = [b for b in backends if b not in BACKENDS or BACKENDS[b].mixed_of is None]
-    pointless = [] if forced else _linear_only_pointless(full, d.source_dir, d.shape) + _off_target(full, d.int8_cpu)
+    pointless = [] if forced else not_built.linear_only_pointless(full, d.source_dir, d.shape)
+    pointless += [] if forced else not_built.off_target(full, d.int8_cpu)
     left_out = {c.backend for c in pointless}
     one_command = [b for b in ONE_COMMAND_BUILDS if b in full and b not in left_out]
-    candidates = [d.build(b, d.source_dir, d.out_root / b) for b in full if b not in left_out] + pointless
+    alt = d.out_root / f"alt-{at}"
+    own: dict[str, DeployCandidate] = {}
+    rivals: list[DeployCandidate] = []
+    if not forced and at is not None:  # no int8 build in a runtime where the model's float one cannot outrun
+        build = functools.partial(d.build_either, alt=alt)
+        own, rivals, cannot_win = not_built.cannot_outrun_in_float(full, left_out, d.originals, build, d.retime)
+        pointless += cannot_win
+        left_out |= {c.backend for c in cannot_win}
+    candidates = [own.get(b) or d.build_either(b, False, alt) for b in full if b not in left_out]
+    candidates += pointless
     mixed_backends = [b for b in backends if b not in full]
     timed = bool(mixed_backends) and not forced  # whether full int8 beats float decides whether mixed is worth it
-    rivals: list[DeployCandidate] = []  # copies of the int8 profile's builds of the original, so cheap
-    if timed and at is not None:
-        alt = d.out_root / f"alt-{at}"
-        rivals = [d.build(b, d.original_dir, alt / b, str(d.original_dir)) for b in one_command]
+    if timed and at is not None:  # copies of the int8 profile's builds of the original, so cheap
+        done = {c.backend: c for c in rivals}
+        rivals = [done.get(b) or d.build_either(b, True, alt) for b in one_command]
     latency = d.time([*candidates, *rivals]) if timed else None
     mixed, skipped = _mixed_for(
         mixed_backends,
@@ -547,6 +528,7 @@ def deploy(
     d = _Deployment(
         source_dir, original_dir, out_root, shape, spec, measure, judge, within_budget,
         lambda model: judged_on.get(Path(model).resolve(), Judging(spec=spec)), repeats, int8_cpu,
+        _original_builds(prebuilt),
     )  # fmt: skip
     others = [] if forced else list(alternatives)
     at = next((i for i, a in enumerate(others) if Path(a).resolve() == Path(original_dir).resolve()), None)
