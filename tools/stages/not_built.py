@@ -23,6 +23,13 @@ __all__ = ["MIN_LINEAR_SHARE", "cannot_outrun_in_float", "linear_only_pointless"
 MIN_LINEAR_SHARE = 0.05
 
 
+def _row(backend: str, why: str) -> DeployCandidate:
+    """The table's row for ``backend``, not built, and why."""
+    return DeployCandidate(
+        backend=backend, runtime=BACKENDS[backend].runtime, precision=BACKENDS[backend].precision, skipped=why
+    )
+
+
 def linear_only_pointless(backends: list[str], source_dir: Path, shape: InputShape) -> list[DeployCandidate]:
     """Rows for the backends that quantize only Linear layers (dynamic int8) of a model whose Linear layers do less
     than :data:`MIN_LINEAR_SHARE` of its MACs (a CNN's classifier): no faster than float, not built."""
@@ -33,10 +40,7 @@ def linear_only_pointless(backends: list[str], source_dir: Path, shape: InputSha
     if share >= MIN_LINEAR_SHARE:
         return []
     why = f"it quantizes only Linear layers, which do {100 * share:.2g} % of this model's MACs (no faster than float)"
-    return [
-        DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
-        for b in linear_only
-    ]
+    return [_row(b, why) for b in linear_only]
 
 
 def off_target(backends: list[str], int8_cpu: str) -> list[DeployCandidate]:
@@ -46,11 +50,7 @@ def off_target(backends: list[str], int8_cpu: str) -> list[DeployCandidate]:
     if resolve_target(int8_cpu) != "no-vnni" or detect_cpu().kind == "no-vnni":
         return []
     why = "built for CPUs without VNNI (--int8-cpu no-vnni), which compute no bf16: it would run in FP32 there"
-    return [
-        DeployCandidate(backend=b, runtime=BACKENDS[b].runtime, precision=BACKENDS[b].precision, skipped=why)
-        for b in backends
-        if b in BACKENDS and BACKENDS[b].precision == PRECISION_BF16
-    ]
+    return [_row(b, why) for b in backends if b in BACKENDS and BACKENDS[b].precision == PRECISION_BF16]
 
 
 def cannot_outrun_in_float(
@@ -84,8 +84,6 @@ def cannot_outrun_in_float(
             "outrun the original's (a tie goes to the original)"
         )
         cannot_win += [
-            DeployCandidate(backend=o, runtime=BACKENDS[o].runtime, precision=BACKENDS[o].precision, skipped=why)
-            for o in full
-            if o != b and o not in left_out and o in BACKENDS and float_reference_of(o) == b
+            _row(o, why) for o in full if o != b and o not in left_out and o in BACKENDS and float_reference_of(o) == b
         ]
     return own, theirs, cannot_win
