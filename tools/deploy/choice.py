@@ -367,8 +367,8 @@ def runoff(
     quicker = [c for c in close if c.source == winner.source and times[c.key] < times[winner.key]]
     if winner.key == lead.key and not quicker:
         return winner.backend, f"{why}; {runoff_text}", winner
-    tie = f" (within {100 * TIE_MARGIN:.0f} % of {', '.join(c.key for c in quicker)}, and {_tie_won(winner, quicker)})"
-    tie = tie if quicker else ""
+    within = f"within {100 * TIE_MARGIN:.0f} % of {', '.join(c.key for c in quicker)}"
+    tie = f" ({within}, and {_tie_won(winner, quicker)})" if quicker else ""
     # the decision first: the runoff overrules the interleaved table, which the rest of the text describes
     decision = f"{winner.key} deploys{tie}, decided when {runoff_text}"
     return winner.backend, f"{decision}; in the interleaved table, {why}", winner
