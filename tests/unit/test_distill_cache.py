@@ -128,3 +128,28 @@ def test_distillation_from_the_cache_is_seeded(monkeypatch: pytest.MonkeyPatch) 
         assert report.views >= 1
         weights.append(student.state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_the_view_cache_runs_large_images_a_few_at_a_time_and_caches_what_one_pass_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 260 px a chunk of 64 images leaves the CPU's caches (Lite2's teacher: 7.0 s for 64 in one chunk, 2.4 s in
+    chunks of 2): the cache's passes, and the timing that picks their precision, go as ``calibration.chunks`` says;
+    the first view, not augmented, is what one pass of all the images gives."""
+    from tools.compression import calibration
+    from tools.compression.distill import _cache_views
+
+    student, teacher = _pair()
+    images = torch.randn(5, 3, 300, 300, generator=torch.Generator().manual_seed(9))  # 2 a chunk: see pass_images
+    cut = find_cut(student, teacher, images[:2])
+    assert cut is not None
+    seen: list[int] = []
+    handle = teacher.register_forward_pre_hook(lambda _m, args: seen.append(int(args[0].shape[0])))
+    _cache_views(cut, 1, (student, teacher), images, [], "fastest", torch.Generator().manual_seed(0))
+    handle.remove()
+    assert max(seen) == 2 and sum(seen[-3:]) == 5  # the timing's chunk of 2, then 2 + 2 + 1
+    chunked = _cache_views(cut, 1, (student, teacher), images, [], "fp32", torch.Generator().manual_seed(0))
+    monkeypatch.setattr(calibration, "PASS_INPUT_ELEMENTS", 10**12)  # one chunk of all five, as before
+    whole = _cache_views(cut, 1, (student, teacher), images, [], "fp32", torch.Generator().manual_seed(0))
+    assert torch.allclose(chunked.logits, whole.logits, atol=1e-5)
+    assert torch.allclose(chunked.prefix, whole.prefix, atol=1e-5)
