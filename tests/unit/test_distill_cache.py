@@ -153,3 +153,33 @@ def test_the_view_cache_runs_large_images_a_few_at_a_time_and_caches_what_one_pa
     whole = _cache_views(cut, 1, (student, teacher), images, [], "fp32", torch.Generator().manual_seed(0))
     assert torch.allclose(chunked.logits, whole.logits, atol=1e-5)
     assert torch.allclose(chunked.prefix, whole.prefix, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_step_on_large_images_in_chunks_is_the_step_of_the_whole_batch(
+    monkeypatch: pytest.MonkeyPatch, cache: bool
+) -> None:
+    """The student's pass over large images runs a few at a time, the chunks' gradients summed by their share of the
+    batch (block outputs scaled by the whole batch's): the weights after each step are those of one pass."""
+    from tools.compression import calibration
+
+    monkeypatch.setattr(distill_cache, "MIN_SPEEDUP", 0.0)
+    images = torch.randn(6, 3, 300, 300, generator=torch.Generator().manual_seed(10))  # 2 a chunk
+    config = DistillConfig(steps=2, lr=1e-2, batch_size=5, seed=2, cache=cache, feature_weight=1.0, precision="fp32")
+    weights: list[dict[str, torch.Tensor]] = []
+    seen: list[list[int]] = []
+    for whole in (False, True):
+        if whole:
+            monkeypatch.setattr(calibration, "PASS_INPUT_ELEMENTS", 10**12)
+        student, teacher = _pair()
+        sizes: list[int] = []
+        seen.append(sizes)
+        handle = student.stages[2].register_forward_pre_hook(lambda _m, args, kept=sizes: kept.append(len(args[0])))
+        report = distill_(student, teacher, images, config)
+        handle.remove()
+        assert (report.views > 0) == cache
+        weights.append({k: v.clone() for k, v in student.state_dict().items()})
+    assert 5 not in seen[0] and 5 in seen[1]  # a batch of 5: in chunks, then whole
+    for name, value in weights[1].items():
+        assert torch.allclose(weights[0][name], value, atol=1e-5, rtol=1e-4), name
+    assert not torch.equal(weights[1]["stages.2.0.weight"], _pair()[0].state_dict()["stages.2.0.weight"])

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from tools.clock import counts_as
 from tools.compression.calibration import chunks, pass_images
 from tools.compression.distill_cache import PrefixCut, ViewCache, plan_cache
+from tools.compression.distill_loss import augment_batch, distill_loss, feature_loss
 from tools.compression.forward import forward_logits
 from tools.models.base import resolve_device
 from tools.profiling.modules import first_tensor
@@ -128,31 +128,6 @@ class DistillReport(BaseModel):
     views: int = Field(default=0, ge=0, description="Cached views of each image (0: no cache).")
 
 
-def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``T^2 * KL(teacher || student)`` on softened logits, averaged over rows (logits of any rank)."""
-    s = student.float().reshape(-1, student.shape[-1]) / temperature
-    t = teacher.float().reshape(-1, teacher.shape[-1]) / temperature
-    kl = F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), log_target=True, reduction="batchmean")
-    return kl * temperature**2
-
-
-def augment_batch(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Per-image random horizontal flip and translation by up to 1/8 of the side (reflect padding).
-
-    Only 4-D (N, C, H, W) batches of at least 8x8 are changed; anything else comes back as it is.
-    ``generator`` lives on the CPU, so results do not depend on the device.
-    """
-    if batch.dim() != 4 or min(batch.shape[-2:]) < 8:
-        return batch
-    n, _, h, w = batch.shape
-    flips = torch.rand(n, generator=generator) < 0.5
-    out = torch.where(flips.to(batch.device)[:, None, None, None], batch.flip(-1), batch)
-    pad = max(1, min(h, w) // 8)
-    padded = F.pad(out, (pad, pad, pad, pad), mode="reflect")
-    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator).tolist()
-    return torch.stack([padded[i, :, dy : dy + h, dx : dx + w] for i, (dy, dx) in enumerate(offsets)])
-
-
 def _block_names(model: nn.Module) -> list[str]:
     """Names of the modules held directly by a ModuleList or Sequential (residual blocks, transformer layers)."""
     return [
@@ -200,16 +175,6 @@ class _Outputs:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-
-
-def feature_loss(student: dict[str, torch.Tensor], teacher: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean over the blocks of ``MSE(student, teacher) / mean(teacher^2)``."""
-    terms = [
-        F.mse_loss(student[n].float(), t.float()) / t.float().pow(2).mean().clamp_min(1e-6)
-        for n, t in teacher.items()
-        if n in student
-    ]
-    return torch.stack(terms).mean() if terms else torch.zeros(())
 
 
 def _lr_factor(step: int, steps: int) -> float:
@@ -267,27 +232,51 @@ class _Step:
     def optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.trainable, lr=self.config.lr, weight_decay=self.config.weight_decay)
 
-    def _outputs(
-        self, batch: torch.Tensor, precision: Precision
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The student's logits on ``batch``, the teacher's, and the teacher's block outputs."""
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-        with torch.no_grad(), autocast:
-            target = forward_logits(self.teacher, batch.to(self.teacher_dtype)).float()
-        with autocast:
-            logits = forward_logits(self.student, batch)
-        return logits, target, {k: v.detach() for k, v in self.teacher_outputs.values.items()}
+    def _teacher(
+        self, batch: torch.Tensor, precision: Precision, size: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        """The teacher's logits and block outputs on ``batch``, and the images a chunk of the student's pass holds:
+        large images a few at a time (``calibration.pass_images``), all at once where a block's output does not have
+        the images first (a sequence-first layer)."""
+        size = size or pass_images(batch, len(batch))
+        logits: list[torch.Tensor] = []
+        kept: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            for part in batch.split(size):
+                logits.append(forward_logits(self.teacher, part.to(self.teacher_dtype)).float())
+                for name, value in self.teacher_outputs.values.items():
+                    if size < len(batch) and value.shape[0] != len(part):
+                        return self._teacher(batch, precision, len(batch))
+                    kept.setdefault(name, []).append(value.detach())
+        if len(logits) == 1:
+            return logits[0], {n: v[0] for n, v in kept.items()}, size
+        return torch.cat(logits), {n: torch.cat(v) for n, v in kept.items()}, size
+
+    def _student(self, part: torch.Tensor, precision: Precision) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return forward_logits(self.student, part)
 
     def __call__(self, batch: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision) -> float:
-        logits, target, teacher = self._outputs(batch, precision)
-        loss = distill_loss(logits, target, self.config.temperature)
-        if self.blocks:
-            loss = loss + self.config.feature_weight * feature_loss(self.student_outputs.values, teacher)
+        """One step; the student's pass over large images in chunks (:meth:`_teacher`), their gradients summed,
+        each chunk's loss weighted by its share of the batch: the step a whole batch gives (the student runs in eval
+        mode, so no image's output depends on another's; the block outputs' scales are the whole batch's)."""
+        target, teacher, size = self._teacher(batch, precision)
+        scales = {n: t.float().pow(2).mean().clamp_min(1e-6) for n, t in teacher.items()}
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for start in range(0, len(batch), size):
+            rows = slice(start, start + size)
+            part = batch if size >= len(batch) else batch[rows]  # one chunk: the batch as it is (CIFAR's)
+            loss = distill_loss(self._student(part, precision), target[rows], self.config.temperature)
+            if self.blocks:
+                mine = {n: t[rows] for n, t in teacher.items()}
+                loss = loss + self.config.feature_weight * feature_loss(self.student_outputs.values, mine, scales)
+            share = len(part) / len(batch)
+            (loss * share if share < 1 else loss).backward()
+            total += float(loss.detach()) * share
         torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
         optimizer.step()
-        return float(loss.detach())
+        return total
 
     def fastest(self, batch: torch.Tensor) -> Precision:
         """The precision whose steps on ``batch`` take less time (bf16 only by :data:`BF16_MIN_GAIN`), each timed
@@ -333,13 +322,16 @@ class _CachedStep(_Step):
     def batch(self, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return index
 
-    def _outputs(
-        self, batch: torch.Tensor, precision: Precision
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    def _teacher(
+        self, batch: torch.Tensor, precision: Precision, size: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         cache = self.cache
+        size = size or pass_images(cache.prefix[batch[:1]], len(batch))
+        return cache.logits[batch], {n: v[batch] for n, v in cache.blocks.items()}, size
+
+    def _student(self, part: torch.Tensor, precision: Precision) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = cache.cut.suffix(self.student, cache.prefix[batch])
-        return logits, cache.logits[batch], {n: v[batch] for n, v in cache.blocks.items()}
+            return self.cache.cut.suffix(self.student, self.cache.prefix[part])
 
 
 def _block_bytes(teacher: nn.Module, blocks: list[str], image: torch.Tensor) -> dict[str, int]:
