@@ -41,7 +41,8 @@ def feature_loss(
     ``mean(teacher^2)`` taken over more images than ``teacher`` holds, a whole batch of which it is a chunk)."""
     scales = scales or {}
     terms = [
-        F.mse_loss(student[n].float(), t.float()) / scales.get(n, t.float().pow(2).mean().clamp_min(1e-6))
+        F.mse_loss(student[n].float(), t.float())
+        / (scales[n] if n in scales else t.float().pow(2).mean().clamp_min(1e-6))
         for n, t in teacher.items()
         if n in student
     ]
